@@ -1,0 +1,1 @@
+"""The command-line layer (the only package that imports typer/rich)."""

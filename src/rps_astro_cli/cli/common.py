@@ -1,0 +1,57 @@
+"""Shared CLI plumbing: one-line user errors, the Rich console, shared option aliases."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+
+from rps_astro_cli.errors import AstroUserError
+
+console = Console(stderr=False)
+err_console = Console(stderr=True)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def user_errors(fn: F) -> F:
+    """Decorator for command functions: an `AstroUserError` (or a missing file) becomes a
+    one-line `error: ...` on stderr and exit code 2 — never a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except AstroUserError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            raise typer.Exit(2) from None
+        except FileNotFoundError as exc:
+            err_console.print(f"[bold red]error:[/] file not found: {exc.filename}", highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print a one-line error and exit with `code`."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    raise typer.Exit(code)
+
+
+SeedOpt = Annotated[int, typer.Option("--seed", help="Seed of the run's numpy Generator.")]
+ProfileOpt = Annotated[
+    str,
+    typer.Option("--profile", help="Execution profile id (artifacts/profiles/<id>.json) or a JSON path."),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+
+
+def is_tty() -> bool:
+    return sys.stdout.isatty()

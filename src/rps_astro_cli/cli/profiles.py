@@ -1,0 +1,7 @@
+"""Placeholder registration for the 'profiles' command group (filled in by its issue)."""
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the root app."""

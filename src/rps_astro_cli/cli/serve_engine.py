@@ -1,0 +1,7 @@
+"""`astro serve engine` (placeholder until the sim engine lands)."""
+
+import typer
+
+
+def register(serve_app: typer.Typer) -> None:
+    """Add the `engine` command to the serve group."""

@@ -1,0 +1,52 @@
+"""The instance-policy interface.
+
+A policy decides (a) the order in which waiting requests are considered for admission
+each step and (b) which running request is preempted when KV blocks run out.
+
+Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
+- `order_waiting(waiting, now_s)` returns the waiting requests in admission order. The
+  instance keeps the waiting queue as a list where preempted requests are put at the
+  front (vLLM V1 `prepend_request`); FCFS keeps that list order as is.
+- `preemption_victim(running, now_s)` names the running request to preempt (FCFS: the
+  last one scheduled, vLLM V1's `running.pop()`).
+- `time_dependent` is False when the order cannot change while time passes without new
+  events (FCFS, static classes, EDF); the look-ahead uses it to skip re-sorting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rps_astro_cli.registry import Registry
+from rps_astro_cli.sim.request import SimRequest
+
+INSTANCE_POLICIES: Registry[type[InstancePolicy]] = Registry("instance policy")
+
+
+class InstancePolicy:
+    """Base class; subclasses register with `@INSTANCE_POLICIES.register(name)`."""
+
+    name: str = "base"
+    time_dependent: bool = False
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        """Waiting requests in admission order (first = admitted first)."""
+        raise NotImplementedError
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        """The running request to preempt by recompute. `running` is non-empty."""
+        raise NotImplementedError
+
+    def describe(self) -> dict[str, Any]:
+        """Name and parameters, for `/status` and reports."""
+        return {"name": self.name}
+
+
+def make_policy(name: str, **params: Any) -> InstancePolicy:
+    """Instantiate a registered policy by name.
+
+    Raises:
+        AstroUserError: unknown name (the message lists the valid ones).
+    """
+    return INSTANCE_POLICIES.get(name)(**params)

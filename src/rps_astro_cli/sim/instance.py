@@ -1,0 +1,297 @@
+"""The vLLM-V1-faithful instance model: continuous batching with chunked prefill (or
+prioritized prefill), paged KV blocks and preemption by recompute.
+
+One `step(now_s)` follows vLLM V1's `Scheduler.schedule()` (vllm/v1/core/sched/
+scheduler.py) then the model runner's output handling:
+
+1. Running requests, in running order, each get `num_tokens - num_computed_tokens`
+   new tokens (1 for a decode, the next chunk for an unfinished prefill), capped by the
+   step's token budget (`max_num_batched_tokens`). A request needs
+   ceil((computed + new) / block_size) KV blocks; when the pool cannot supply them, the
+   policy's victim is preempted by recompute (blocks freed, computed tokens reset, put
+   at the front of the waiting queue) until the allocation fits or the victim is the
+   request itself.
+2. Only if nothing was preempted: waiting requests, in the policy's order, are admitted
+   while the batch has room (`max_num_seqs`), budget is left and their first chunk's
+   blocks fit (head-of-line: the first that does not fit stops admission).
+3. The step takes `LatencyModel.step_s(...)` seconds. Every scheduled request whose
+   whole sequence is now computed samples one token at the step's end; a request that
+   reaches its target length finishes and frees its blocks.
+
+Prioritized-prefill mode (`chunked_prefill=False`, vLLM's pre-chunking default): if any
+waiting request can be admitted whole within the prefill budget, the step is
+prefill-only (running decodes pause); otherwise it is a decode step of every running
+request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.request import SimRequest
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """Batching limits of one instance (vLLM's `SchedulerConfig` + cache config).
+
+    block_size: tokens per KV block (16).
+    num_gpu_blocks: KV blocks in the pool (1056 for Llama-2-7B on A30).
+    max_num_seqs: most requests in one batch (48 in the Astrolabe setup).
+    max_num_batched_tokens: token budget per step (512, the chunk size).
+    max_model_len: longest sequence, prompt + output (tokens).
+    chunked_prefill: True = vLLM V1 chunked prefill; False = prioritized prefill.
+    prefill_budget_tokens: prioritized mode's token budget for one prefill batch
+        (defaults to max(max_num_batched_tokens, max_model_len) so any prompt fits).
+    """
+
+    block_size: int = 16
+    num_gpu_blocks: int = 1056
+    max_num_seqs: int = 48
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    chunked_prefill: bool = True
+    prefill_budget_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            if getattr(self, name) <= 0:
+                raise AstroUserError(f"must be > 0, got {getattr(self, name)}", field=name)
+        if self.num_gpu_blocks * self.block_size < self.max_model_len:
+            raise AstroUserError(
+                f"num_gpu_blocks × block_size = {self.num_gpu_blocks * self.block_size} tokens "
+                f"is below max_model_len = {self.max_model_len}",
+                field="num_gpu_blocks",
+                fix="raise num_gpu_blocks or lower max_model_len",
+            )
+
+    @property
+    def prefill_budget(self) -> int:
+        return self.prefill_budget_tokens or max(self.max_num_batched_tokens, self.max_model_len)
+
+    @classmethod
+    def from_profile(cls, profile: ExecutionProfile, **overrides) -> InstanceConfig:
+        """The profile's default limits, with `overrides` (None values ignored)."""
+        base = cls(
+            block_size=profile.block_size,
+            num_gpu_blocks=profile.num_gpu_blocks,
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            max_model_len=profile.max_model_len,
+        )
+        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
+
+    def blocks_for(self, tokens: int) -> int:
+        """KV blocks holding `tokens` tokens: ceil(tokens / block_size)."""
+        return -(-tokens // self.block_size)
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What one engine step did.
+
+    duration_s: step latency (seconds; 0 when nothing was scheduled).
+    scheduled: (request, new tokens computed) pairs, in batch order.
+    sampled: requests that produced one output token at the step's end.
+    finished: requests that completed in this step (blocks already freed).
+    preempted: requests preempted by recompute while forming this step.
+    """
+
+    duration_s: float = 0.0
+    scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
+    sampled: list[SimRequest] = field(default_factory=list)
+    finished: list[SimRequest] = field(default_factory=list)
+    preempted: list[SimRequest] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+class InstanceSim:
+    """One instance's scheduler + KV cache + step clock (see module docstring).
+
+    The caller owns time: `step(now_s)` forms and "runs" one batch starting at `now_s`
+    and returns its duration; token/finish times are stamped `now_s + duration_s`.
+    """
+
+    def __init__(self, config: InstanceConfig, latency: LatencyModel, policy: InstancePolicy):
+        self.config = config
+        self.latency = latency
+        self.policy = policy
+        self.running: list[SimRequest] = []
+        self.waiting: list[SimRequest] = []
+        self.free_blocks = config.num_gpu_blocks
+        self.num_preemptions_total = 0
+        self.num_steps_total = 0
+
+    # -- queue ops -------------------------------------------------------------------
+    def add(self, req: SimRequest) -> None:
+        """Queue a new request (appended to the waiting queue)."""
+        self.waiting.append(req)
+
+    def abort(self, req: SimRequest) -> bool:
+        """Remove a request wherever it is and free its blocks. True if it was present."""
+        for q in (self.running, self.waiting):
+            if req in q:
+                q.remove(req)
+                self.free_blocks += req.kv_blocks
+                req.kv_blocks = 0
+                return True
+        return False
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def num_blocks_used(self) -> int:
+        return self.config.num_gpu_blocks - self.free_blocks
+
+    # -- internals -------------------------------------------------------------------
+    def _allocate(self, req: SimRequest, num_new: int) -> bool:
+        need = self.config.blocks_for(req.num_computed_tokens + num_new) - req.kv_blocks
+        if need <= 0:
+            return True
+        if need > self.free_blocks:
+            return False
+        self.free_blocks -= need
+        req.kv_blocks += need
+        return True
+
+    def _preempt(self, victim: SimRequest) -> None:
+        self.running.remove(victim)
+        self.free_blocks += victim.kv_blocks
+        victim.kv_blocks = 0
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self.num_preemptions_total += 1
+        self.waiting.insert(0, victim)
+
+    def _schedule_chunked(self, now_s: float, out: StepResult) -> None:
+        budget = self.config.max_num_batched_tokens
+        sched = out.scheduled
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            scheduled_self = True
+            while not self._allocate(req, num_new):
+                victim = self.policy.preemption_victim(self.running, now_s)
+                vidx = self.running.index(victim)
+                if vidx < i:  # victim was already in this batch: undo it (vLLM V1 does too)
+                    for j, (r, n) in enumerate(sched):
+                        if r is victim:
+                            budget += n
+                            del sched[j]
+                            break
+                    i -= 1
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    scheduled_self = False
+                    break
+            if not scheduled_self:
+                break
+            sched.append((req, num_new))
+            budget -= num_new
+            i += 1
+        if out.preempted or not self.waiting:
+            return
+        for req in self.policy.order_waiting(self.waiting, now_s):
+            if len(self.running) >= self.config.max_num_seqs or budget <= 0:
+                break
+            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            if not self._allocate(req, num_new):
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            sched.append((req, num_new))
+            budget -= num_new
+
+    def _schedule_prioritized(self, now_s: float, out: StepResult) -> None:
+        budget = self.config.prefill_budget
+        sched = out.scheduled
+        for req in self.policy.order_waiting(self.waiting, now_s) if self.waiting else ():
+            num_new = req.num_tokens - req.num_computed_tokens
+            if len(self.running) >= self.config.max_num_seqs or num_new > budget:
+                break
+            if not self._allocate(req, num_new):
+                break
+            self.waiting.remove(req)
+            self.running.append(req)
+            sched.append((req, num_new))
+            budget -= num_new
+        if sched:
+            return
+        i = 0
+        while i < len(self.running):
+            req = self.running[i]
+            ok = True
+            while not self._allocate(req, 1):
+                victim = self.policy.preemption_victim(self.running, now_s)
+                vidx = self.running.index(victim)
+                if vidx < i:
+                    for j, (r, _n) in enumerate(sched):
+                        if r is victim:
+                            del sched[j]
+                            break
+                    i -= 1
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is req:
+                    ok = False
+                    break
+            if not ok:
+                break
+            sched.append((req, 1))
+            i += 1
+
+    # -- the step --------------------------------------------------------------------
+    def step(self, now_s: float) -> StepResult:
+        """Form one batch at `now_s`, charge its latency and apply its outputs."""
+        out = StepResult()
+        if self.config.chunked_prefill:
+            self._schedule_chunked(now_s, out)
+        else:
+            self._schedule_prioritized(now_s, out)
+        if not out.scheduled:
+            return out
+        num_tokens = 0
+        decode_ctx = 0
+        pairs = 0.0
+        enc = 0.0
+        for req, n in out.scheduled:
+            num_tokens += n
+            k = req.num_computed_tokens
+            if n == 1 and req.num_generated_tokens > 0 and req.num_tokens - k == 1:
+                decode_ctx += k + 1
+            else:
+                pairs += LatencyModel.prefill_pairs(n, k)
+                if k == 0 and req.encoder_s:
+                    enc += req.encoder_s
+        dur = self.latency.step_s(len(out.scheduled), num_tokens, decode_ctx, pairs, enc)
+        out.duration_s = dur
+        end_s = now_s + dur
+        self.num_steps_total += 1
+        for req, n in out.scheduled:
+            if req.first_scheduled_s is None:
+                req.first_scheduled_s = now_s
+            req.num_computed_tokens += n
+            if req.num_computed_tokens >= req.num_tokens:
+                req.num_generated_tokens += 1
+                out.sampled.append(req)
+                if req.first_token_s is None:
+                    req.first_token_s = end_s
+                if req.num_generated_tokens >= req.target_output_tokens:
+                    req.finish_s = end_s
+                    out.finished.append(req)
+        for req in out.finished:
+            self.running.remove(req)
+            self.free_blocks += req.kv_blocks
+            req.kv_blocks = 0
+        return out

@@ -1,0 +1,223 @@
+"""Execution-time profiles: how long one engine step takes for a given batch shape.
+
+Model (per (model, GPU, TP); coefficients fitted from Vidur-schema GPU profiling CSVs,
+see each profile file's `sources` and `fit` fields):
+
+    step_s = base_s + per_seq_s * batch_size + linear_s(num_tokens)            # memoized
+             + decode_attn_s_per_ctx_token * (context tokens read by decodes)
+             + prefill_attn_s_per_token_pair * (attention pairs of prefill chunks)
+             + encoder_s of multimodal requests whose first prefill chunk is in the step
+
+`linear_s(num_tokens)` is a piecewise-linear table over token counts (the GEMM-bound
+linear layers: QKV/out projections, MLP, norms; all-reduce for TP>1), extrapolated
+linearly past the last knot. The first three terms depend only on (batch size, token
+count) and are memoized by that pair, as the Astrolabe paper's predictor does (§4).
+
+A prefill chunk of `c` new tokens after `k` already-computed tokens contributes
+`c*k + c*(c+1)/2` attention pairs (each new token attends to all earlier ones and
+itself).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rps_astro_cli.data_paths import ARTIFACTS_DIR
+from rps_astro_cli.errors import AstroUserError
+
+PROFILES_DIR = ARTIFACTS_DIR / "profiles"
+DEFAULT_PROFILE_ID = "llama-2-7b-a30"
+
+
+@dataclass(frozen=True)
+class VisionCosts:
+    """Per-item costs of multimodal inputs (LLaVA-style models).
+
+    tokens_per_image: vision tokens one image adds to the prompt (tokens).
+    tokens_per_frame: vision tokens one video frame adds (tokens).
+    preprocess_s_per_image / preprocess_s_per_frame: CPU preprocessing before the request
+        reaches the scheduler (seconds).
+    encoder_s_per_image / encoder_s_per_frame: vision-encoder GPU time, added to the step
+        holding the request's first prefill chunk (seconds).
+    """
+
+    tokens_per_image: int
+    tokens_per_frame: int
+    preprocess_s_per_image: float
+    preprocess_s_per_frame: float
+    encoder_s_per_image: float
+    encoder_s_per_frame: float
+
+
+@dataclass(frozen=True)
+class OutputLengthDist:
+    """Output-length distribution used when the engine is not told a request's length:
+    lognormal(mu, sigma) of tokens, clipped to [1, max_tokens]."""
+
+    mu: float = 5.3
+    sigma: float = 1.0
+    max_tokens: int = 2048
+
+
+@dataclass(frozen=True)
+class ExecutionProfile:
+    """Step-latency coefficients and default instance limits for one (model, GPU, TP).
+
+    All times are seconds. Loaded from `artifacts/profiles/<profile_id>.json`.
+    """
+
+    profile_id: str
+    model: str
+    gpu: str
+    tp: int
+    base_s: float
+    per_seq_s: float
+    token_knots: tuple[int, ...]
+    token_s: tuple[float, ...]
+    decode_attn_s_per_ctx_token: float
+    prefill_attn_s_per_token_pair: float
+    block_size: int = 16
+    num_gpu_blocks: int = 1056
+    max_num_seqs: int = 48
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 4096
+    vision: VisionCosts | None = None
+    output_len: OutputLengthDist = field(default_factory=OutputLengthDist)
+    sources: dict[str, Any] = field(default_factory=dict, compare=False)
+    fit: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if len(self.token_knots) != len(self.token_s) or len(self.token_knots) < 2:
+            raise AstroUserError(
+                "token_knots and token_s must have the same length ≥ 2",
+                field=f"profile {self.profile_id}: token_knots",
+            )
+        if list(self.token_knots) != sorted(set(self.token_knots)):
+            raise AstroUserError(
+                "token_knots must be strictly increasing",
+                field=f"profile {self.profile_id}: token_knots",
+            )
+
+    # -- latency -----------------------------------------------------------------
+    def linear_s(self, num_tokens: int) -> float:
+        """Linear-layer time for `num_tokens` tokens in one step (seconds)."""
+        knots, vals = self.token_knots, self.token_s
+        if num_tokens <= knots[0]:
+            return vals[0]
+        i = bisect.bisect_left(knots, num_tokens)
+        if i >= len(knots):
+            i = len(knots) - 1
+        x0, x1 = knots[i - 1], knots[i]
+        y0, y1 = vals[i - 1], vals[i]
+        return y0 + (y1 - y0) * (num_tokens - x0) / (x1 - x0)
+
+    def shape_s(self, batch_size: int, num_tokens: int) -> float:
+        """The (batch size, token count) part of a step's latency (seconds); use
+        `LatencyModel.shape_s` for the memoized version."""
+        return self.base_s + self.per_seq_s * batch_size + self.linear_s(num_tokens)
+
+    # -- io ------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ExecutionProfile:
+        """Build from the JSON schema written by the profile fitter.
+
+        Raises:
+            AstroUserError: a required field is missing or has the wrong type.
+        """
+        pid = d.get("profile_id", "?")
+        try:
+            vision = VisionCosts(**d["vision"]) if d.get("vision") else None
+            out = OutputLengthDist(**d["output_len"]) if d.get("output_len") else OutputLengthDist()
+            lim = d.get("limits", {})
+            c = d["coefficients"]
+            return cls(
+                profile_id=d["profile_id"],
+                model=d["model"],
+                gpu=d["gpu"],
+                tp=int(d.get("tp", 1)),
+                base_s=float(c["base_s"]),
+                per_seq_s=float(c["per_seq_s"]),
+                token_knots=tuple(int(x) for x in c["token_knots"]),
+                token_s=tuple(float(x) for x in c["token_s"]),
+                decode_attn_s_per_ctx_token=float(c["decode_attn_s_per_ctx_token"]),
+                prefill_attn_s_per_token_pair=float(c["prefill_attn_s_per_token_pair"]),
+                block_size=int(lim.get("block_size", 16)),
+                num_gpu_blocks=int(lim.get("num_gpu_blocks", 1056)),
+                max_num_seqs=int(lim.get("max_num_seqs", 48)),
+                max_num_batched_tokens=int(lim.get("max_num_batched_tokens", 512)),
+                max_model_len=int(lim.get("max_model_len", 4096)),
+                vision=vision,
+                output_len=out,
+                sources=d.get("sources", {}),
+                fit=d.get("fit", {}),
+            )
+        except KeyError as exc:
+            raise AstroUserError(
+                f"profile {pid} lacks field {exc.args[0]!r}", field="profile",
+                fix="regenerate it with `python -m rps_astro_cli.sim.fit_profiles`",
+            ) from None
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, AstroUserError):
+                raise
+            raise AstroUserError(f"profile {pid} is malformed: {exc}", field="profile") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON schema `from_dict` reads."""
+        d: dict[str, Any] = {
+            "profile_id": self.profile_id,
+            "model": self.model,
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "coefficients": {
+                "base_s": self.base_s,
+                "per_seq_s": self.per_seq_s,
+                "token_knots": list(self.token_knots),
+                "token_s": list(self.token_s),
+                "decode_attn_s_per_ctx_token": self.decode_attn_s_per_ctx_token,
+                "prefill_attn_s_per_token_pair": self.prefill_attn_s_per_token_pair,
+            },
+            "limits": {
+                "block_size": self.block_size,
+                "num_gpu_blocks": self.num_gpu_blocks,
+                "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_model_len": self.max_model_len,
+            },
+            "output_len": self.output_len.__dict__,
+            "sources": self.sources,
+            "fit": self.fit,
+        }
+        if self.vision:
+            d["vision"] = self.vision.__dict__
+        return d
+
+
+def list_profiles() -> list[str]:
+    """Profile ids shipped in `artifacts/profiles/`."""
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def load_profile(name_or_path: str | Path | None = None) -> ExecutionProfile:
+    """Load a profile by id (from `artifacts/profiles/`) or by JSON file path.
+
+    Raises:
+        AstroUserError: no such profile, or the file is not valid JSON / schema.
+    """
+    name = str(name_or_path or DEFAULT_PROFILE_ID)
+    path = Path(name)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name}.json"
+    if not path.is_file():
+        raise AstroUserError(
+            f"no profile {name!r}", field="profile",
+            fix=f"use a JSON file path or one of: {', '.join(list_profiles()) or '(none shipped)'}",
+        )
+    try:
+        d = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise AstroUserError(f"{path} is not valid JSON: {exc}", field="profile") from None
+    return ExecutionProfile.from_dict(d)
