@@ -1,0 +1,449 @@
+"""OpenAI-compatible request parsing and validation, shared by the sim engine and the
+scheduler service (pure functions: no I/O except optional DNS for remote media).
+
+Endpoints: `POST /v1/completions` and `POST /v1/chat/completions`. Accepted fields
+(others, e.g. `temperature`, are accepted and ignored, as vLLM does):
+
+- `model` (optional; when given it must be the served model, else 404),
+- `prompt` (completions): a string, a list of token ids, or a one-element list of either;
+- `messages` (chat): `[{"role", "content"}]`, content a string or a list of parts
+  `{"type": "text", "text"}`, `{"type": "image_url", "image_url": {"url"}}`,
+  `{"type": "video_url", "video_url": {"url", "num_frames"?}}`,
+- `max_tokens` / `max_completion_tokens` (int ≥ 1; default max_model_len − prompt, as
+  vLLM), `ignore_eos`, `stream`, `stream_options.include_usage`, `n` (must be 1),
+- `vllm_xargs` (the extra-args dict a real vLLM accepts and hands to its scheduler):
+  `astro_output_tokens` (true output length the bench sends; the engine stops there,
+  capped by max_tokens), `astro_predicted_output_tokens` (the tagger's predicted length,
+  shown in `/status`), `astro_class` ("sand" / "pebbles" / "rocks").
+
+Prompt token counting (the same in engine, Predictor and bench):
+- completions: `tokens.count_tokens_fallback(prompt)` (or the token-id list's length);
+- chat: `chat_prompt_tokens`: per message `CHAT_TOKENS_PER_MESSAGE` (3) +
+  count(role) + count(each text part), plus `CHAT_TOKENS_REPLY_PRIMER` (3) for the
+  assistant reply header (the OpenAI cookbook's accounting for chat formats);
+- media (chat only): images × `vision.tokens_per_image` + frames ×
+  `vision.tokens_per_frame` from the profile (`VisionCosts`); a video part's frame count
+  is `video_url.num_frames` or `DEFAULT_NUM_FRAMES` (32, LLaVA-OneVision's default
+  frame sampling).
+
+Media URLs (DESIGN §7): `data:` URLs are decoded and checked (base64 + a known image /
+video container; Pillow verifies images when installed); remote `http(s)` URLs are refused
+unless `ApiLimits.allow_remote_media`, and even then never to loopback, private,
+link-local or reserved addresses (the sim engine does not download them: it only needs
+their token count); `file://` and bare paths are refused.
+
+Every user mistake raises `ApiError` (HTTP status, message, type, param naming the field);
+`ApiError.to_dict()` is the body `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import ipaddress
+import json
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from rps_astro_cli.sim.profile import VisionCosts
+from rps_astro_cli.tokens import count_tokens_fallback
+
+CHAT_TOKENS_PER_MESSAGE = 3
+CHAT_TOKENS_REPLY_PRIMER = 3
+DEFAULT_NUM_FRAMES = 32
+REQ_CLASSES = ("sand", "pebbles", "rocks")
+_ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+
+
+class ApiError(Exception):
+    """A request the server refuses, as an OpenAI-style error.
+
+    status_code: HTTP status (400 bad field, 401 key, 404 model, 413 body too large).
+    message: what is wrong and how to fix it. err_type: OpenAI error type.
+    param: the offending field (dotted path, e.g. `messages[0].content[1].image_url.url`).
+    """
+
+    def __init__(self, status_code: int, message: str, param: str | None = None,
+                 err_type: str | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.param = param
+        self.err_type = err_type or _default_type(status_code)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.err_type,
+                          "param": self.param, "code": self.status_code}}
+
+
+def _default_type(status: int) -> str:
+    return {401: "authentication_error", 404: "NotFoundError",
+            413: "request_too_large"}.get(status, "invalid_request_error" if status < 500 else "server_error")
+
+
+def bad(message: str, param: str | None) -> ApiError:
+    """A 400 naming `param`."""
+    return ApiError(400, f"{param}: {message}" if param and param not in message else message, param)
+
+
+@dataclass(frozen=True)
+class ApiLimits:
+    """Safe-default bounds on requests (DESIGN §7).
+
+    max_body_bytes: largest request body (bytes; larger → 413).
+    max_media_items: most image/video parts in one request.
+    max_num_frames: most frames one video part may ask for.
+    allow_remote_media: accept http(s) media URLs (public addresses only).
+    """
+
+    max_body_bytes: int = 16 * 1024 * 1024
+    max_media_items: int = 16
+    max_num_frames: int = 256
+    allow_remote_media: bool = False
+
+
+@dataclass(frozen=True)
+class ParsedRequest:
+    """A validated completion request (before the context-length check).
+
+    endpoint: "completions" or "chat". model: requested model name or None.
+    text_tokens: prompt tokens from text (incl. chat formatting) (tokens).
+    num_images / num_frames: media items (images; video frames summed over videos).
+    max_tokens: the client's bound on output tokens, or None.
+    ignore_eos / stream / include_usage: the OpenAI/vLLM flags.
+    output_tokens: `vllm_xargs.astro_output_tokens` (true length) or None.
+    predicted_output_tokens: `vllm_xargs.astro_predicted_output_tokens` or None.
+    req_class: `vllm_xargs.astro_class` or None.
+    """
+
+    endpoint: str
+    model: str | None
+    text_tokens: int
+    num_images: int = 0
+    num_frames: int = 0
+    max_tokens: int | None = None
+    ignore_eos: bool = False
+    stream: bool = False
+    include_usage: bool = False
+    output_tokens: int | None = None
+    predicted_output_tokens: int | None = None
+    req_class: str | None = None
+
+    @property
+    def prompt_param(self) -> str:
+        return "prompt" if self.endpoint == "completions" else "messages"
+
+    @property
+    def modality(self) -> str:
+        return "video" if self.num_frames else "image" if self.num_images else "text"
+
+
+@dataclass(frozen=True)
+class VisionCharge:
+    """What a request's media cost on a given profile.
+
+    vision_tokens: tokens added to the prompt (tokens). preprocess_s: CPU preprocessing
+    before the request joins the waiting queue (s). encoder_s: vision-encoder time charged
+    to its first prefill step (s).
+    """
+
+    vision_tokens: int = 0
+    preprocess_s: float = 0.0
+    encoder_s: float = 0.0
+
+
+# -- body ------------------------------------------------------------------------------
+def decode_json_body(raw: bytes, max_body_bytes: int | None = None) -> dict[str, Any]:
+    """Parse a request body into a JSON object.
+
+    Raises:
+        ApiError: 413 over `max_body_bytes`; 400 not JSON or not an object.
+    """
+    if max_body_bytes is not None and len(raw) > max_body_bytes:
+        raise ApiError(413, f"request body is {len(raw)} bytes, over the limit of {max_body_bytes}",
+                       param="body")
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"body: malformed JSON ({exc})", param="body") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "body: must be a JSON object", param="body")
+    return body
+
+
+# -- scalar fields ---------------------------------------------------------------------
+def _int_field(v: Any, param: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        else:
+            raise bad(f"must be an integer, got {v!r}", param)
+    if v < lo:
+        raise bad(f"must be ≥ {lo}, got {v}", param)
+    return v
+
+
+def _bool_field(body: dict[str, Any], key: str, param: str | None = None) -> bool:
+    v = body.get(key, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise bad(f"must be true or false, got {v!r}", param or key)
+    return v
+
+
+def _common(body: dict[str, Any]) -> dict[str, Any]:
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("must be a string", "model")
+    max_tokens = None
+    for key in ("max_tokens", "max_completion_tokens"):
+        if body.get(key) is not None:
+            max_tokens = _int_field(body[key], key, 1)
+            break
+    n = body.get("n")
+    if n is not None and _int_field(n, "n", 1) != 1:
+        raise bad("the sim engine serves n = 1 only", "n")
+    stream = _bool_field(body, "stream")
+    include_usage = False
+    so = body.get("stream_options")
+    if so is not None:
+        if not isinstance(so, dict):
+            raise bad("must be an object", "stream_options")
+        include_usage = _bool_field(so, "include_usage", "stream_options.include_usage")
+    xargs = body.get("vllm_xargs") or {}
+    if not isinstance(xargs, dict):
+        raise bad("must be an object", "vllm_xargs")
+    out = xargs.get("astro_output_tokens")
+    out = None if out is None else _int_field(out, "vllm_xargs.astro_output_tokens", 1)
+    pred = xargs.get("astro_predicted_output_tokens")
+    pred = None if pred is None else _int_field(pred, "vllm_xargs.astro_predicted_output_tokens", 1)
+    cls = xargs.get("astro_class")
+    if cls is not None and cls not in REQ_CLASSES:
+        raise bad(f"must be one of {', '.join(REQ_CLASSES)}, got {cls!r}", "vllm_xargs.astro_class")
+    return dict(model=model, max_tokens=max_tokens, ignore_eos=_bool_field(body, "ignore_eos"),
+                stream=stream, include_usage=include_usage, output_tokens=out,
+                predicted_output_tokens=pred, req_class=cls)
+
+
+# -- completions -----------------------------------------------------------------------
+def parse_completion_request(body: dict[str, Any],
+                             counter: Callable[[str], int] = count_tokens_fallback) -> ParsedRequest:
+    """Validate a `/v1/completions` body.
+
+    Raises:
+        ApiError: 400 naming the field (missing/empty/batched prompt, bad max_tokens, ...).
+    """
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad("is required", "prompt")
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        n = counter(p)
+    elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        n = len(p)
+    elif isinstance(p, list):
+        raise bad("batched prompts are not supported; send one prompt per request", "prompt")
+    else:
+        raise bad("must be a string or a list of token ids", "prompt")
+    if n <= 0:
+        raise bad("is empty", "prompt")
+    return ParsedRequest(endpoint="completions", text_tokens=n, **_common(body))
+
+
+# -- chat ------------------------------------------------------------------------------
+def chat_prompt_tokens(messages: Any, counter: Callable[[str], int] = count_tokens_fallback,
+                       limits: ApiLimits = ApiLimits()) -> tuple[int, int, int]:
+    """Count a chat prompt: (text tokens incl. formatting, images, video frames).
+
+    Formatting (see module docstring): per message CHAT_TOKENS_PER_MESSAGE + count(role)
+    + count(text parts); plus CHAT_TOKENS_REPLY_PRIMER once.
+
+    Raises:
+        ApiError: 400 naming the field (`messages[i].content[j]...`).
+    """
+    if not isinstance(messages, list) or not messages:
+        raise bad("must be a non-empty list of messages", "messages")
+    text = CHAT_TOKENS_REPLY_PRIMER
+    images = frames = items = 0
+    for i, m in enumerate(messages):
+        mp = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad("must be an object with role and content", mp)
+        role = m.get("role")
+        if role not in _ROLES:
+            raise bad(f"must be one of {', '.join(_ROLES)}, got {role!r}", f"{mp}.role")
+        text += CHAT_TOKENS_PER_MESSAGE + counter(role)
+        content = m.get("content")
+        if content is None:
+            continue
+        if isinstance(content, str):
+            text += counter(content)
+            continue
+        if not isinstance(content, list):
+            raise bad("must be a string or a list of content parts", f"{mp}.content")
+        for j, part in enumerate(content):
+            pp = f"{mp}.content[{j}]"
+            if not isinstance(part, dict):
+                raise bad("must be an object with a type", pp)
+            kind = part.get("type")
+            if kind == "text":
+                t = part.get("text")
+                if not isinstance(t, str):
+                    raise bad("must be a string", f"{pp}.text")
+                text += counter(t)
+            elif kind in ("image_url", "video_url"):
+                items += 1
+                if items > limits.max_media_items:
+                    raise bad(f"more than {limits.max_media_items} media items in one request", pp)
+                spec = part.get(kind)
+                if isinstance(spec, str):
+                    spec = {"url": spec}
+                if not isinstance(spec, dict) or not isinstance(spec.get("url"), str):
+                    raise bad("must be an object with a url", f"{pp}.{kind}")
+                check_media_url(spec["url"], "image" if kind == "image_url" else "video",
+                                f"{pp}.{kind}.url", limits)
+                if kind == "image_url":
+                    images += 1
+                else:
+                    nf = spec.get("num_frames")
+                    nf = DEFAULT_NUM_FRAMES if nf is None else _int_field(nf, f"{pp}.video_url.num_frames", 1)
+                    if nf > limits.max_num_frames:
+                        raise bad(f"at most {limits.max_num_frames} frames, got {nf}",
+                                  f"{pp}.video_url.num_frames")
+                    frames += nf
+            else:
+                raise bad(f"unsupported content part type {kind!r} (use text, image_url or video_url)",
+                          f"{pp}.type")
+    return text, images, frames
+
+
+def parse_chat_request(body: dict[str, Any], counter: Callable[[str], int] = count_tokens_fallback,
+                       limits: ApiLimits = ApiLimits()) -> ParsedRequest:
+    """Validate a `/v1/chat/completions` body (media URLs checked, not priced: see
+    `vision_charge`).
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    if body.get("messages") is None:
+        raise bad("is required", "messages")
+    text, images, frames = chat_prompt_tokens(body["messages"], counter, limits)
+    return ParsedRequest(endpoint="chat", text_tokens=text, num_images=images, num_frames=frames,
+                         **_common(body))
+
+
+# -- media -----------------------------------------------------------------------------
+_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+
+
+def _looks_like(kind: str, data: bytes) -> bool:
+    if kind == "image":
+        if data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
+            return True
+        return False
+    return (data[4:8] == b"ftyp" or data.startswith(b"\x1a\x45\xdf\xa3")
+            or (data[:4] == b"RIFF" and data[8:12] == b"AVI "))
+
+
+def _verify_image(data: bytes) -> bool:
+    try:
+        from PIL import Image  # optional; ships with matplotlib
+    except ImportError:  # pragma: no cover
+        return True
+    import io
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.verify()
+        return True
+    except Exception:
+        return False
+
+
+def check_media_url(url: str, kind: str, param: str, limits: ApiLimits = ApiLimits()) -> None:
+    """Accept a media URL per DESIGN §7 or raise.
+
+    kind: "image" or "video". param: the field path to name in errors.
+
+    Raises:
+        ApiError: 400 for undecodable data, refused schemes, disabled or non-public
+            remote URLs.
+    """
+    if url.startswith("data:"):
+        head, sep, payload = url.partition(",")
+        if not sep or ";base64" not in head:
+            raise bad(f"unreadable {kind}: expected data:<mime>;base64,<data>", param)
+        try:
+            data = base64.b64decode(payload, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad(f"unreadable {kind}: the base64 payload does not decode", param) from None
+        if not data or not _looks_like(kind, data) or (kind == "image" and not _verify_image(data)):
+            raise bad(f"unreadable {kind}: the data is not a supported {kind} format", param)
+        return
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        if not limits.allow_remote_media:
+            raise bad("remote media URLs are disabled; send a data: URL "
+                      "(or start the engine with --allow-remote-media)", param)
+        _check_public_host(parts.hostname, param)
+        return
+    raise bad(f"{scheme or 'bare path'} media URLs are refused; send a data: URL", param)
+
+
+def _check_public_host(host: str | None, param: str) -> None:
+    if not host:
+        raise bad("URL has no host", param)
+    try:
+        addrs = [ipaddress.ip_address(host)]
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            raise bad(f"cannot resolve host {host!r}", param) from None
+        addrs = [ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos]
+    for a in addrs:
+        if not a.is_global or a.is_multicast:
+            raise bad(f"host {host!r} resolves to a non-public address ({a}); refused", param)
+
+
+def vision_charge(req: ParsedRequest, vision: VisionCosts | None) -> VisionCharge:
+    """Price a request's media on a profile's `VisionCosts` (see `VisionCharge`).
+
+    Raises:
+        ApiError: 400 when the request has media and the profile is text-only.
+    """
+    if not (req.num_images or req.num_frames):
+        return VisionCharge()
+    if vision is None:
+        raise bad("this model is text-only; remove image_url / video_url parts", "messages")
+    return VisionCharge(
+        vision_tokens=req.num_images * vision.tokens_per_image + req.num_frames * vision.tokens_per_frame,
+        preprocess_s=req.num_images * vision.preprocess_s_per_image
+        + req.num_frames * vision.preprocess_s_per_frame,
+        encoder_s=req.num_images * vision.encoder_s_per_image + req.num_frames * vision.encoder_s_per_frame,
+    )
+
+
+def resolve_max_tokens(req: ParsedRequest, prompt_tokens: int, max_model_len: int) -> int:
+    """The output bound vLLM applies: the client's max_tokens, else max_model_len − prompt.
+
+    Raises:
+        ApiError: 400 (param prompt/messages) when the prompt alone reaches max_model_len;
+            400 (param max_tokens) when prompt + max_tokens exceeds it.
+    """
+    if prompt_tokens >= max_model_len:
+        raise bad(f"the prompt is {prompt_tokens} tokens; this model's maximum context length is "
+                  f"{max_model_len} tokens (prompt + output); shorten it", req.prompt_param)
+    if req.max_tokens is None:
+        return max_model_len - prompt_tokens
+    if prompt_tokens + req.max_tokens > max_model_len:
+        raise bad(f"this model's maximum context length is {max_model_len} tokens; you requested "
+                  f"{prompt_tokens + req.max_tokens} ({prompt_tokens} in the prompt, {req.max_tokens} "
+                  "in the completion); lower max_tokens", "max_tokens")
+    return req.max_tokens

@@ -1,0 +1,317 @@
+"""The sim engine's async core: one `InstanceSim` stepped in wall-clock time.
+
+Clock: the engine keeps *simulated* seconds, `now_s = (loop.time() - t0) / time_scale`
+(time_scale 1.0 = real time, 0.1 = ten times faster). Every time the engine reports
+(`arrival_s`, `/status` `time_s`, TTFT/E2E metrics) is on this clock, so waiting times
+computed by the Predictor from a snapshot are in the model's seconds at any time_scale.
+
+Loop (one asyncio task):
+1. no work → wait on an event set by `submit` / `abort` / `close`;
+2. `res = inst.step(start_s)` where `start_s` is the previous step's scheduled end (so
+   sleep overshoot does not accumulate), or now after idling or when the loop lags more
+   than `max_lag_s` behind (then it resynchronizes instead of bursting);
+3. sleep until the wall time of `start_s + res.duration_s`;
+4. deliver: each sampled request's queue gets its new generated-token count; a finished
+   request's queue then gets `FINISHED`.
+
+Multimodal requests wait their preprocessing time (`VisionCharge.preprocess_s`) before
+joining the waiting queue; their encoder time is charged to their first prefill step
+by `InstanceSim`.
+
+Output length (`target_output_tokens`): `max_tokens` under `ignore_eos`; else the client's
+`vllm_xargs.astro_output_tokens` capped by max_tokens; else a draw from the profile's
+`output_len` lognormal(mu, sigma) rounded and clipped to [1, min(output_len.max_tokens,
+max_tokens)] with the engine's seeded `numpy.random.Generator`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from rps_astro_cli.engine.openai_api import ParsedRequest, VisionCharge, resolve_max_tokens
+from rps_astro_cli.policies import make_policy
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.status import InstanceStatus, snapshot
+
+log = logging.getLogger(__name__)
+
+FINISHED = -1  # queue marker after the last token count
+
+
+class EngineFault(RuntimeError):
+    """The engine failed while serving a request (a server fault, not a user mistake)."""
+
+
+@dataclass(eq=False)
+class EngineRequest:
+    """One served request: the instance model's state plus its delivery queue.
+
+    sim: the `SimRequest` inside the `InstanceSim`. queue: receives generated-token counts
+    (int, increasing), then `FINISHED`, or an `EngineFault`. max_tokens: the resolved
+    output bound (tokens). finish_reason: "length" if it stopped at max_tokens, else
+    "stop". aborted: set by `SimEngine.abort`.
+    """
+
+    sim: SimRequest
+    max_tokens: int
+    finish_reason: str
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    preprocess_task: asyncio.Task | None = None
+    aborted: bool = False
+    done: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.sim.request_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.sim.prompt_tokens
+
+    @property
+    def output_tokens(self) -> int:
+        return self.sim.target_output_tokens
+
+
+@dataclass
+class EngineCounters:
+    """Monotonic totals for `/metrics` (tokens, requests) and the latency samples hooks.
+
+    prompt_tokens_total: prompt tokens of admitted requests. generation_tokens_total:
+    tokens sampled. requests_finished_total / requests_aborted_total: counts.
+    """
+
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_finished_total: int = 0
+    requests_aborted_total: int = 0
+
+
+class SimEngine:
+    """Runs `InstanceSim` in wall-clock time (see module docstring).
+
+    profile: the execution profile. policy: an instance policy name or object.
+    seed: seed of the engine's Generator (output-length draws). time_scale: wall seconds
+    per simulated second (> 0). instance_id: name in `/status`. config_overrides: fields
+    of `InstanceConfig` (num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
+    max_model_len, chunked_prefill); None values are ignored.
+    on_first_token(ttft_s) / on_finish(e2e_s): optional callbacks (simulated seconds).
+
+    Raises:
+        AstroUserError: bad policy name or limits (from the policy registry / InstanceConfig).
+    """
+
+    def __init__(self, profile: ExecutionProfile, *, policy: str | InstancePolicy = "fcfs",
+                 seed: int = 0, time_scale: float = 1.0, instance_id: str = "engine-0",
+                 max_lag_s: float = 0.25, **config_overrides):
+        from rps_astro_cli.errors import AstroUserError
+
+        if not (time_scale > 0 and math.isfinite(time_scale)):
+            raise AstroUserError(f"must be > 0, got {time_scale}", field="time_scale")
+        self.profile = profile
+        self.config = InstanceConfig.from_profile(profile, **config_overrides)
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.inst = InstanceSim(self.config, LatencyModel(profile), self.policy)
+        self.rng = np.random.default_rng(seed)
+        self.time_scale = float(time_scale)
+        self.instance_id = instance_id
+        self.max_lag_s = max_lag_s
+        self.counters = EngineCounters()
+        self.on_first_token = None
+        self.on_finish = None
+        self._live: dict[str, EngineRequest] = {}
+        self._ids = itertools.count()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._t0 = 0.0
+        self._closing = False
+
+    # -- clock -----------------------------------------------------------------------
+    def now_s(self) -> float:
+        """Simulated seconds since `start()`."""
+        return (self._loop.time() - self._t0) / self.time_scale
+
+    def _wall(self, sim_s: float) -> float:
+        return self._t0 + sim_s * self.time_scale
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> None:
+        """Start the loop task on the running event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._t0 = self._loop.time()
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task = asyncio.create_task(self._run(), name=f"sim-engine-{self.instance_id}")
+
+    async def close(self) -> None:
+        """Stop the loop; pending requests get an `EngineFault`."""
+        self._closing = True
+        if self._wake:
+            self._wake.set()
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except (asyncio.CancelledError, Exception):
+                pass
+        for er in list(self._live.values()):
+            self._fail(er, EngineFault("engine shut down"))
+
+    # -- requests --------------------------------------------------------------------
+    def target_output_tokens(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str]:
+        """(output length, finish_reason) per the module docstring's rule."""
+        if req.ignore_eos:
+            return max_tokens, "length"
+        if req.output_tokens is not None:
+            n = min(req.output_tokens, max_tokens)
+        else:
+            d = self.profile.output_len
+            draw = round(float(self.rng.lognormal(d.mu, d.sigma)))
+            n = max(1, min(draw, d.max_tokens, max_tokens))
+        return n, ("length" if n >= max_tokens else "stop")
+
+    def submit(self, req: ParsedRequest, charge: VisionCharge = VisionCharge(),
+               request_id: str | None = None) -> EngineRequest:
+        """Admit a validated request: resolve its lengths and queue it (after its
+        preprocessing delay, if any). Must be called on the engine's event loop.
+
+        Raises:
+            ApiError: 400 when prompt (+ max_tokens) exceeds max_model_len.
+        """
+        prompt = req.text_tokens + charge.vision_tokens
+        max_tokens = resolve_max_tokens(req, prompt, self.config.max_model_len)
+        out, reason = self.target_output_tokens(req, max_tokens)
+        rid = request_id or f"req-{next(self._ids)}"
+        sim = SimRequest(
+            request_id=rid, arrival_s=self.now_s(), prompt_tokens=prompt, target_output_tokens=out,
+            modality=req.modality, vision_tokens=charge.vision_tokens, encoder_s=charge.encoder_s,
+            req_class=req.req_class, predicted_output_tokens=req.predicted_output_tokens,
+        )
+        er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason)
+        self._live[rid] = er
+        if charge.preprocess_s > 0:
+            er.preprocess_task = asyncio.create_task(self._preprocess(er, charge.preprocess_s))
+        else:
+            self._enqueue(er)
+        return er
+
+    async def _preprocess(self, er: EngineRequest, seconds: float) -> None:
+        await asyncio.sleep(seconds * self.time_scale)
+        if not er.aborted:
+            self._enqueue(er)
+
+    def _enqueue(self, er: EngineRequest) -> None:
+        self.counters.prompt_tokens_total += er.sim.prompt_tokens
+        self.inst.add(er.sim)
+        self._wake.set()
+
+    def abort(self, er: EngineRequest) -> None:
+        """Stop a request (client gone): remove it from the instance and free its blocks."""
+        if er.done or er.aborted:
+            return
+        er.aborted = True
+        if er.preprocess_task and not er.preprocess_task.done():
+            er.preprocess_task.cancel()
+        self.inst.abort(er.sim)
+        self._live.pop(er.request_id, None)
+        self.counters.requests_aborted_total += 1
+        self._wake.set()
+
+    def _fail(self, er: EngineRequest, exc: Exception) -> None:
+        self.inst.abort(er.sim)
+        self._live.pop(er.request_id, None)
+        er.done = True
+        er.queue.put_nowait(exc)
+
+    # -- state -----------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        return len(self.inst.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.inst.waiting)
+
+    @property
+    def num_preprocessing(self) -> int:
+        return sum(1 for er in self._live.values() if er.preprocess_task and not er.preprocess_task.done())
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """Fraction of KV blocks in use (0–1; vLLM's `kv_cache_usage_perc`)."""
+        return self.inst.num_blocks_used / self.config.num_gpu_blocks
+
+    def status(self) -> InstanceStatus:
+        """The `/status` snapshot at the engine's now."""
+        return snapshot(self.instance_id, self.now_s(), self.inst, self.profile.profile_id)
+
+    # -- the loop --------------------------------------------------------------------
+    async def _run(self) -> None:
+        inst = self.inst
+        loop = self._loop
+        wake = self._wake
+        next_start_s: float | None = None
+        while not self._closing:
+            if not inst.has_work:
+                wake.clear()
+                await wake.wait()
+                next_start_s = None
+                continue
+            now = self.now_s()
+            start = now if next_start_s is None or now - next_start_s > self.max_lag_s else next_start_s
+            try:
+                res = inst.step(start)
+            except Exception:  # a server fault: fail the live requests, keep serving
+                log.exception("sim engine step failed; failing %d live requests", len(self._live))
+                for er in list(self._live.values()):
+                    self._fail(er, EngineFault("engine step failed"))
+                inst.running.clear()
+                inst.waiting.clear()
+                inst.free_blocks = self.config.num_gpu_blocks
+                next_start_s = None
+                continue
+            if not res.scheduled:  # nothing schedulable: wait for an arrival or abort
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), timeout=1.0)
+                except TimeoutError:
+                    pass
+                next_start_s = None
+                continue
+            end = start + res.duration_s
+            delay = self._wall(end) - loop.time()
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self._deliver(res, end)
+            next_start_s = end
+
+    def _deliver(self, res, end_s: float) -> None:
+        live = self._live
+        self.counters.generation_tokens_total += len(res.sampled)
+        for req in res.sampled:
+            er = live.get(req.request_id)
+            if er is None:  # aborted while the step ran
+                continue
+            n = req.num_generated_tokens
+            er.queue.put_nowait(n)
+            if n == 1 and self.on_first_token is not None:
+                self.on_first_token(end_s - req.arrival_s)
+        for req in res.finished:
+            er = live.pop(req.request_id, None)
+            if er is None:
+                continue
+            er.done = True
+            er.queue.put_nowait(FINISHED)
+            self.counters.requests_finished_total += 1
+            if self.on_finish is not None:
+                self.on_finish(end_s - req.arrival_s)
