@@ -1,0 +1,148 @@
+"""HTTP plumbing shared by the predictor, tagger and scheduler services (DESIGN.md §7).
+
+- Errors: a user mistake is a 4xx whose JSON body names the field
+  (`{"error": {"message", "type", "param", "code"}}`, OpenAI's shape); a server fault is
+  a 5xx carrying a request id, logged with its traceback; no response carries a traceback.
+- Optional API key: `Authorization: Bearer <key>` (or `x-api-key`) checked when set.
+- Bounded bodies: `read_json_body` refuses bodies over `max_body_bytes` with 413.
+- Loopback by default; `run_app` serves on 127.0.0.1 unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import socket
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+log = logging.getLogger("astro.services")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_MAX_BODY_BYTES = 1 << 20  # 1 MiB
+
+
+class HTTPUserError(Exception):
+    """A request the client must fix: becomes `status` with a JSON body naming `param`."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, type_: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.type = type_
+
+
+def error_body(message: str, param: str | None = None, type_: str = "invalid_request_error",
+               code: int | None = None, request_id: str | None = None) -> dict[str, Any]:
+    """OpenAI-style error JSON."""
+    err: dict[str, Any] = {"message": message, "type": type_, "param": param, "code": code}
+    if request_id:
+        err["request_id"] = request_id
+    return {"error": err}
+
+
+def error_response(status: int, message: str, param: str | None = None,
+                   type_: str = "invalid_request_error", request_id: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, param, type_, status, request_id), status_code=status)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """`HTTPUserError` → its 4xx; anything unexpected → 500 with a request id (logged)."""
+
+    @app.exception_handler(HTTPUserError)
+    async def _user(_: Request, exc: HTTPUserError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.param, exc.type)
+
+    @app.exception_handler(Exception)
+    async def _fault(request: Request, exc: Exception) -> JSONResponse:
+        rid = secrets.token_hex(6)
+        log.error("request %s %s failed (id %s)", request.method, request.url.path, rid, exc_info=exc)
+        return error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
+
+
+def check_api_key(request: Request, api_key: str | None) -> None:
+    """Raise 401 unless `api_key` is unset or the request carries it."""
+    if not api_key:
+        return
+    auth = request.headers.get("authorization", "")
+    given = auth[7:] if auth.lower().startswith("bearer ") else request.headers.get("x-api-key", "")
+    if not secrets.compare_digest(given.encode(), api_key.encode()):
+        raise HTTPUserError(401, "missing or wrong API key", "authorization", "authentication_error")
+
+
+async def read_json_body(request: Request, max_body_bytes: int) -> tuple[bytes, dict[str, Any]]:
+    """The raw body and its parsed JSON object.
+
+    Raises:
+        HTTPUserError: 413 over `max_body_bytes`; 400 not JSON / not an object.
+    """
+    raw = await read_body(request, max_body_bytes)
+    return raw, parse_json_object(raw)
+
+
+async def read_body(request: Request, max_body_bytes: int) -> bytes:
+    """The raw body, refusing (413) more than `max_body_bytes` before reading it all."""
+    cl = request.headers.get("content-length")
+    if cl is not None and cl.isdigit() and int(cl) > max_body_bytes:
+        raise HTTPUserError(413, f"request body of {cl} bytes exceeds the limit of {max_body_bytes} bytes",
+                            "body", "request_too_large")
+    chunks = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > max_body_bytes:
+            raise HTTPUserError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
+                                "body", "request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Parse `raw` as a JSON object. Raises HTTPUserError(400) naming the problem."""
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise HTTPUserError(400, f"request body is not valid JSON: {exc}", "body") from None
+    if not isinstance(body, dict):
+        raise HTTPUserError(400, "request body must be a JSON object", "body")
+    return body
+
+
+def metrics_response(registry) -> Response:
+    """Prometheus text exposition of `registry`."""
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def new_registry():
+    """A fresh Prometheus registry with this process's CPU/memory collector."""
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    reg = CollectorRegistry()
+    ProcessCollector(registry=reg)
+    return reg
+
+
+def free_port(host: str = DEFAULT_HOST) -> int:
+    """A TCP port that is free on `host` right now (asked from the OS)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning") -> None:
+    """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port;
+    the bound address is logged. Uses uvloop/httptools when installed."""
+    import uvicorn
+
+    loop = "auto"
+    http = "auto"
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, loop=loop, http=http,
+                            access_log=False, timeout_graceful_shutdown=3, backlog=4096)
+    server = uvicorn.Server(config)
+    server.run()

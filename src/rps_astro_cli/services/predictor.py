@@ -1,0 +1,305 @@
+"""Predictor sidecar (one per engine; Astrolabe §4, DESIGN.md §2).
+
+`POST /predict` takes a candidate request and answers how long it would take on this
+predictor's engine:
+
+    request  {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1,
+              "modality": "text"|"image"|"video" = "text", "vision_tokens": int = 0,
+              "encoder_s": float = 0, "preprocess_s": float = 0,
+              "req_class": str|null, "objective": "e2e"|"ttft" = "e2e"}
+    response {"ttft_s", "e2e_s": seconds from the snapshot time,
+              "objective_s": the requested objective's value,
+              "snapshot_age_s": how old the engine status used was (s),
+              "lookahead_us": look-ahead time (µs), "instance_id": str}
+
+It reads the engine's `GET /status` on demand and caches it for `status_cache_s`
+(default 20 ms; concurrent queries share one fetch), rebuilds the engine's own
+instance policy from the snapshot's `policy` field, and runs the fast look-ahead
+(`sim.lookahead.predict` when present, else the reference `predict_stepwise`) with
+auto-extension (`extension_tokens`, default 10). The latency model is kept per profile
+id so its (batch size, token count) memo lives across queries.
+
+Metrics (`GET /metrics`, Prometheus):
+- `astro_predictor_predict_seconds` histogram: wall time per /predict, incl. any status fetch.
+- `astro_predictor_lookahead_seconds` histogram: look-ahead time alone.
+- `astro_predictor_cpu_seconds_total`: CPU seconds (process time) spent on /predict work
+  (status parse + look-ahead); ÷ `astro_predictor_requests_total` = CPU per query, the
+  Astrolabe paper's Po2-vs-fanout CPU figure.
+- `astro_predictor_requests_total{outcome}`: ok | bad_request | engine_unavailable.
+- `astro_predictor_status_fetches_total{outcome}`: ok | error.
+- `process_cpu_seconds_total`: the whole process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies import make_policy
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.services.http_common import (
+    DEFAULT_MAX_BODY_BYTES,
+    HTTPUserError,
+    check_api_key,
+    error_response,
+    install_error_handlers,
+    metrics_response,
+    new_registry,
+    read_json_body,
+)
+from rps_astro_cli.sim import lookahead as _lookahead
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
+from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
+from rps_astro_cli.status import InstanceStatus
+
+log = logging.getLogger("astro.predictor")
+
+MODALITIES = ("text", "image", "video")
+
+
+def lookahead_fn():
+    """The fast look-ahead if the simulator provides it, else the reference one."""
+    return getattr(_lookahead, "predict", None) or _lookahead.predict_stepwise
+
+
+@dataclass(frozen=True)
+class PredictorSettings:
+    """Configuration of one Predictor.
+
+    engine_url: base URL of the engine it predicts for (its `/status`).
+    status_cache_s: reuse a fetched status for this long (seconds; 0 = always fetch).
+    status_timeout_s: deadline of one `/status` fetch (seconds).
+    profile: execution profile id/path; None = the profile id the engine reports.
+    extension_tokens: auto-extension (tokens past the predicted length a request is
+        assumed to run; Astrolabe §4: 10). default_output_tokens: length assumed for
+        requests with no predicted length (tokens).
+    api_key: required bearer token when set. max_body_bytes: body limit (bytes).
+    """
+
+    engine_url: str
+    status_cache_s: float = 0.02
+    status_timeout_s: float = 1.0
+    profile: str | None = None
+    extension_tokens: int = 10
+    default_output_tokens: int = 256
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
+    """The candidate and objective from a /predict body.
+
+    Raises:
+        HTTPUserError: 400 naming the missing or malformed field.
+    """
+
+    def _int(name: str, default: int | None = None, minimum: int = 0) -> int:
+        v = body.get(name, default)
+        if v is None:
+            raise HTTPUserError(400, f"missing field {name!r}", name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise HTTPUserError(400, f"{name} must be an integer ≥ {minimum}, got {v!r}", name)
+        return v
+
+    def _float(name: str) -> float:
+        v = body.get(name, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise HTTPUserError(400, f"{name} must be a number ≥ 0, got {v!r}", name)
+        return float(v)
+
+    modality = body.get("modality", "text")
+    if modality not in MODALITIES:
+        raise HTTPUserError(400, f"modality must be one of {', '.join(MODALITIES)}, got {modality!r}", "modality")
+    objective = body.get("objective", "e2e")
+    if objective not in ("e2e", "ttft"):
+        raise HTTPUserError(400, f"objective must be 'e2e' or 'ttft', got {objective!r}", "objective")
+    req_class = body.get("req_class")
+    if req_class is not None and not isinstance(req_class, str):
+        raise HTTPUserError(400, "req_class must be a string or null", "req_class")
+    cand = CandidateRequest(
+        prompt_tokens=_int("prompt_tokens", minimum=1),
+        predicted_output_tokens=_int("predicted_output_tokens", minimum=1),
+        modality=modality,
+        vision_tokens=_int("vision_tokens", 0),
+        encoder_s=_float("encoder_s"),
+        preprocess_s=_float("preprocess_s"),
+        req_class=req_class,
+    )
+    return cand, objective
+
+
+class Predictor:
+    """Status cache + look-ahead for one engine (see module docstring)."""
+
+    def __init__(self, settings: PredictorSettings, client: httpx.AsyncClient | None = None):
+        self.settings = settings
+        self.client = client
+        self._status: InstanceStatus | None = None
+        self._status_at = 0.0  # time.monotonic() of the fetch
+        self._inflight: asyncio.Future | None = None
+        self._latency: dict[str, LatencyModel] = {}
+        self._policies: dict[str, InstancePolicy] = {}
+        self._fixed_profile: ExecutionProfile | None = load_profile(settings.profile) if settings.profile else None
+        self._predict = lookahead_fn()
+
+    # -- engine status -----------------------------------------------------------------
+    async def status(self) -> tuple[InstanceStatus, float]:
+        """The engine's status and its age in seconds (cached for `status_cache_s`).
+
+        Raises:
+            httpx.HTTPError / AstroUserError: the engine did not answer / answered junk.
+        """
+        now = time.monotonic()
+        if self._status is not None and now - self._status_at <= self.settings.status_cache_s:
+            return self._status, now - self._status_at
+        if self._inflight is None:
+            self._inflight = asyncio.ensure_future(self._fetch())
+        fut = self._inflight
+        try:
+            st = await asyncio.shield(fut)
+        finally:
+            if self._inflight is fut and fut.done():
+                self._inflight = None
+        return st, time.monotonic() - self._status_at
+
+    async def _fetch(self) -> InstanceStatus:
+        assert self.client is not None
+        try:
+            r = await self.client.get(self.settings.engine_url.rstrip("/") + "/status",
+                                      timeout=self.settings.status_timeout_s)
+            r.raise_for_status()
+            st = InstanceStatus.from_dict(r.json())
+        finally:
+            self._inflight = None
+        self._status, self._status_at = st, time.monotonic()
+        return st
+
+    # -- model -------------------------------------------------------------------------
+    def latency_model(self, status: InstanceStatus) -> LatencyModel:
+        key = self._fixed_profile.profile_id if self._fixed_profile else status.profile_id
+        lm = self._latency.get(key)
+        if lm is None:
+            prof = self._fixed_profile or load_profile(status.profile_id or None)
+            lm = self._latency[key] = LatencyModel(prof)
+        return lm
+
+    def policy(self, status: InstanceStatus) -> InstancePolicy:
+        key = json.dumps(status.policy, sort_keys=True, default=str)
+        pol = self._policies.get(key)
+        if pol is None:
+            spec = dict(status.policy)
+            name = str(spec.pop("name", "fcfs"))
+            try:
+                pol = make_policy(name, **spec)
+            except (TypeError, AstroUserError):
+                try:
+                    pol = make_policy(name)
+                except AstroUserError:
+                    log.warning("engine policy %r unknown here; predicting with fcfs", name)
+                    pol = make_policy("fcfs")
+            self._policies[key] = pol
+        return pol
+
+    def predict(self, status: InstanceStatus, cand: CandidateRequest) -> LatencyEstimate:
+        """Run the look-ahead of `cand` on `status` (CPU-bound, ~1 ms with the fast one)."""
+        return self._predict(
+            status, cand, self.latency_model(status), self.policy(status),
+            extension_tokens=self.settings.extension_tokens,
+            default_output_tokens=self.settings.default_output_tokens,
+        )
+
+
+def create_app(settings: PredictorSettings) -> FastAPI:
+    """The Predictor's FastAPI app (routes: /predict, /health, /metrics)."""
+    from contextlib import asynccontextmanager
+
+    from prometheus_client import Counter, Histogram
+
+    reg = new_registry()
+    buckets = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+    m_predict = Histogram("astro_predictor_predict_seconds", "Wall time per /predict (s)", buckets=buckets, registry=reg)
+    m_look = Histogram("astro_predictor_lookahead_seconds", "Look-ahead time per /predict (s)", buckets=buckets, registry=reg)
+    m_cpu = Counter("astro_predictor_cpu_seconds", "CPU seconds spent on /predict work", registry=reg)
+    m_req = Counter("astro_predictor_requests", "/predict requests by outcome", ["outcome"], registry=reg)
+    m_fetch = Counter("astro_predictor_status_fetches", "Engine /status fetches by outcome", ["outcome"], registry=reg)
+    m_age = Histogram("astro_predictor_snapshot_age_seconds", "Age of the status used (s)", buckets=buckets, registry=reg)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=16, max_keepalive_connections=16)) as client:
+            app.state.predictor.client = client
+            yield
+
+    app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.predictor = Predictor(settings)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "role": "predictor", "engine_url": settings.engine_url}
+
+    @app.get("/metrics")
+    async def metrics():
+        return metrics_response(reg)
+
+    @app.post("/predict")
+    async def predict(request: Request):
+        t0 = time.perf_counter()
+        check_api_key(request, settings.api_key)
+        try:
+            _, body = await read_json_body(request, settings.max_body_bytes)
+            cand, objective = parse_candidate(body)
+        except HTTPUserError:
+            m_req.labels("bad_request").inc()
+            raise
+        pred: Predictor = app.state.predictor
+        fetched_before = pred._status_at
+        try:
+            status, age_s = await pred.status()
+        except (httpx.HTTPError, AstroUserError, ValueError) as exc:
+            m_fetch.labels("error").inc()
+            m_req.labels("engine_unavailable").inc()
+            return error_response(503, f"engine status unavailable: {exc}", None, "engine_unavailable")
+        if pred._status_at != fetched_before:
+            m_fetch.labels("ok").inc()
+        c0 = time.process_time()
+        t1 = time.perf_counter()
+        try:
+            est = pred.predict(status, cand)
+        except AstroUserError as exc:
+            m_req.labels("bad_request").inc()
+            return error_response(400, str(exc), exc.field or "candidate")
+        look_s = time.perf_counter() - t1
+        m_cpu.inc(time.process_time() - c0)
+        m_look.observe(look_s)
+        m_age.observe(age_s)
+        m_req.labels("ok").inc()
+        out = {
+            "ttft_s": est.ttft_s,
+            "e2e_s": est.e2e_s,
+            "objective_s": est.ttft_s if objective == "ttft" else est.e2e_s,
+            "snapshot_age_s": age_s,
+            "lookahead_us": look_s * 1e6,
+            "instance_id": status.instance_id,
+        }
+        m_predict.observe(time.perf_counter() - t0)
+        return JSONResponse(out)
+
+    return app
+
+
+def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning") -> None:
+    """Serve a Predictor until SIGINT/SIGTERM (blocking)."""
+    from rps_astro_cli.services.http_common import run_app
+
+    run_app(create_app(settings), host, port, log_level)

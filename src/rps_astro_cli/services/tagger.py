@@ -1,0 +1,194 @@
+"""Length tagger service (Astrolabe §3, DESIGN.md §2): `POST /tag`.
+
+Request: an OpenAI `/v1/chat/completions` or `/v1/completions` body (the scheduler
+forwards the client's body as is; `messages` → chat, `prompt` → completions).
+Response:
+    {"predicted_output_tokens": int ≥ 1,   # the length model's prediction (tokens)
+     "prompt_tokens": int,                 # text tokens + vision tokens (tokens)
+     "text_tokens": int, "vision_tokens": int,
+     "modality": "text"|"image"|"video", "num_images": int, "num_frames": int,
+     "encoder_s": float, "preprocess_s": float,   # media costs on the profile (s)
+     "length_model": str, "tag_us": float}
+
+Token and media accounting reuse the engine's parser (`engine/openai_api.py`), so the
+tagger, the scheduler and the engine count the same way; vision tokens come from the
+execution profile's `VisionCosts` (0 on text-only profiles).
+
+Length model: `load_length_model(spec)`. `None`/"baseline" = the documented baseline in
+`artifacts/length/baseline/` (see `services/length_baseline.py`); a path to a folder or
+JSON with `kind: bin_median` loads that; anything else is handed to the length-model
+package (`rps_astro_cli.length`, its `load_model(spec)`), whose models expose
+`predict_tokens(prompt_text)` or `predict([texts])`. The prediction only informs
+scheduling; it never changes generation.
+
+Metrics: `astro_tagger_tag_seconds` histogram, `astro_tagger_requests_total{outcome}`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.services.http_common import (
+    DEFAULT_MAX_BODY_BYTES,
+    HTTPUserError,
+    check_api_key,
+    install_error_handlers,
+    metrics_response,
+    new_registry,
+    read_body,
+)
+from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengthModel
+from rps_astro_cli.sim.profile import VisionCosts, load_profile
+
+MAX_TAG_TEXT_CHARS = 20_000  # the length model sees at most this much prompt text
+
+
+def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int], int]]:
+    """(name, predict(prompt_text, prompt_tokens) → output tokens) for `spec`.
+
+    Raises:
+        AstroUserError: the artifact is missing or cannot be loaded (names it).
+    """
+    if spec in (None, "", "baseline"):
+        m = BinMedianLengthModel.load(BASELINE_PATH)
+        return "baseline", lambda _text, ntok: m.predict_tokens(ntok)
+    p = Path(str(spec))
+    for cand in (p, p / "model.json"):
+        if cand.is_file() and cand.suffix == ".json":
+            import json
+
+            try:
+                kind = json.loads(cand.read_text()).get("kind")
+            except ValueError:
+                kind = None
+            if kind == "bin_median":
+                m = BinMedianLengthModel.load(cand)
+                return str(spec), lambda _text, ntok: m.predict_tokens(ntok)
+    try:
+        from rps_astro_cli import length as length_pkg  # the length-model issue's package
+        loader = getattr(length_pkg, "load_model", None) or getattr(length_pkg, "load_length_model")
+    except (ImportError, AttributeError):
+        raise AstroUserError(f"cannot load length model {spec!r}: only the baseline is available here",
+                             field="length_model", fix="omit it to use the baseline") from None
+    model = loader(str(spec))
+    if hasattr(model, "predict_tokens"):
+        return str(spec), lambda text, _n: max(1, int(model.predict_tokens(text)))
+    return str(spec), lambda text, _n: max(1, int(model.predict([text])[0]))
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """The prompt's text as the length model sees it: the completions prompt, or the
+    chat messages' text parts joined by newlines (truncated to MAX_TAG_TEXT_CHARS)."""
+    if isinstance(body.get("prompt"), str):
+        return body["prompt"][:MAX_TAG_TEXT_CHARS]
+    parts: list[str] = []
+    for m in body.get("messages") or []:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, str):
+            parts.append(c)
+        elif isinstance(c, list):
+            parts.extend(p.get("text", "") for p in c if isinstance(p, dict) and p.get("type") == "text")
+    return "\n".join(parts)[:MAX_TAG_TEXT_CHARS]
+
+
+@dataclass(frozen=True)
+class TaggerSettings:
+    """length_model: see `load_length_model`. profile: execution profile whose
+    `VisionCosts` price media (None → the default profile). api_key / max_body_bytes:
+    as every service."""
+
+    length_model: str | None = None
+    profile: str | None = None
+    api_key: str | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+
+class Tagger:
+    """Parse an OpenAI body, count its prompt and media, predict its output length."""
+
+    def __init__(self, settings: TaggerSettings = TaggerSettings()):
+        self.name, self._predict = load_length_model(settings.length_model)
+        prof = load_profile(settings.profile)
+        self.vision: VisionCosts | None = prof.vision
+        self.limits = oa.ApiLimits(max_body_bytes=settings.max_body_bytes)
+
+    def tag(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The tag of one request body (see module docstring).
+
+        Raises:
+            oa.ApiError: 400 naming the bad field.
+        """
+        t0 = time.perf_counter()
+        if "messages" in body:
+            req = oa.parse_chat_request(body, limits=self.limits)
+        else:
+            req = oa.parse_completion_request(body)
+        charge = oa.vision_charge(req, self.vision)
+        prompt_tokens = req.text_tokens + charge.vision_tokens
+        pred = self._predict(prompt_text(body), prompt_tokens)
+        return {
+            "predicted_output_tokens": int(pred),
+            "prompt_tokens": prompt_tokens,
+            "text_tokens": req.text_tokens,
+            "vision_tokens": charge.vision_tokens,
+            "modality": req.modality,
+            "num_images": req.num_images,
+            "num_frames": req.num_frames,
+            "encoder_s": charge.encoder_s,
+            "preprocess_s": charge.preprocess_s,
+            "length_model": self.name,
+            "tag_us": (time.perf_counter() - t0) * 1e6,
+        }
+
+
+def create_app(settings: TaggerSettings) -> FastAPI:
+    """The tagger's FastAPI app (routes: /tag, /health, /metrics)."""
+    from prometheus_client import Counter, Histogram
+
+    reg = new_registry()
+    m_tag = Histogram("astro_tagger_tag_seconds", "Time per /tag (s)",
+                      buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05), registry=reg)
+    m_req = Counter("astro_tagger_requests", "/tag requests by outcome", ["outcome"], registry=reg)
+    tagger = Tagger(settings)
+    app = FastAPI(title="astro tagger", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "role": "tagger", "length_model": tagger.name}
+
+    @app.get("/metrics")
+    async def metrics():
+        return metrics_response(reg)
+
+    @app.post("/tag")
+    async def tag(request: Request):
+        t0 = time.perf_counter()
+        check_api_key(request, settings.api_key)
+        raw = await read_body(request, settings.max_body_bytes)
+        try:
+            out = tagger.tag(oa.decode_json_body(raw))
+        except oa.ApiError as exc:
+            m_req.labels("bad_request").inc()
+            raise HTTPUserError(exc.status_code, exc.message, exc.param, exc.err_type) from None
+        m_req.labels("ok").inc()
+        m_tag.observe(time.perf_counter() - t0)
+        return JSONResponse(out)
+
+    return app
+
+
+def run_tagger(settings: TaggerSettings, host: str, port: int, log_level: str = "warning") -> None:
+    """Serve the tagger until SIGINT/SIGTERM (blocking)."""
+    from rps_astro_cli.services.http_common import run_app
+
+    run_app(create_app(settings), host, port, log_level)
