@@ -12,10 +12,13 @@ time. The fast `predict` must return the same numbers (property-tested).
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.policies.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.request import SimRequest
@@ -175,3 +178,516 @@ def predict_stepwise(
         steps_simulated=steps,
         events=steps,
     )
+
+
+# ---------------------------------------------------------------------------------------
+# Fast jump look-ahead
+# ---------------------------------------------------------------------------------------
+#
+# State is kept in "decode ticks": G counts the steps in which every pooled decoder
+# advances by one token. A request in the *decode pool* (running, whole sequence
+# computed but the token a decode feeds, KV blocks = ceil(computed / block_size)) is
+# described by the tick it entered (`pool_g`) and its fields at that tick; at tick G it
+# has computed + (G - pool_g) tokens. It needs a new KV block exactly at the ticks where
+# its computed count is a multiple of block_size, i.e. at ticks ≡ (pool_g - computed)
+# (mod block_size), so the pool's block demand over any run of ticks follows from the
+# count of members per residue. Its last step is tick pool_g + target - generated - 1
+# (a heap keyed by that tick gives the finishes).
+#
+# Between events the instance runs pure decode steps: step j of a jump takes
+# shape_s(B, B) + decode_attn * (S + j*B) seconds (S = context summed over the B decoders,
+# growing by B per step), an arithmetic series. Events that end a jump: the first finish,
+# the step whose block allocation would fail (found from the per-residue counts), the
+# candidate's arrival (after preprocessing). Steps that prefill, admit or preempt are run
+# with the ordinary step logic: a fast path for chunks at the tail of the running list and
+# admissions; any step that needs a preemption (or a state the fast path does not cover)
+# is handed to `InstanceSim.step` itself on materialized requests, so both look-aheads
+# share one definition of a step.
+
+
+@dataclass(slots=True, eq=False)
+class _LReq(SimRequest):
+    """A look-ahead request: `SimRequest` plus the tick it joined the decode pool
+    (-1 = not pooled; its token/block fields are then current)."""
+
+    pool_g: int = -1
+
+
+def _lreq(r: RequestStatus, target: int) -> _LReq:
+    return _LReq(
+        r.request_id, r.arrival_s, r.prompt_tokens, target, r.modality, r.vision_tokens,
+        r.encoder_s, r.req_class, r.predicted_output_tokens, r.deadline_s,
+        r.computed_tokens, r.generated_tokens, r.kv_blocks,
+    )
+
+
+def _is_fcfs(policy: InstancePolicy) -> bool:
+    """True when the policy orders and preempts exactly like FCFS (identity order, last
+    running request as victim), so the look-ahead may skip calling it."""
+    cls = type(policy)
+    return (
+        cls.order_waiting is FCFSPolicy.order_waiting
+        and cls.preemption_victim is FCFSPolicy.preemption_victim
+    )
+
+
+def predict(
+    status: InstanceStatus,
+    candidate: CandidateRequest,
+    latency: LatencyModel,
+    policy: InstancePolicy,
+    *,
+    extension_tokens: int = 10,
+    default_output_tokens: int = 256,
+) -> LatencyEstimate:
+    """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
+    `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
+    than O(steps) (Astrolabe §4 predictor; DESIGN.md §2; see the comment block above).
+
+    status: the instance snapshot (its `limits` give the batching rules; `time_s` is
+        "now"). candidate: the request being placed; it joins the waiting queue at
+        `time_s + candidate.preprocess_s`. latency: the memoized step-latency model.
+    policy: the instance's local policy (waiting order, preemption victim). For a
+        `time_dependent` policy a decode run is jumped only while admission is blocked
+        by `max_num_seqs`/the token budget or the queue is empty.
+    extension_tokens / default_output_tokens: the auto-extension rule (tokens), see
+        `expected_output_tokens`.
+
+    Returns a `LatencyEstimate` in seconds from `status.time_s`; `events` counts loop
+    iterations (jumps + individually simulated steps).
+
+    Raises:
+        AstroUserError: the candidate is empty or longer than max_model_len.
+        RuntimeError: the instance can never admit the candidate (no progress), or more
+            than MAX_LOOKAHEAD_STEPS steps.
+    """
+    cfg = status.limits
+    if candidate.prompt_tokens + candidate.predicted_output_tokens > cfg.max_model_len:
+        raise AstroUserError(
+            f"prompt + output = {candidate.prompt_tokens + candidate.predicted_output_tokens} "
+            f"tokens exceeds max_model_len {cfg.max_model_len}", field="candidate",
+        )
+    c0 = candidate_to_sim(candidate, status.time_s)
+    cand = _LReq(
+        c0.request_id, c0.arrival_s, c0.prompt_tokens, c0.target_output_tokens, c0.modality,
+        c0.vision_tokens, c0.encoder_s, c0.req_class, c0.predicted_output_tokens, c0.deadline_s,
+    )
+    ext, dflt = extension_tokens, default_output_tokens
+    running: list[_LReq] = [_lreq(r, expected_output_tokens(r, ext, dflt)) for r in status.running]
+    waiting: list[_LReq] = [_lreq(r, expected_output_tokens(r, ext, dflt)) for r in status.waiting]
+    return _FastLookahead(cfg, latency, policy, running, waiting, status.kv_blocks_free).run(
+        cand, status.time_s
+    )
+
+
+class _FastLookahead:
+    """The event loop of `predict` (one instance per call)."""
+
+    def __init__(self, cfg, latency: LatencyModel, policy: InstancePolicy,
+                 running: list[_LReq], waiting: list[_LReq], free_blocks: int):
+        self.cfg = cfg
+        self.latency = latency
+        self.policy = policy
+        self.running = running
+        self.waiting = waiting
+        self.free = free_blocks
+        bs = cfg.block_size
+        self.bs = bs
+        self.G = 0
+        self.B = 0
+        self.S = 0
+        self.cnt2 = [0] * (2 * bs)
+        self.heap: list[tuple[int, int, _LReq]] = []
+        self.nondec: list[_LReq] = []
+        self.seq = 0
+        self._sim: InstanceSim | None = None
+        self._rebuild()
+
+    # -- pool maintenance ------------------------------------------------------------
+    def _rebuild(self) -> None:
+        """Re-derive the decode pool from explicit (materialized) running requests."""
+        bs, G = self.bs, self.G
+        cnt2 = self.cnt2 = [0] * (2 * bs)
+        heap: list[tuple[int, int, _LReq]] = []
+        nondec: list[_LReq] = []
+        B = S = 0
+        seq = self.seq
+        for r in self.running:
+            c = r.num_computed_tokens
+            g = r.num_generated_tokens
+            if g > 0 and r.prompt_tokens + g - c == 1 and r.kv_blocks == -(-c // bs) and g < r.target_output_tokens:
+                r.pool_g = G
+                rho = (G - c) % bs
+                cnt2[rho] += 1
+                cnt2[rho + bs] += 1
+                B += 1
+                S += c + 1
+                seq += 1
+                heap.append((G + r.target_output_tokens - g - 1, seq, r))
+            else:
+                r.pool_g = -1
+                nondec.append(r)
+        heapq.heapify(heap)
+        self.heap, self.nondec, self.B, self.S, self.seq = heap, nondec, B, S, seq
+
+    def _materialize(self) -> None:
+        bs, G = self.bs, self.G
+        for r in self.running:
+            if r.pool_g >= 0:
+                d = G - r.pool_g
+                r.num_computed_tokens += d
+                r.num_generated_tokens += d
+                r.kv_blocks = -(-r.num_computed_tokens // bs)
+                r.pool_g = -1
+
+    def _careful_step(self, t: float) -> float | None:
+        """One step by `InstanceSim.step` on materialized state; returns its duration
+        (None when nothing could be scheduled)."""
+        self._materialize()
+        sim = self._sim
+        if sim is None:
+            sim = self._sim = InstanceSim(self.cfg, self.latency, self.policy)
+        sim.running = self.running
+        sim.waiting = self.waiting
+        sim.free_blocks = self.free
+        res = sim.step(t)
+        self.free = sim.free_blocks
+        self.G += 1
+        self._rebuild()
+        if not res.scheduled:
+            return None
+        return res.duration_s
+
+    def _pop_finished(self, t: float) -> bool:
+        """Remove pooled requests whose last step is done; True if the candidate was one."""
+        heap, G, bs, cnt2 = self.heap, self.G, self.bs, self.cnt2
+        running = self.running
+        done = False
+        while heap and heap[0][0] < G:
+            r = heapq.heappop(heap)[2]
+            c_e = r.num_computed_tokens
+            d = G - r.pool_g
+            c = c_e + d
+            rho = (r.pool_g - c_e) % bs
+            cnt2[rho] -= 1
+            cnt2[rho + bs] -= 1
+            self.B -= 1
+            self.S -= c + 1
+            self.free += -(-c // bs)
+            r.num_computed_tokens = c
+            r.num_generated_tokens += d
+            r.kv_blocks = 0
+            r.pool_g = -1
+            running.remove(r)
+            if r.request_id == CANDIDATE_ID:
+                r.finish_s = t
+                done = True
+        return done
+
+    def _join(self, r: _LReq) -> None:
+        """A request that just sampled (and did not finish) joins the decode pool."""
+        G, bs = self.G, self.bs
+        c = r.num_computed_tokens
+        r.pool_g = G
+        rho = (G - c) % bs
+        self.cnt2[rho] += 1
+        self.cnt2[rho + bs] += 1
+        self.B += 1
+        self.S += c + 1
+        self.seq += 1
+        heapq.heappush(self.heap, (G + r.target_output_tokens - r.num_generated_tokens - 1, self.seq, r))
+
+    # -- admission test for jumps ---------------------------------------------------
+    def _admission_blocked(self, t: float, fcfs: bool) -> bool:
+        """True when no waiting request can be admitted at any step of a pure decode run
+        starting now (the free pool only shrinks during it)."""
+        waiting, cfg = self.waiting, self.cfg
+        if not waiting or self.B >= cfg.max_num_seqs:
+            return True
+        chunked = cfg.chunked_prefill
+        if chunked and cfg.max_num_batched_tokens - self.B <= 0:
+            return True
+        if self.policy.time_dependent:
+            return False
+        head = waiting[0] if fcfs else self.policy.order_waiting(waiting, t)[0]
+        c = head.num_computed_tokens
+        n = head.prompt_tokens + head.num_generated_tokens - c
+        if chunked:
+            n = min(n, cfg.max_num_batched_tokens - self.B)
+            free_after = self.free - self.cnt2[self.G % self.bs]
+        else:
+            if n > cfg.prefill_budget:
+                return True
+            free_after = self.free
+        nb = -(-(c + n) // self.bs) - head.kv_blocks
+        return nb > 0 and nb > free_after
+
+    # -- fast ordinary steps --------------------------------------------------------
+    def _fast_step_chunked(self, t: float, fcfs: bool) -> float | None | bool:
+        """One chunked-prefill step without preemption. Returns the duration, None when
+        nothing was scheduled, or False when the careful path must run it."""
+        cfg, bs = self.cfg, self.bs
+        B = self.B
+        running, nondec = self.running, self.nondec
+        if nondec and running[B:] != nondec:
+            return False
+        budget = cfg.max_num_batched_tokens - B
+        if budget < 0:
+            return False
+        free = self.free - (self.cnt2[self.G % bs] if B else 0)
+        if free < 0:
+            return False
+        sched: list[tuple[_LReq, int, int]] = []
+        for r in nondec:
+            if budget <= 0:
+                break
+            c = r.num_computed_tokens
+            n = r.prompt_tokens + r.num_generated_tokens - c
+            if n > budget:
+                n = budget
+            nb = -(-(c + n) // bs) - r.kv_blocks
+            if nb > 0:
+                if nb > free:
+                    return False
+                free -= nb
+            else:
+                nb = 0
+            sched.append((r, n, nb))
+            budget -= n
+        waiting = self.waiting
+        if waiting and budget > 0:
+            nrun = len(running)
+            maxs = cfg.max_num_seqs
+            order = waiting if fcfs else self.policy.order_waiting(waiting, t)
+            admitted = 0
+            for r in order:
+                if nrun >= maxs or budget <= 0:
+                    break
+                c = r.num_computed_tokens
+                n = r.prompt_tokens + r.num_generated_tokens - c
+                if n > budget:
+                    n = budget
+                nb = -(-(c + n) // bs) - r.kv_blocks
+                if nb > 0:
+                    if nb > free:
+                        break
+                    free -= nb
+                else:
+                    nb = 0
+                sched.append((r, n, nb))
+                budget -= n
+                nrun += 1
+                admitted += 1
+            if admitted:
+                new = [e[0] for e in sched[len(sched) - admitted:]]
+                if fcfs:
+                    del waiting[:admitted]
+                else:
+                    for r in new:
+                        waiting.remove(r)
+                running.extend(new)
+                nondec.extend(new)
+        if not B and not sched:
+            return None
+        return self._apply(t, sched, B, free, cfg.max_num_batched_tokens - budget, True)
+
+    def _apply(self, t: float, sched, B: int, free: int, num_tokens: int, decode_pool: bool) -> float:
+        """Charge a fast step's latency and apply its outputs. `sched` lists the explicit
+        (non-pooled) requests (request, new tokens, new blocks); `B` pooled decoders ride
+        along when `decode_pool`."""
+        dctx = self.S if decode_pool else 0
+        pairs = 0.0
+        enc = 0.0
+        for r, n, _nb in sched:
+            k = r.num_computed_tokens
+            g = r.num_generated_tokens
+            if n == 1 and g > 0 and r.prompt_tokens + g - k == 1:
+                dctx += k + 1
+            else:
+                pairs += LatencyModel.prefill_pairs(n, k)
+                if k == 0 and r.encoder_s:
+                    enc += r.encoder_s
+        nb_sched = B + len(sched) if decode_pool else len(sched)
+        dur = self.latency.step_s(nb_sched, num_tokens, dctx, pairs, enc)
+        end = t + dur
+        self.free = free
+        if decode_pool:
+            self.G += 1
+            self.S += B
+        nondec = self.nondec
+        done = False
+        for r, n, nb in sched:
+            r.kv_blocks += nb
+            c = r.num_computed_tokens = r.num_computed_tokens + n
+            if c >= r.prompt_tokens + r.num_generated_tokens:
+                g = r.num_generated_tokens = r.num_generated_tokens + 1
+                if r.first_token_s is None:
+                    r.first_token_s = end
+                nondec.remove(r)
+                if g >= r.target_output_tokens:
+                    r.finish_s = end
+                    self.running.remove(r)
+                    self.free += r.kv_blocks
+                    r.kv_blocks = 0
+                    if r.request_id == CANDIDATE_ID:
+                        done = True
+                else:
+                    self._join(r)
+        if decode_pool and self.heap and self.heap[0][0] < self.G:
+            done = self._pop_finished(end) or done
+        self._done = done
+        return dur
+
+    def _fast_step_prioritized(self, t: float, fcfs: bool) -> float | None | bool:
+        cfg, bs = self.cfg, self.bs
+        waiting, running = self.waiting, self.running
+        free = self.free
+        sched: list[tuple[_LReq, int, int]] = []
+        if waiting:
+            budget = cfg.prefill_budget
+            nrun = len(running)
+            maxs = cfg.max_num_seqs
+            order = waiting if fcfs else self.policy.order_waiting(waiting, t)
+            tokens = 0
+            for r in order:
+                c = r.num_computed_tokens
+                n = r.prompt_tokens + r.num_generated_tokens - c
+                if nrun >= maxs or n > budget:
+                    break
+                nb = -(-(c + n) // bs) - r.kv_blocks
+                if nb > 0:
+                    if nb > free:
+                        break
+                    free -= nb
+                else:
+                    nb = 0
+                sched.append((r, n, nb))
+                budget -= n
+                tokens += n
+                nrun += 1
+            if sched:
+                new = [e[0] for e in sched]
+                if fcfs:
+                    del waiting[: len(new)]
+                else:
+                    for r in new:
+                        waiting.remove(r)
+                running.extend(new)
+                self.nondec.extend(new)
+                return self._apply(t, sched, 0, free, tokens, False)
+        if self.nondec:
+            return False
+        B = self.B
+        if not B:
+            return None
+        free -= self.cnt2[self.G % bs]
+        if free < 0:
+            return False
+        return self._apply(t, sched, B, free, B, True)
+
+    # -- the loop -------------------------------------------------------------------
+    def run(self, cand: _LReq, t0: float) -> LatencyEstimate:
+        cfg, bs = self.cfg, self.bs
+        fcfs = _is_fcfs(self.policy)
+        chunked = cfg.chunked_prefill
+        max_tok = cfg.max_num_batched_tokens
+        dec = self.latency.profile.decode_attn_s_per_ctx_token
+        shape_s = self.latency.shape_s
+        arrival = cand.arrival_s
+        t = t0
+        added = False
+        steps = 0
+        events = 0
+        self._done = False
+        while True:
+            events += 1
+            if not added and t >= arrival:
+                self.waiting.append(cand)
+                added = True
+            B = self.B
+            # ---- pure decode run: jump ----
+            if (B and not self.nondec and (not chunked or B <= max_tok)
+                    and self._admission_blocked(t, fcfs)):
+                G, S, free, cnt2 = self.G, self.S, self.free, self.cnt2
+                n = self.heap[0][0] - G + 1
+                a = shape_s(B, B)
+                if not added:
+                    k = self._steps_to_reach(arrival - t, a, dec, S, B)
+                    if k < n:
+                        n = k
+                r0 = G % bs
+                q, m = divmod(n, bs)
+                need = q * B + sum(cnt2[r0:r0 + m])
+                if need > free:
+                    q = free // B
+                    rem = free - q * B
+                    acc = 0
+                    i = 0
+                    while True:
+                        acc += cnt2[r0 + i]
+                        if acc > rem:
+                            break
+                        i += 1
+                    n = q * bs + i  # steps that still fit; step n would preempt
+                    m = n - q * bs
+                    need = q * B + sum(cnt2[r0:r0 + m])
+                if n > 0:
+                    t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
+                    self.G = G + n
+                    self.S = S + n * B
+                    self.free = free - need
+                    steps += n
+                    if self._pop_finished(t):
+                        break
+                    continue
+            # ---- one ordinary step ----
+            self._done = False
+            if chunked:
+                dur = self._fast_step_chunked(t, fcfs)
+            else:
+                dur = self._fast_step_prioritized(t, fcfs)
+            if dur is False:
+                dur = self._careful_step(t)
+                self._done = cand.finish_s is not None
+            if dur is None:
+                if not added:
+                    t = arrival
+                    continue
+                raise RuntimeError("look-ahead made no progress (instance cannot admit any request)")
+            t += dur
+            steps += 1
+            if self._done:
+                break
+            if steps > MAX_LOOKAHEAD_STEPS:
+                raise RuntimeError("look-ahead exceeded MAX_LOOKAHEAD_STEPS")
+        assert cand.first_token_s is not None and cand.finish_s is not None
+        return LatencyEstimate(
+            ttft_s=cand.first_token_s - t0,
+            e2e_s=cand.finish_s - t0,
+            steps_simulated=steps,
+            events=events,
+        )
+
+    @staticmethod
+    def _steps_to_reach(gap_s: float, a: float, dec: float, S: int, B: int) -> int:
+        """Smallest k ≥ 1 with k*a + dec*(k*S + B*k*(k-1)/2) ≥ gap_s (steps of a pure
+        decode run until the clock reaches `gap_s` ahead)."""
+
+        def elapsed(k: int) -> float:
+            return k * a + dec * (k * S + B * (k * (k - 1) // 2))
+
+        first = a + dec * S
+        if first <= 0.0:
+            return MAX_LOOKAHEAD_STEPS
+        qa = dec * B / 2.0
+        qb = first - qa
+        if qa > 0.0:
+            x = (-qb + math.sqrt(qb * qb + 4.0 * qa * gap_s)) / (2.0 * qa)
+        else:
+            x = gap_s / qb
+        k = max(1, int(math.ceil(x)))
+        while k > 1 and elapsed(k - 1) >= gap_s:
+            k -= 1
+        while elapsed(k) < gap_s:
+            k += 1
+        return k
