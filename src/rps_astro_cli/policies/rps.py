@@ -1,0 +1,267 @@
+"""The RPS-Serve family of in-instance policies (paper §3.4–3.6 and its baselines, §4.1;
+DESIGN.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
+plugin run this same code.
+
+Registered names (`make_policy(name, **params)`):
+
+| name | waiting order (first = admitted first) | preemption victim |
+| --- | --- | --- |
+| `edf` | earliest deadline; deadline = `deadline_s` if set, else arrival + `slo_scale` × isolated E2E | latest deadline |
+| `naive_class` | class by modality (text → sand → image → pebbles → video → rocks), FCFS inside | heaviest class, latest scheduled |
+| `static_class` | class by the smart classifier, sand → pebbles → rocks, FCFS inside | heaviest class, latest scheduled |
+| `naive_aging` | age only (oldest first), class-blind | youngest |
+| `rps` | smart classifier + priority regulator: lowest `−log P_c(w)` first | worst score, never sand while a heavier request runs |
+
+Class of a request (class-aware policies except `naive_class`), in this order:
+1. `SimRequest.req_class` when it is one of sand / pebbles / rocks (set by the engine, a
+   client, or an earlier step of this policy);
+2. else the smart classifier (`classifier=` an artifact name under `artifacts/rps/`, a
+   folder path, or a `RequestClassifier`) applied to (prompt tokens, vision tokens,
+   modality) through its impact estimator;
+3. else the naive class of the modality (when no classifier is configured).
+The resolved class is written back to `req_class` once, so `/status`, the bench
+report and the look-ahead see the class the policy used.
+
+Ties always fall back to arrival time, then queue position (FCFS inside a class; a
+preempted request, which vLLM puts at the queue front, wins ties).
+
+Known difference from RPS-Serve on vLLM: here a higher-priority waiting request never
+preempts a running one to get KV blocks (vLLM V1's priority mode can); preemption
+happens only when a running request cannot grow (the `InstanceSim` contract).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies.base import INSTANCE_POLICIES, InstancePolicy
+from rps_astro_cli.policies.priority import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_STATIC,
+    PriorityRegulator,
+)
+from rps_astro_cli.rps.classes import CLASS_RANK, naive_class
+from rps_astro_cli.sim.request import SimRequest
+
+
+def _load_classifier(classifier: Any):
+    """None → None; a name/path → the loaded `RequestClassifier`; an object with
+    `classify(prompt_tokens, vision_tokens, modality)` → itself."""
+    if classifier is None or classifier == "" or classifier == "naive":
+        return None
+    if isinstance(classifier, (str, Path)):
+        from rps_astro_cli.rps.classifier import load_classifier
+
+        return load_classifier(classifier)
+    if not callable(getattr(classifier, "classify", None)):
+        raise AstroUserError(
+            f"expected an artifact name, a folder or a classifier object, got {classifier!r}",
+            field="classifier",
+        )
+    return classifier
+
+
+class ClassAwarePolicy(InstancePolicy):
+    """Base of the class-aware policies: resolves and caches each request's class
+    (see the module docstring for the order)."""
+
+    def __init__(self, classifier: Any = None):
+        self.classifier = _load_classifier(classifier)
+        self._classifier_name = (
+            str(classifier) if isinstance(classifier, (str, Path)) and self.classifier
+            else getattr(self.classifier, "name", None) or ("naive" if self.classifier is None else "custom")
+        )
+
+    def classify(self, req: SimRequest) -> str:
+        """The request's class (sand / pebbles / rocks); labels `req.req_class`."""
+        c = req.req_class
+        if c is None or c not in CLASS_RANK:
+            if self.classifier is not None:
+                c = self.classifier.classify(req.prompt_tokens, req.vision_tokens, req.modality)
+            else:
+                c = naive_class(req.modality)
+            req.req_class = c
+        return c
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "classifier": self._classifier_name}
+
+
+class _StaticOrder(ClassAwarePolicy):
+    """Static class priority: sand → pebbles → rocks, FCFS inside each class."""
+
+    time_dependent = False
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        keyed = [(CLASS_RANK[self.classify(r)], r.arrival_s, i) for i, r in enumerate(waiting)]
+        keyed.sort()
+        return [waiting[k[2]] for k in keyed]
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        best = max(range(len(running)), key=lambda i: (CLASS_RANK[self.classify(running[i])], i))
+        return running[best]
+
+
+@INSTANCE_POLICIES.register("static_class")
+class StaticClassPolicy(_StaticOrder):
+    """Smart classifier with static priorities (RPS-Serve's "Smart Classifier" ablation,
+    §3.4): sand → pebbles → rocks, FCFS inside each class; victim = a request of the
+    heaviest running class, the latest scheduled among them.
+
+    Args:
+        classifier: artifact name / folder / classifier object; None → naive fallback.
+    """
+
+    name = "static_class"
+
+
+@INSTANCE_POLICIES.register("naive_class")
+class NaiveClassPolicy(_StaticOrder):
+    """Naive classifier with static priorities (RPS-Serve's "Naive Classifier" baseline,
+    §3.4): class by modality only, sand → pebbles → rocks, FCFS inside each class. It
+    ignores any `req_class` already set (it is the by-modality baseline)."""
+
+    name = "naive_class"
+
+    def __init__(self) -> None:
+        super().__init__(classifier=None)
+
+    def classify(self, req: SimRequest) -> str:
+        c = naive_class(req.modality)
+        if req.req_class is None:
+            req.req_class = c
+        return c
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name}
+
+
+@INSTANCE_POLICIES.register("naive_aging")
+class NaiveAgingPolicy(InstancePolicy):
+    """Naive aging (RPS-Serve's ablation baseline, §3.6): priority grows with age only,
+    class-blind. Any priority that increases with waiting time orders requests oldest
+    first, so the waiting order is arrival order (ties: queue position) and the victim is
+    the youngest running request. It differs from `fcfs` only for preempted requests:
+    fcfs keeps vLLM's queue order and preempts the request scheduled last."""
+
+    name = "naive_aging"
+    time_dependent = False
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        keyed = sorted((r.arrival_s, i) for i, r in enumerate(waiting))
+        return [waiting[i] for _, i in keyed]
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        return running[max(range(len(running)), key=lambda i: (running[i].arrival_s, i))]
+
+
+@INSTANCE_POLICIES.register("rps")
+class RPSPolicy(ClassAwarePolicy):
+    """RPS-Serve (§3.6): smart classes + priority regulator, re-evaluated every step.
+
+    Waiting order: highest `P_c(w)` first, i.e. lowest `score = −log P_c(w)`, where
+    `w = now_s − arrival_s` (s); ties by arrival then queue position.
+    Victim: among running requests heavier than sand (all of them if only sand runs),
+    the worst score (lowest P), latest scheduled on ties — so sand is never preempted
+    while a pebble or rock runs.
+
+    Args:
+        classifier: artifact name / folder / classifier object; None → naive fallback.
+        static_priority, alpha, beta: regulator parameters (3 values sand / pebbles /
+            rocks, or a mapping by class); defaults from the paper (see
+            `policies/priority.py`).
+    """
+
+    name = "rps"
+    time_dependent = True
+
+    def __init__(
+        self,
+        classifier: Any = None,
+        static_priority: Sequence[float] | Mapping[str, float] = DEFAULT_STATIC,
+        alpha: Sequence[float] | Mapping[str, float] = DEFAULT_ALPHA,
+        beta: Sequence[float] | Mapping[str, float] = DEFAULT_BETA,
+    ):
+        super().__init__(classifier)
+        self.regulator = PriorityRegulator(static_priority, alpha, beta)
+
+    def score(self, req: SimRequest, now_s: float) -> float:
+        """The request's scheduling score −log P_c(w) at `now_s` (lower runs first)."""
+        return self.regulator.score(self.classify(req), now_s - req.arrival_s)
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        pr = self.regulator.priority
+        keyed = [(-pr(self.classify(r), now_s - r.arrival_s), r.arrival_s, i) for i, r in enumerate(waiting)]
+        keyed.sort()
+        return [waiting[k[2]] for k in keyed]
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(len(running))
+        pr = self.regulator.priority
+        best = min(pool, key=lambda i: (pr(running[i].req_class, now_s - running[i].arrival_s), -i))
+        return running[best]
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **self.regulator.describe()}
+
+
+@INSTANCE_POLICIES.register("edf")
+class EDFPolicy(InstancePolicy):
+    """Earliest deadline first (RPS-Serve's EDF baseline, §4.1).
+
+    deadline = `req.deadline_s` when set; else arrival + `slo_scale` × the request's
+    isolated E2E (`rps.estimator.isolated_latency` on `profile`, with the request's
+    encoder time and output length = `predicted_output_tokens`, else
+    `target_output_tokens` — the sim engine's true length, i.e. EDF is given the
+    deadline, as the paper's EDF assumes). The computed deadline is written to
+    `req.deadline_s` once. Victim: the latest deadline (latest scheduled on ties).
+
+    Args:
+        slo_scale: SLO multiple of the isolated E2E (> 0; the paper uses 5).
+        profile: execution-profile id / JSON path / `ExecutionProfile` for the isolated
+            E2E; default the shipped default profile.
+
+    Raises:
+        AstroUserError: slo_scale ≤ 0, or an unknown profile.
+    """
+
+    name = "edf"
+    time_dependent = False
+
+    def __init__(self, slo_scale: float = 5.0, profile: Any = None):
+        from rps_astro_cli.sim.latency import LatencyModel
+        from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
+
+        if not slo_scale > 0:
+            raise AstroUserError(f"must be > 0, got {slo_scale}", field="slo_scale")
+        self.slo_scale = float(slo_scale)
+        prof = profile if isinstance(profile, ExecutionProfile) else load_profile(profile)
+        self.profile_id = prof.profile_id
+        self.latency = LatencyModel(prof)
+
+    def deadline(self, req: SimRequest) -> float:
+        """The request's deadline (s, engine clock); sets `req.deadline_s` if unset."""
+        d = req.deadline_s
+        if d is None:
+            from rps_astro_cli.rps.estimator import isolated_latency
+
+            out = req.predicted_output_tokens or req.target_output_tokens
+            iso = isolated_latency(self.latency, max(1, req.prompt_tokens), max(1, out), req.encoder_s)
+            d = req.arrival_s + self.slo_scale * iso.e2e_s
+            req.deadline_s = d
+        return d
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        keyed = [(self.deadline(r), r.arrival_s, i) for i, r in enumerate(waiting)]
+        keyed.sort()
+        return [waiting[k[2]] for k in keyed]
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        return running[max(range(len(running)), key=lambda i: (self.deadline(running[i]), i))]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "slo_scale": self.slo_scale, "profile": self.profile_id}
