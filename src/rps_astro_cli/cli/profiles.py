@@ -1,7 +1,123 @@
-"""Placeholder registration for the 'profiles' command group (filled in by its issue)."""
+"""`astro profiles`: list, show and re-fit the execution-time profiles
+(`artifacts/profiles/*.json`, fitted by `rps_astro_cli.sim.fit_profiles`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, user_errors
+
+
+def _summary(p) -> dict:  # p: ExecutionProfile
+    """Headline numbers of a profile: ids, limits and three step latencies (ms)."""
+    from rps_astro_cli.sim.fit_profiles import sanity_report
+
+    s = sanity_report(p)
+    lin = p.fit.get("linear_layers") or p.fit.get("linear_layers_source_qwen2_a30") or {}
+    return {
+        "profile_id": p.profile_id, "model": p.model, "gpu": p.gpu, "tp": p.tp,
+        "num_gpu_blocks": p.num_gpu_blocks, "max_num_seqs": p.max_num_seqs,
+        "max_num_batched_tokens": p.max_num_batched_tokens,
+        "decode_b1_ctx500_ms": round(s["decode_b1_ctx500_ms"], 2),
+        "decode_b48_ctx500_ms": round(s["decode_b48_ctx500_ms"], 2),
+        "prefill_512_ms": round(s["prefill_512_ms"], 2),
+        "linear_holdout_mape_pct": lin.get("mape_pct"),
+        "vision": p.vision is not None,
+    }
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add the `profiles` group to the root app."""
+    grp = typer.Typer(help="Execution-time profiles (step-latency coefficients per model × GPU × TP).",
+                      no_args_is_help=True)
+    app.add_typer(grp, name="profiles")
+
+    @grp.command("list")
+    @user_errors
+    def list_cmd(as_json: JsonOpt = False) -> None:
+        """Table of the shipped profiles with their headline step latencies."""
+        from rich import box
+        from rich.table import Table
+
+        from rps_astro_cli.sim.profile import list_profiles, load_profile
+
+        rows = [_summary(load_profile(pid)) for pid in list_profiles()]
+        if as_json:
+            typer.echo(json.dumps(rows, indent=2))
+            return
+        t = Table(title="shipped execution profiles (artifacts/profiles/)", box=box.SIMPLE_HEAD, show_edge=False, padding=0, collapse_padding=True)
+        t.add_column("id", no_wrap=True)
+        t.add_column("GPU×TP", no_wrap=True)
+        for col in ("blocks", "dec1 ms", "dec48 ms", "pf512 ms", "MAPE%"):
+            t.add_column(col, justify="right", no_wrap=True)
+        for r in rows:
+            t.add_row(r["profile_id"], f"{r['gpu']}×{r['tp']}", str(r["num_gpu_blocks"]),
+                      f"{r['decode_b1_ctx500_ms']:.1f}", f"{r['decode_b48_ctx500_ms']:.1f}",
+                      f"{r['prefill_512_ms']:.1f}", str(r["linear_holdout_mape_pct"]))
+        console.print(t)
+        console.print("dec1/dec48: decode step at batch 1/48, 500 context tokens each; pf512: one 512-token "
+                      "prefill chunk; MAPE%: held-out error of the linear-layer fit (astro profiles show ID)")
+
+    @grp.command("show")
+    @user_errors
+    def show_cmd(
+        profile_id: Annotated[str, typer.Argument(help="Profile id (artifacts/profiles/<id>.json) or a JSON path.")],
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Coefficients, limits, fit errors and sources of one profile."""
+        from rich.table import Table
+
+        from rps_astro_cli.sim.profile import load_profile
+
+        p = load_profile(profile_id)
+        if as_json:
+            typer.echo(json.dumps(p.to_dict(), indent=2))
+            return
+        s = _summary(p)
+        console.print(f"[bold]{p.profile_id}[/]: {p.model} on {p.gpu}, TP{p.tp}")
+        t = Table(title="step model (seconds unless named)")
+        t.add_column("term")
+        t.add_column("value")
+        for k, v in (("base_s", p.base_s), ("per_seq_s", p.per_seq_s),
+                     ("decode_attn_s_per_ctx_token", p.decode_attn_s_per_ctx_token),
+                     ("prefill_attn_s_per_token_pair", p.prefill_attn_s_per_token_pair)):
+            t.add_row(k, f"{v:.4g}")
+        t.add_row("linear_s(tokens) ms", ", ".join(f"{k}:{v * 1e3:.1f}" for k, v in zip(p.token_knots, p.token_s)))
+        t.add_row("limits", f"blocks {p.num_gpu_blocks} × {p.block_size} tokens, max_num_seqs {p.max_num_seqs}, "
+                  f"max_num_batched_tokens {p.max_num_batched_tokens}, max_model_len {p.max_model_len}")
+        t.add_row("output_len", f"lognormal mu {p.output_len.mu}, sigma {p.output_len.sigma}, max {p.output_len.max_tokens}")
+        if p.vision:
+            t.add_row("vision", json.dumps(p.vision.__dict__))
+        t.add_row("decode b1 / b48 (ctx 500) ms", f"{s['decode_b1_ctx500_ms']} / {s['decode_b48_ctx500_ms']}")
+        t.add_row("prefill 512 ms", str(s["prefill_512_ms"]))
+        console.print(t)
+        console.print("[bold]fit (held-out error):[/]")
+        console.print_json(json.dumps(p.fit))
+        console.print("[bold]sources:[/] see `astro profiles show " + p.profile_id + " --json` (field 'sources')")
+
+    @grp.command("fit")
+    @user_errors
+    def fit_cmd(
+        data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Folder with profiles/*.csv and traces/ "
+                                                       "(default: $ASTRO_DATA_DIR or ../shared/data).")] = None,
+        out: Annotated[Path, typer.Option("--out", help="Folder to write <profile_id>.json files into.")] = Path("artifacts/profiles"),
+        seed: SeedOpt = 0,
+    ) -> None:
+        """Fit every shipped profile from Vidur-schema GPU profiling CSVs and write them."""
+        from rps_astro_cli.data_paths import data_dir as default_data_dir
+        from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.sim.fit_profiles import build_profiles, sanity_report, write_profiles
+
+        d = data_dir or default_data_dir()
+        if d is None or not Path(d).is_dir():
+            raise AstroUserError(f"no data folder {d}", field="--data-dir",
+                                 fix="pass the folder holding profiles/*.csv (e.g. ../shared/data)")
+        profiles = build_profiles(Path(d), seed)
+        for path, p in zip(write_profiles(profiles, out), profiles):
+            s = sanity_report(p)
+            console.print(f"wrote {path}: decode b1 {s['decode_b1_ctx500_ms']:.1f} ms, "
+                          f"prefill 512 {s['prefill_512_ms']:.1f} ms", highlight=False)

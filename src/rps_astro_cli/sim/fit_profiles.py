@@ -164,8 +164,8 @@ def read_rows(path: Path) -> list[dict[str, str]]:
     """
     path = Path(path)
     if not path.is_file():
-        raise AstroUserError(f"no profiling CSV {path}", field="--data-dir",
-                             fix="point it at a folder holding the Vidur-schema CSVs")
+        raise AstroUserError(f"missing input file {path}", field="--data-dir",
+                             fix="point it at a folder holding profiles/*.csv and traces/ (e.g. ../shared/data)")
     with path.open(newline="") as fh:
         rows = list(csv.DictReader(fh))
     if not rows:
