@@ -1,0 +1,327 @@
+"""The sim engine over HTTP: OpenAI client streams, /status + /metrics agreement, 4xx
+errors, API key, disconnect aborts. Servers run in-process on free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import math
+import time
+
+import httpx
+import pytest
+from openai import AsyncOpenAI
+
+from rps_astro_cli.engine.openai_api import ApiLimits
+from rps_astro_cli.engine.sim_engine import SimEngine
+from rps_astro_cli.engine.sim_server import ServerThread, create_app, synthetic_text
+from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
+from test_sim_engine_api import MP4_URL, PNG_URL
+
+pytestmark = pytest.mark.timeout(60)
+
+MODEL = "hand/model"
+
+
+def make_profile(**kw) -> ExecutionProfile:
+    """step = base_s (10 ms) + 0.1 ms per token (no attention terms)."""
+    base = dict(profile_id="hand", model=MODEL, gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
+                token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
+                prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=512, max_model_len=1024,
+                output_len=OutputLengthDist(mu=math.log(20), sigma=0.0, max_tokens=2048))
+    base.update(kw)
+    return ExecutionProfile(**base)
+
+
+def serve(profile: ExecutionProfile, time_scale: float = 0.05, **app_kw) -> ServerThread:
+    eng = SimEngine(profile, time_scale=time_scale, instance_id="e1")
+    return ServerThread(create_app(eng, **app_kw))
+
+
+def words(n: int) -> str:
+    """n tokens under the fallback counter ("abcd" = 1 token)."""
+    return "abcd " * n
+
+
+def status(url: str) -> dict:
+    return httpx.get(url + "/status").json()
+
+
+def metrics(url: str) -> dict[str, float]:
+    out = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith("vllm:") and "_bucket" not in line:
+            name, val = line.rsplit(" ", 1)
+            out[name.split("{")[0]] = float(val)
+    return out
+
+
+def wait_for(pred, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def consistent(url: str) -> tuple[dict, dict[str, float]]:
+    """(status, metrics) read within one engine step (status identical before and after)."""
+
+    def strip(s):
+        return {k: v for k, v in s.items() if k != "time_s"}
+
+    for _ in range(200):
+        s1, m, s2 = status(url), metrics(url), status(url)
+        if strip(s1) == strip(s2):
+            return s1, m
+    raise AssertionError("engine state never stable across a read")
+
+
+# -- 64 concurrent streams ----------------------------------------------------------------
+def test_64_concurrent_streams_exact_counts():
+    n_req = 64
+
+    async def one(client: AsyncOpenAI, i: int):
+        out = 5 + i % 30
+        extra = {"ignore_eos": True} if i % 2 == 0 else {"vllm_xargs": {"astro_output_tokens": out}}
+        kw = dict(model=MODEL, max_tokens=out if i % 2 == 0 else 100, stream=True,
+                  stream_options={"include_usage": True}, extra_body=extra)
+        chunks, usage, text, reasons = 0, None, [], []
+        if i % 4 < 2:
+            stream = await client.completions.create(prompt=words(i + 1), **kw)
+            expect_prompt = i + 1
+            async for c in stream:
+                if c.usage:
+                    usage = c.usage
+                for ch in c.choices:
+                    if ch.text:
+                        chunks += 1
+                        text.append(ch.text)
+                    if ch.finish_reason:
+                        reasons.append(ch.finish_reason)
+        else:
+            stream = await client.chat.completions.create(
+                messages=[{"role": "user", "content": words(i + 1)}], **kw)
+            expect_prompt = 3 + (3 + 1) + (i + 1)  # primer + per-message + "user" + text
+            async for c in stream:
+                if c.usage:
+                    usage = c.usage
+                for ch in c.choices:
+                    if ch.delta.content:
+                        chunks += 1
+                        text.append(ch.delta.content)
+                    if ch.finish_reason:
+                        reasons.append(ch.finish_reason)
+        return i, out, expect_prompt, chunks, usage, "".join(text), reasons
+
+    async def main(url):
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30)
+        try:
+            return await asyncio.gather(*(one(client, i) for i in range(n_req)))
+        finally:
+            await client.close()
+
+    with serve(make_profile(max_num_seqs=48)) as srv:
+        results = asyncio.run(main(srv.url))
+        st = status(srv.url)
+        m = metrics(srv.url)
+    for i, out, expect_prompt, chunks, usage, text, reasons in results:
+        assert chunks == out, i
+        assert text == synthetic_text(out)
+        assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == \
+            (expect_prompt, out, expect_prompt + out), i
+        assert reasons == ["length" if i % 2 == 0 else "stop"], i
+    total_out = sum(r[1] for r in results)
+    total_prompt = sum(r[2] for r in results)
+    assert (st["running"], st["waiting"], st["kv_blocks_free"]) == ([], [], 512)
+    assert m["vllm:generation_tokens_total"] == total_out
+    assert m["vllm:prompt_tokens_total"] == total_prompt
+    assert m["vllm:request_success_total"] == n_req
+    assert m["vllm:time_to_first_token_seconds_count"] == n_req
+    assert m["vllm:e2e_request_latency_seconds_count"] == n_req
+
+
+# -- /status and /metrics under a known load ----------------------------------------------
+def test_status_and_metrics_agree_under_load_and_disconnect_aborts():
+    # max_num_seqs 4; six 32-token prompts that never finish within the test. Steps take
+    # 0.2 s (base) so reads land inside one step. Eventually 4 run and 2 wait.
+    prof = make_profile(base_s=0.2, max_num_seqs=4, num_gpu_blocks=64, max_model_len=1024)
+
+    async def stream_forever(url: str, i: int, started: asyncio.Event):
+        async with httpx.AsyncClient(timeout=30) as c:
+            body = {"prompt": words(32), "max_tokens": 900, "ignore_eos": True, "stream": True,
+                    "vllm_xargs": {"astro_predicted_output_tokens": 100 + i, "astro_class": "pebbles"}}
+            async with c.stream("POST", url + "/v1/completions", json=body) as r:
+                assert r.status_code == 200
+                async for _ in r.aiter_lines():
+                    started.set()
+
+    async def main(url):
+        started = asyncio.Event()
+        tasks = [asyncio.create_task(stream_forever(url, 0, started))]
+        await asyncio.to_thread(wait_for, lambda: len(status(url)["running"]) == 1)
+        tasks += [asyncio.create_task(stream_forever(url, i, started)) for i in range(1, 6)]
+        st = await asyncio.to_thread(
+            wait_for, lambda: (lambda s: s if (len(s["running"]), len(s["waiting"])) == (4, 2) else None)(
+                status(url)))
+        s, m = await asyncio.to_thread(consistent, url)
+        for t in tasks:  # client disconnects
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return st, s, m
+
+    with serve(prof, time_scale=1.0) as srv:
+        st, s, m = asyncio.run(main(srv.url))
+        assert (len(s["running"]), len(s["waiting"])) == (4, 2)
+        used = sum(r["kv_blocks"] for r in s["running"])
+        assert used == 64 - s["kv_blocks_free"]
+        assert m["vllm:num_requests_running"] == 4
+        assert m["vllm:num_requests_waiting"] == 2
+        assert m["vllm:kv_cache_usage_perc"] == pytest.approx(used / 64)
+        assert m["vllm:num_preemptions_total"] == s["num_preemptions_total"] == 0
+        r0 = s["running"][0]
+        assert (r0["prompt_tokens"], r0["predicted_output_tokens"], r0["req_class"]) == (32, 100, "pebbles")
+        assert s["limits"]["max_num_seqs"] == 4 and s["instance_id"] == "e1"
+        assert s["time_s"] >= r0["arrival_s"]
+        assert [w["computed_tokens"] for w in s["waiting"]] == [0, 0]
+        # disconnects aborted every request and freed every block
+        after = wait_for(lambda: (lambda x: x if not x["running"] and not x["waiting"] else None)(
+            status(srv.url)))
+        assert after["kv_blocks_free"] == 64
+        assert srv.server.config.app.state.engine.counters.requests_aborted_total == 6
+        m2 = metrics(srv.url)
+        assert (m2["vllm:num_requests_running"], m2["vllm:kv_cache_usage_perc"]) == (0, 0)
+
+
+def test_preemption_counter_over_http():
+    # 8 blocks; A and B: 48-token prompts, 40 output tokens (6 blocks each at the end), so
+    # once B runs beside A the pool runs dry and B (last running) is preempted once.
+    prof = make_profile(num_gpu_blocks=8, max_model_len=128)
+
+    async def one(url):
+        async with httpx.AsyncClient(timeout=30) as c:
+            r = await c.post(url + "/v1/completions",
+                             json={"prompt": words(48), "max_tokens": 40, "ignore_eos": True})
+            return r.json()["usage"]
+
+    async def main(url):
+        a = asyncio.create_task(one(url))
+        await asyncio.to_thread(wait_for, lambda: len(status(url)["running"]) == 1)
+        b = asyncio.create_task(one(url))
+        return await asyncio.gather(a, b)
+
+    with serve(prof, time_scale=1.0) as srv:
+        usages = asyncio.run(main(srv.url))
+        s, m = consistent(srv.url)
+    assert [u["completion_tokens"] for u in usages] == [40, 40]
+    assert s["num_preemptions_total"] == 1
+    assert m["vllm:num_preemptions_total"] == 1
+    assert s["kv_blocks_free"] == 8
+
+
+def test_non_streaming_disconnect_aborts():
+    with serve(make_profile(), time_scale=1.0) as srv:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.url + "/v1/completions", timeout=0.3,
+                       json={"prompt": words(40), "max_tokens": 900, "ignore_eos": True})
+        after = wait_for(lambda: (lambda x: x if not x["running"] and not x["waiting"] else None)(
+            status(srv.url)))
+        assert after["kv_blocks_free"] == 512
+        assert srv.server.config.app.state.engine.counters.requests_aborted_total == 1
+        # the engine still serves
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2
+
+
+# -- bad input → 4xx ------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def text_srv():
+    with serve(make_profile(max_model_len=256), time_scale=0.01,
+               limits=ApiLimits(max_body_bytes=4096)) as srv:
+        yield srv
+
+
+BAD_PNG = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
+
+
+@pytest.mark.parametrize("path,body,status_code,param", [
+    ("/v1/completions", b"{not json", 400, "body"),
+    ("/v1/chat/completions", b"", 400, "body"),
+    ("/v1/completions", b'{"max_tokens": 3}', 400, "prompt"),
+    ("/v1/chat/completions", b'{"model": "hand/model"}', 400, "messages"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 0}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": -5}', 400, "max_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 0}',
+     400, "max_completion_tokens"),
+    ("/v1/completions", ('{"prompt": "' + words(300) + '"}').encode(), 400, "prompt"),
+    ("/v1/completions", ('{"prompt": "' + words(200) + '", "max_tokens": 100}').encode(), 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "hi", "model": "other/model"}', 404, "model"),
+    ("/v1/chat/completions", ('{"messages": [{"role": "user", "content": [{"type": "image_url", '
+                              '"image_url": {"url": "' + PNG_URL + '"}}]}]}').encode(), 400, "messages"),
+    ("/v1/completions", ('{"prompt": "' + "x" * 5000 + '"}').encode(), 413, "body"),
+])
+def test_bad_input_status(text_srv, path, body, status_code, param):
+    r = httpx.post(text_srv.url + path, content=body, headers={"content-type": "application/json"})
+    assert r.status_code == status_code, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param in err["message"] and err["type"]
+
+
+def test_chunked_body_over_limit_is_413(text_srv):
+    def gen():
+        for _ in range(10):
+            yield b"x" * 1000
+
+    r = httpx.post(text_srv.url + "/v1/completions", content=gen())
+    assert r.status_code == 413 and r.json()["error"]["param"] == "body"
+
+
+def test_engine_survives_bad_inputs(text_srv):
+    for body in (b"\xff\xfe", b"null", b'{"prompt": {"a": 1}}', b'{"messages": "hi"}'):
+        httpx.post(text_srv.url + "/v1/completions", content=body)
+        httpx.post(text_srv.url + "/v1/chat/completions", content=body)
+    r = httpx.post(text_srv.url + "/v1/completions", json={"prompt": "hello world", "max_tokens": 3})
+    assert r.status_code == 200
+    assert r.json()["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    assert httpx.get(text_srv.url + "/health").status_code == 200
+    models = httpx.get(text_srv.url + "/v1/models").json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+# -- multimodal over HTTP ----------------------------------------------------------------------
+def test_images_and_video_usage_and_unreadable_image():
+    vis = VisionCosts(tokens_per_image=100, tokens_per_frame=10, preprocess_s_per_image=0.02,
+                      preprocess_s_per_frame=0.001, encoder_s_per_image=0.03, encoder_s_per_frame=0.002)
+    with serve(make_profile(vision=vis), time_scale=0.05) as srv:
+        content = [{"type": "text", "text": "hello world"},
+                   {"type": "image_url", "image_url": {"url": PNG_URL}},
+                   {"type": "video_url", "video_url": {"url": MP4_URL, "num_frames": 4}}]
+        r = httpx.post(srv.url + "/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": content}], "max_tokens": 3, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        # text 3 + 3 + 1 + 4 = 11; image 100; 4 frames × 10 = 40
+        assert r.json()["usage"] == {"prompt_tokens": 151, "completion_tokens": 3, "total_tokens": 154}
+        assert r.json()["choices"][0]["message"]["content"] == synthetic_text(3)
+        content[1]["image_url"]["url"] = BAD_PNG
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "messages[0].content[1].image_url.url"
+        content[1]["image_url"]["url"] = "http://10.0.0.1/x.png"
+        r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 400 and "disabled" in r.json()["error"]["message"]
+
+
+# -- API key ---------------------------------------------------------------------------------
+def test_api_key_on_v1_routes():
+    with serve(make_profile(), api_key="sekret") as srv:
+        assert httpx.get(srv.url + "/v1/models").status_code == 401
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                       headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401 and r.json()["error"]["param"] == "authorization"
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 1},
+                       headers={"Authorization": "Bearer sekret"})
+        assert r.status_code == 200
+        assert httpx.get(srv.url + "/health").status_code == 200
