@@ -3,10 +3,189 @@ role, the whole cluster on one machine."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
-serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler, or a whole cluster).",
-                        no_args_is_help=True)
+from rps_astro_cli.cli.common import user_errors
+
+serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler), or with no role the "
+                        "whole cluster: `astro serve --instances 4`.",
+                        invoke_without_command=True)
+
+HostOpt = Annotated[str, typer.Option("--host", help="Listen address (127.0.0.1 unless you mean to expose it).")]
+PortOpt = Annotated[int, typer.Option("--port", help="Listen port (0 = any free port; printed as 'ready: URL').")]
+ReadyOpt = Annotated[str | None, typer.Option("--ready-file", help="Write the base URL here once listening.")]
+KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY",
+                                             help="Require 'Authorization: Bearer KEY' (env ASTRO_API_KEY).")]
+LogOpt = Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")]
+BodyOpt = Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (bytes; larger gets 413).")]
+
+
+@serve_app.callback()
+@user_errors
+def cluster(
+    ctx: typer.Context,
+    instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).")] = None,
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe YAML (path or name under recipes/).")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy: power_of_k, llumnix, "
+                                               "least_requests, round_robin, random.")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, or 'all' (full fanout).")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path.")] = None,
+    time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).")] = None,
+    instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Scheduler bind address (default 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).")] = None,
+    api_key: KeyOpt = None,
+    restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child.")] = None,
+    cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
+    run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder (default runs/serve-<time>).")] = None,
+) -> None:
+    """With no role: start N sim engines + N Predictors + tagger + scheduler on loopback,
+    print their endpoints, write cluster.json, and supervise them until Ctrl-C."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from rps_astro_cli.cli.common import console
+    from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
+    from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_overrides
+
+    cfg = load_recipe(recipe) if recipe else ClusterConfig()
+    cfg = with_overrides(cfg, {
+        "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
+        "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
+        "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
+    })
+    sup = ClusterSupervisor(cfg, run_dir or default_run_dir(), cluster_json,
+                            report=lambda line: console.print(line, highlight=False, markup=False))
+    console.print(f"starting {cfg.instances} engines + predictors + tagger + scheduler "
+                  f"(policy {cfg.scheduler.policy}, profile {cfg.engine.profile}) ...")
+    try:
+        info = sup.start()
+    except ClusterError as exc:
+        from rps_astro_cli.cli.common import fail
+
+        fail(str(exc), 1)
+        return
+    _print_table(info, cluster_json)
+    raise typer.Exit(sup.supervise())
+
+
+def _print_table(info: dict, cluster_json: str) -> None:
+    from rich.table import Table
+
+    from rps_astro_cli.cli.common import console
+
+    t = Table(title=f"astro cluster '{info['name']}' — policy {info['policy']}")
+    t.add_column("role")
+    t.add_column("name")
+    t.add_column("url")
+    t.add_column("pid", justify="right")
+    t.add_row("scheduler", "scheduler", info["scheduler"]["openai_base_url"], str(info["scheduler"]["pid"]))
+    if info["tagger"]:
+        t.add_row("tagger", "tagger", info["tagger"]["url"], str(info["tagger"]["pid"]))
+    for inst in info["instances"]:
+        t.add_row("engine", inst["name"], inst["engine_url"], str(inst["engine_pid"]))
+        if inst["predictor_url"]:
+            t.add_row("predictor", inst["name"].replace("engine", "predictor"), inst["predictor_url"],
+                      str(inst["predictor_pid"]))
+    console.print(t)
+    console.print(f"endpoints written to {cluster_json}; model {info['model']}; Ctrl-C stops every child")
+
+
+@serve_app.command("predictor")
+@user_errors
+def predictor(
+    engine_url: Annotated[str, typer.Option("--engine-url", help="Base URL of the engine to predict for.")],
+    profile: Annotated[str | None, typer.Option("--profile", help="Execution profile (default: the engine's).")] = None,
+    status_cache_ms: Annotated[float, typer.Option("--status-cache-ms", help="Reuse an engine /status this long (ms).")] = 20.0,
+    extension_tokens: Annotated[int, typer.Option("--extension-tokens", help="Auto-extension (tokens).")] = 10,
+    default_output_tokens: Annotated[int, typer.Option("--default-output-tokens", help="Length assumed when unknown.")] = 256,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 0,
+    ready_file: ReadyOpt = None,
+    api_key: KeyOpt = None,
+    log_level: LogOpt = "warning",
+) -> None:
+    """Serve a Predictor sidecar: POST /predict → predicted TTFT/E2E on its engine."""
+    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.services.predictor import PredictorSettings, run_predictor
+
+    if status_cache_ms < 0:
+        raise AstroUserError(f"must be ≥ 0, got {status_cache_ms}", field="--status-cache-ms")
+    if extension_tokens < 0 or default_output_tokens < 1:
+        raise AstroUserError("--extension-tokens must be ≥ 0 and --default-output-tokens ≥ 1",
+                             field="--extension-tokens")
+    settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000, profile=profile,
+                                 extension_tokens=extension_tokens, default_output_tokens=default_output_tokens,
+                                 api_key=api_key or None)
+    run_predictor(settings, host, port, log_level, ready_file)
+
+
+@serve_app.command("tagger")
+@user_errors
+def tagger(
+    length_model: Annotated[str | None, typer.Option("--length-model", help="Length-model artifact (default: baseline).")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Profile pricing media tokens.")] = None,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 0,
+    ready_file: ReadyOpt = None,
+    api_key: KeyOpt = None,
+    max_body_bytes: BodyOpt = 1 << 20,
+    log_level: LogOpt = "warning",
+) -> None:
+    """Serve the length tagger: POST /tag → predicted output tokens + modality facts."""
+    from rps_astro_cli.services.tagger import TaggerSettings, run_tagger
+
+    run_tagger(TaggerSettings(length_model, profile, api_key or None, max_body_bytes), host, port, log_level,
+               ready_file)
+
+
+@serve_app.command("scheduler")
+@user_errors
+def scheduler(
+    engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeat per instance).")],
+    predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
+    tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
+    k: Annotated[str, typer.Option("--k", help="power_of_k sample size or 'all'.")] = "2",
+    objective: Annotated[str, typer.Option("--objective", help="e2e | ttft.")] = "e2e",
+    llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
+    predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
+    tag_deadline_ms: Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")] = 50.0,
+    health_interval_ms: Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")] = 500.0,
+    status_interval_ms: Annotated[float, typer.Option("--status-interval-ms", help="Status poll period for llumnix (ms).")] = 100.0,
+    served_model_name: Annotated[list[str] | None, typer.Option("--served-model-name", help="Accepted model name(s); default: the engines'.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
+    length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the dispatch Generator.")] = 0,
+    max_body_bytes: BodyOpt = 1 << 20,
+    host: HostOpt = "127.0.0.1",
+    port: PortOpt = 0,
+    ready_file: ReadyOpt = None,
+    api_key: KeyOpt = None,
+    log_level: LogOpt = "warning",
+) -> None:
+    """Serve the global scheduler: OpenAI front door that tags, dispatches and forwards."""
+    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.services.config import parse_config
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, run_scheduler
+
+    preds = predictor or []
+    if preds and len(preds) != len(engine):
+        raise AstroUserError(f"{len(preds)} --predictor for {len(engine)} --engine; give one per engine or none",
+                             field="--predictor")
+    sec = parse_config({"scheduler": {"policy": policy, "k": k, "objective": objective,
+                                      "llumnix_variant": llumnix_variant},
+                        "predictor": {"enabled": bool(preds) or policy != "power_of_k"}}, "flags").scheduler
+    eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
+    settings = SchedulerSettings(
+        instances=eps, policy=policy, policy_params=sec.policy_params(), tagger_url=tagger,
+        length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
+        tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
+        status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
+        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed)
+    run_scheduler(settings, host, port, log_level, ready_file)
 
 
 def register(app: typer.Typer) -> None:

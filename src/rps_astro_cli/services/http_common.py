@@ -135,14 +135,58 @@ def free_port(host: str = DEFAULT_HOST) -> int:
         return int(s.getsockname()[1])
 
 
-def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning") -> None:
-    """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port;
-    the bound address is logged. Uses uvloop/httptools when installed."""
+def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
+    """A listening TCP socket on (host, port); port 0 asks the OS for a free port.
+
+    Raises:
+        AstroUserError: the address cannot be bound (names `--port`).
+    """
+    from rps_astro_cli.errors import AstroUserError
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise AstroUserError(f"cannot listen on {host}:{port}: {exc.strerror}", field="--port",
+                             fix="pick a free port or 0 for any") from None
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
+            ready_file: str | None = None) -> None:
+    """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port.
+    Once listening, prints `ready: http://HOST:PORT` and writes that URL to `ready_file`
+    (when given), as the engine does, so a supervisor can learn the port.
+
+    Raises:
+        AstroUserError: the address cannot be bound.
+    """
+    import asyncio
+
     import uvicorn
 
-    loop = "auto"
-    http = "auto"
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, loop=loop, http=http,
-                            access_log=False, timeout_graceful_shutdown=3, backlog=4096)
+    sock = bind_socket(host, port)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
+                            lifespan="on", timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
-    server.run()
+
+    async def main() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started:
+            print(f"ready: {url}", flush=True)
+            if ready_file:
+                with open(ready_file, "w") as fh:
+                    fh.write(url + "\n")
+        await task
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

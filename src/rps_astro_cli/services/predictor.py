@@ -298,8 +298,9 @@ def create_app(settings: PredictorSettings) -> FastAPI:
     return app
 
 
-def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning") -> None:
+def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning",
+                  ready_file: str | None = None) -> None:
     """Serve a Predictor until SIGINT/SIGTERM (blocking)."""
     from rps_astro_cli.services.http_common import run_app
 
-    run_app(create_app(settings), host, port, log_level)
+    run_app(create_app(settings), host, port, log_level, ready_file)

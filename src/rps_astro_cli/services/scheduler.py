@@ -596,13 +596,14 @@ def create_app(settings: SchedulerSettings) -> FastAPI:
     return app
 
 
-def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning") -> None:
+def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",
+                  ready_file: str | None = None) -> None:
     """Serve the scheduler until SIGINT/SIGTERM (blocking)."""
     from rps_astro_cli.services.http_common import run_app
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_app(create_app(settings), host, port, log_level)
+    run_app(create_app(settings), host, port, log_level, ready_file)
 
 
 __all__ = ["InstanceEndpoint", "Scheduler", "SchedulerSettings", "create_app", "run_scheduler"]

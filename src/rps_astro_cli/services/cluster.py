@@ -1,0 +1,380 @@
+"""The process supervisor behind `astro serve` (no role): a whole cluster on one machine.
+
+`ClusterSupervisor(cfg).start()` launches, as child processes of this one,
+N engines (`astro serve engine`), N Predictors (one per engine), the tagger and the
+scheduler, each on a free port the OS picks (`--port 0 --ready-file F`: the child writes
+its URL once listening). Order: engines + tagger, then predictors, then the scheduler;
+each phase waits until every child answers `GET /health`. Internal services bind
+127.0.0.1; only the scheduler binds `cfg.host`. Logs go to `<run_dir>/<child>.log`.
+
+`supervise()` then watches the children: a child that exits is reported (name, pid, exit
+code, log path and its last lines) and restarted on the same port up to
+`cfg.restart_crashed` times; the scheduler's health checks take the instance out and
+readmit it. SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
+Children run in their own sessions so a terminal's Ctrl-C reaches them only through us.
+
+`cluster.json` — what `astro bench` (live mode) and scripts read (schema "astro.cluster/1"):
+
+    {"schema": "astro.cluster/1",
+     "name": str,                       # recipe name
+     "created_unix_s": float,
+     "scheduler": {"url": str,          # http://HOST:PORT
+                   "openai_base_url": str,   # url + "/v1" (OpenAI clients' base_url)
+                   "metrics_url": str, "decisions_url": str, "pid": int},
+     "tagger": {"url": str, "pid": int} | null,
+     "instances": [{"name": "engine-0", "engine_url": str, "status_url": str,
+                    "metrics_url": str, "predictor_url": str | null,
+                    "predictor_metrics_url": str | null,
+                    "engine_pid": int, "predictor_pid": int | null}, ...],
+     "policy": {"name": str, ...params},     # e.g. {"name": "power_of_k", "k": 2, "objective": "e2e"}
+     "profile": str,                    # engine execution profile id/path
+     "model": str | null,               # served model name (from the engines' /v1/models)
+     "time_scale": float,               # wall s per engine s
+     "instance_policy": str,            # in-instance policy of every engine
+     "api_key_required": bool,          # the key itself is never written
+     "log_dir": str,
+     "recipe": {...}}                   # the validated recipe (api_key removed)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rps_astro_cli.services.config import ClusterConfig
+
+CLUSTER_SCHEMA = "astro.cluster/1"
+START_TIMEOUT_S = 60.0
+STOP_GRACE_S = 5.0
+
+
+class ClusterError(RuntimeError):
+    """A child failed to start or the cluster cannot go on."""
+
+
+@dataclass
+class Child:
+    """One supervised process. argv excludes `--port/--ready-file` (added per start)."""
+
+    name: str
+    role: str
+    argv: list[str]
+    host: str
+    log_path: Path
+    ready_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    port: int = 0
+    url: str | None = None
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def launch(self) -> None:
+        """Start (or restart, on the same port once known) the process."""
+        self.ready_path.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", self.role, *self.argv,
+               "--host", self.host, "--port", str(self.port), "--ready-file", str(self.ready_path)]
+        log = open(self.log_path, "ab")
+        log.write(f"\n--- start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
+        log.flush()
+        env = {k: v for k, v in os.environ.items() if k != "ASTRO_API_KEY"}  # only where asked
+        env.update(self.env)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     env=env, start_new_session=True)
+        log.close()
+        self.started_at = time.monotonic()
+
+    def log_tail(self, lines: int = 8) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+
+class ClusterSupervisor:
+    """Start, watch and stop a cluster (see module docstring).
+
+    cfg: the validated recipe. run_dir: logs and ready files. cluster_json: where to
+    write the endpoints (None = only `<run_dir>/cluster.json`). report: called with one
+    line per event (crash, restart, stop); the CLI prints them.
+    """
+
+    def __init__(self, cfg: ClusterConfig, run_dir: str | Path, cluster_json: str | Path | None = None,
+                 report: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.cluster_json = Path(cluster_json) if cluster_json else None
+        self.report = report
+        self.engines: list[Child] = []
+        self.predictors: list[Child] = []
+        self.tagger: Child | None = None
+        self.scheduler: Child | None = None
+        self.model: str | None = None
+        self._stopping = False
+        self.crashes: list[dict[str, Any]] = []
+
+    # -- children ----------------------------------------------------------------------
+    def _child(self, name: str, role: str, argv: list[str], host: str = "127.0.0.1",
+               env: dict[str, str] | None = None) -> Child:
+        return Child(name, role, argv, host, self.run_dir / f"{name}.log", self.run_dir / f"{name}.url",
+                     env or {})
+
+    @property
+    def children(self) -> list[Child]:
+        out = [*self.engines]
+        if self.tagger:
+            out.append(self.tagger)
+        out += self.predictors
+        if self.scheduler:
+            out.append(self.scheduler)
+        return out
+
+    def _engine_argv(self, i: int) -> list[str]:
+        e = self.cfg.engine
+        argv = ["--backend", e.backend, "--profile", e.profile, "--instance-policy", e.instance_policy,
+                "--seed", str(e.seed + i), "--time-scale", repr(e.time_scale), "--instance-id", f"engine-{i}"]
+        for flag, val in (("--num-gpu-blocks", e.num_gpu_blocks), ("--max-num-seqs", e.max_num_seqs),
+                          ("--max-num-batched-tokens", e.max_num_batched_tokens),
+                          ("--max-model-len", e.max_model_len), ("--served-model-name", e.served_model_name)):
+            if val is not None:
+                argv += [flag, str(val)]
+        if not e.chunked_prefill:
+            argv.append("--no-chunked-prefill")
+        return argv + list(e.extra_args)
+
+    def start(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+        """Launch every child, wait until all are healthy, write cluster.json.
+
+        Returns:
+            the cluster.json mapping.
+        Raises:
+            ClusterError: a child exited or did not become healthy in `timeout_s`
+                (every started child is stopped first).
+        """
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        cfg = self.cfg
+        try:
+            self.engines = [self._child(f"engine-{i}", "engine", self._engine_argv(i)) for i in range(cfg.instances)]
+            if cfg.tagger.enabled:
+                argv = ["--profile", cfg.engine.profile]
+                if cfg.tagger.length_model:
+                    argv += ["--length-model", cfg.tagger.length_model]
+                self.tagger = self._child("tagger", "tagger", argv)
+            phase1 = self.engines + ([self.tagger] if self.tagger else [])
+            for c in phase1:
+                c.launch()
+            self._wait_ready(phase1, timeout_s)
+            self.model = self._served_model(self.engines[0])
+            if cfg.predictor.enabled:
+                p = cfg.predictor
+                self.predictors = [
+                    self._child(f"predictor-{i}", "predictor", [
+                        "--engine-url", e.url or "", "--profile", cfg.engine.profile,
+                        "--status-cache-ms", repr(p.status_cache_ms), "--extension-tokens", str(p.extension_tokens),
+                        "--default-output-tokens", str(p.default_output_tokens)])
+                    for i, e in enumerate(self.engines)]
+                for c in self.predictors:
+                    c.launch()
+                self._wait_ready(self.predictors, timeout_s)
+            s = cfg.scheduler
+            argv = []
+            for e in self.engines:
+                argv += ["--engine", e.url or ""]
+            for pr in self.predictors:
+                argv += ["--predictor", pr.url or ""]
+            if self.tagger:
+                argv += ["--tagger", self.tagger.url or ""]
+            argv += ["--policy", s.policy, "--k", str(s.k), "--objective", s.objective,
+                     "--llumnix-variant", s.llumnix_variant, "--predict-deadline-ms", repr(s.predict_deadline_ms),
+                     "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),
+                     "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
+                     "--seed", str(s.seed), "--profile", cfg.engine.profile]
+            env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
+            self.scheduler = self._child("scheduler", "scheduler", argv, host=cfg.host, env=env)
+            self.scheduler.port = s.port
+            self.scheduler.launch()
+            self._wait_ready([self.scheduler], timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        info = self.describe()
+        text = json.dumps(info, indent=1) + "\n"
+        (self.run_dir / "cluster.json").write_text(text)
+        if self.cluster_json:
+            self.cluster_json.parent.mkdir(parents=True, exist_ok=True)
+            self.cluster_json.write_text(text)
+        return info
+
+    def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        pending = list(children)
+        with httpx.Client(timeout=2.0) as client:
+            while pending:
+                for c in list(pending):
+                    assert c.proc is not None
+                    if c.proc.poll() is not None:
+                        raise ClusterError(f"{c.name} exited with code {c.proc.returncode} while starting "
+                                           f"(log {c.log_path}):\n{c.log_tail()}")
+                    if c.url is None and c.ready_path.is_file():
+                        text = c.ready_path.read_text().strip()
+                        if text:
+                            c.url = text
+                            c.port = int(text.rsplit(":", 1)[1])
+                    if c.url is not None:
+                        try:
+                            if client.get(c.url + "/health").status_code < 500:
+                                pending.remove(c)
+                        except httpx.HTTPError:
+                            pass
+                if pending and time.monotonic() > deadline:
+                    names = ", ".join(c.name for c in pending)
+                    raise ClusterError(f"{names} not healthy after {timeout_s:.0f} s "
+                                       f"(log {pending[0].log_path}):\n{pending[0].log_tail()}")
+                if pending:
+                    time.sleep(0.05)
+
+    def _served_model(self, engine: Child) -> str | None:
+        try:
+            r = httpx.get(f"{engine.url}/v1/models", timeout=2.0)
+            data = r.json().get("data") or []
+            return data[0]["id"] if data else None
+        except (httpx.HTTPError, ValueError, KeyError):
+            return None
+
+    # -- description -------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """The cluster.json mapping (schema in the module docstring)."""
+        cfg = self.cfg
+        s = cfg.scheduler
+        sched_url = self.scheduler.url if self.scheduler else None
+        recipe = cfg.model_dump()
+        recipe.pop("api_key", None)
+        return {
+            "schema": CLUSTER_SCHEMA,
+            "name": cfg.name,
+            "created_unix_s": time.time(),
+            "scheduler": {"url": sched_url, "openai_base_url": f"{sched_url}/v1", "metrics_url": f"{sched_url}/metrics",
+                          "decisions_url": f"{sched_url}/decisions",
+                          "pid": self.scheduler.pid if self.scheduler else None},
+            "tagger": {"url": self.tagger.url, "pid": self.tagger.pid} if self.tagger else None,
+            "instances": [
+                {"name": e.name, "engine_url": e.url, "status_url": f"{e.url}/status", "metrics_url": f"{e.url}/metrics",
+                 "predictor_url": self.predictors[i].url if self.predictors else None,
+                 "predictor_metrics_url": f"{self.predictors[i].url}/metrics" if self.predictors else None,
+                 "engine_pid": e.pid, "predictor_pid": self.predictors[i].pid if self.predictors else None}
+                for i, e in enumerate(self.engines)],
+            "policy": {"name": s.policy, **s.policy_params()},
+            "profile": cfg.engine.profile,
+            "model": self.model,
+            "time_scale": cfg.engine.time_scale,
+            "instance_policy": cfg.engine.instance_policy,
+            "api_key_required": bool(cfg.api_key),
+            "log_dir": str(self.run_dir),
+            "recipe": recipe,
+        }
+
+    # -- supervision -------------------------------------------------------------------
+    def poll_once(self) -> None:
+        """Check every child once: report and restart (or give up on) the exited ones.
+
+        Raises:
+            ClusterError: the scheduler died and may not be restarted.
+        """
+        for c in self.children:
+            if self._stopping or c.proc is None or c.proc.poll() is None:
+                continue
+            code = c.proc.returncode
+            crash = {"child": c.name, "pid": c.proc.pid, "exit_code": code, "log": str(c.log_path),
+                     "time_unix_s": time.time()}
+            self.crashes.append(crash)
+            tail = c.log_tail(4)
+            if c.restarts < self.cfg.restart_crashed:
+                c.restarts += 1
+                self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; restarting on port "
+                            f"{c.port} ({c.restarts}/{self.cfg.restart_crashed}); log {c.log_path}"
+                            + (f"\n{tail}" if tail else ""))
+                c.launch()
+            else:
+                self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; not restarting "
+                            f"(restart budget {self.cfg.restart_crashed} spent); log {c.log_path}"
+                            + (f"\n{tail}" if tail else ""))
+                c.proc = None
+                if c is self.scheduler:
+                    raise ClusterError("the scheduler is down; stopping the cluster")
+
+    def supervise(self, poll_s: float = 0.2) -> int:
+        """Watch the children until SIGINT/SIGTERM (then stop them all). Blocking.
+
+        Returns:
+            exit code: 0 after a requested stop, 1 when the cluster could not go on.
+        """
+        stop = {"sig": None}
+
+        def _on_signal(signum, _frame):
+            stop["sig"] = signum
+
+        old = {s: signal.signal(s, _on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        code = 0
+        try:
+            while stop["sig"] is None:
+                try:
+                    self.poll_once()
+                except ClusterError as exc:
+                    self.report(f"error: {exc}")
+                    code = 1
+                    break
+                time.sleep(poll_s)
+            if stop["sig"] is not None:
+                self.report(f"received {signal.Signals(stop['sig']).name}; stopping {len(self.children)} children")
+        finally:
+            self.stop()
+            for s, h in old.items():
+                signal.signal(s, h)
+        return code
+
+    def stop(self, grace_s: float = STOP_GRACE_S) -> None:
+        """SIGTERM every child (scheduler first, engines last), SIGKILL after `grace_s`."""
+        self._stopping = True
+        live = [c for c in reversed(self.children) if c.proc is not None and c.proc.poll() is None]
+        for c in live:
+            try:
+                c.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        for c in live:
+            try:
+                c.proc.wait(max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                c.proc.kill()  # type: ignore[union-attr]
+                c.proc.wait()  # type: ignore[union-attr]
+
+    def __enter__(self) -> ClusterSupervisor:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+def default_run_dir() -> Path:
+    """`runs/serve-<UTC time>-<pid>` under the current directory."""
+    return Path("runs") / f"serve-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{os.getpid()}"
+
+
+__all__ = ["CLUSTER_SCHEMA", "Child", "ClusterError", "ClusterSupervisor", "default_run_dir"]

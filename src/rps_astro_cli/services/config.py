@@ -1,0 +1,191 @@
+"""Cluster recipes: the pydantic model of `recipes/*.yaml` behind `astro serve`.
+
+A recipe names everything one `astro serve` starts; command-line flags override single
+fields (`with_overrides`). Unknown keys are errors (a typo must not be silently ignored),
+and every error names the field by its dotted path, e.g. `scheduler.k`.
+
+    name: str                      # recipe name (reports, cluster.json)
+    instances: int ≥ 1             # engines (each with its Predictor)
+    host: str = 127.0.0.1          # bind address of every child
+    api_key: str | null            # front-door bearer key (scheduler /v1/*)
+    restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
+    engine:    {backend, profile, instance_policy, time_scale, seed, num_gpu_blocks,
+                max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
+                served_model_name, extra_args}
+    predictor: {enabled, status_cache_ms, extension_tokens, default_output_tokens}
+    tagger:    {enabled, length_model}
+    scheduler: {policy, k, objective, llumnix_variant, predict_deadline_ms,
+                tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
+                port, seed}
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from rps_astro_cli.errors import AstroUserError
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineSection(_Strict):
+    """How each engine is started (`astro serve engine ...`)."""
+
+    backend: str = Field("sim", description="engine backend (sim | vllm)")
+    profile: str = Field("llama-2-7b-a30", description="execution profile id or JSON path")
+    instance_policy: str = Field("fcfs", description="in-instance scheduling policy")
+    time_scale: float = Field(1.0, gt=0, description="wall s per engine s (sim; 0.1 = 10x faster)")
+    seed: int = Field(0, ge=0, description="engine i gets seed + i")
+    num_gpu_blocks: int | None = Field(None, gt=0)
+    max_num_seqs: int | None = Field(None, gt=0)
+    max_num_batched_tokens: int | None = Field(None, gt=0)
+    max_model_len: int | None = Field(None, gt=0)
+    chunked_prefill: bool = True
+    served_model_name: str | None = None
+    extra_args: list[str] = Field(default_factory=list, description="passed through to the backend")
+
+
+class PredictorSection(_Strict):
+    """Predictor sidecars (one per engine)."""
+
+    enabled: bool = True
+    status_cache_ms: float = Field(20.0, ge=0, description="reuse an engine /status this long (ms)")
+    extension_tokens: int = Field(10, ge=0, description="auto-extension (tokens)")
+    default_output_tokens: int = Field(256, ge=1, description="length assumed when none is known")
+
+
+class TaggerSection(_Strict):
+    """The length tagger service."""
+
+    enabled: bool = True
+    length_model: str | None = Field(None, description="artifact path/name; null = the baseline")
+
+
+class SchedulerSection(_Strict):
+    """The global scheduler (front door)."""
+
+    policy: str = "power_of_k"
+    k: int | Literal["all"] = Field(2, description="power_of_k sample size, or 'all' (full fanout)")
+    objective: Literal["e2e", "ttft"] = "e2e"
+    llumnix_variant: Literal["astrolabe", "code"] = "astrolabe"
+    predict_deadline_ms: float = Field(50.0, gt=0)
+    tag_deadline_ms: float = Field(50.0, gt=0)
+    health_interval_ms: float = Field(500.0, gt=0)
+    status_interval_ms: float = Field(100.0, gt=0)
+    max_body_bytes: int = Field(1 << 20, gt=0)
+    port: int = Field(0, ge=0, le=65535, description="front-door port (0 = any free port)")
+    seed: int = Field(0, ge=0)
+
+    @field_validator("k")
+    @classmethod
+    def _k(cls, v: Any) -> Any:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("must be ≥ 1 or 'all'")
+        return v
+
+    def policy_params(self) -> dict[str, Any]:
+        """Constructor arguments of the chosen dispatch policy."""
+        if self.policy == "power_of_k":
+            return {"k": self.k, "objective": self.objective}
+        if self.policy == "llumnix":
+            return {"variant": self.llumnix_variant}
+        return {}
+
+
+class ClusterConfig(_Strict):
+    """A whole cluster (see module docstring)."""
+
+    name: str = "default"
+    description: str = ""
+    instances: int = Field(4, ge=1, le=256)
+    host: str = "127.0.0.1"
+    api_key: str | None = None
+    restart_crashed: int = Field(3, ge=0)
+    engine: EngineSection = Field(default_factory=EngineSection)
+    predictor: PredictorSection = Field(default_factory=PredictorSection)
+    tagger: TaggerSection = Field(default_factory=TaggerSection)
+    scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
+
+
+def _user_error(exc: ValidationError, source: str) -> AstroUserError:
+    e = exc.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"]
+                   if not str(p).startswith(("function-", "literal[")) and p not in ("int", "str", "float", "bool"))
+    msg = e["msg"]
+    if e["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; see services/config.py for the schema)"
+    return AstroUserError(f"{source}: {loc}: {msg} (got {e.get('input')!r})", field=loc or "recipe")
+
+
+def parse_config(data: dict[str, Any], source: str = "recipe") -> ClusterConfig:
+    """Validate a recipe mapping.
+
+    Raises:
+        AstroUserError: the first invalid field, named by its dotted path.
+    """
+    if not isinstance(data, dict):
+        raise AstroUserError(f"{source}: must be a mapping of fields", field="recipe")
+    try:
+        cfg = ClusterConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _user_error(exc, source) from None
+    _check_names(cfg)
+    return cfg
+
+
+def _check_names(cfg: ClusterConfig) -> None:
+    from rps_astro_cli.dispatch import DISPATCH_POLICIES
+
+    if cfg.scheduler.policy not in DISPATCH_POLICIES:
+        raise AstroUserError(f"unknown dispatch policy {cfg.scheduler.policy!r}", field="scheduler.policy",
+                             fix=f"choose one of: {', '.join(DISPATCH_POLICIES.names())}")
+    if cfg.scheduler.policy == "power_of_k" and not cfg.predictor.enabled:
+        raise AstroUserError("power_of_k needs predictors", field="predictor.enabled",
+                             fix="enable predictors or pick another scheduler.policy")
+
+
+def load_recipe(path: str | Path) -> ClusterConfig:
+    """Load and validate a YAML recipe.
+
+    Raises:
+        AstroUserError: missing file, bad YAML, or an invalid field (named).
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        from rps_astro_cli.data_paths import RECIPES_DIR
+
+        alt = RECIPES_DIR / f"{path}.yaml"
+        if not alt.is_file():
+            raise AstroUserError(f"no recipe {str(path)!r}", field="--recipe",
+                                 fix="give a YAML path or a name under recipes/")
+        p = alt
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise AstroUserError(f"{p} is not valid YAML: {exc}", field="--recipe") from None
+    return parse_config(data, str(p))
+
+
+def with_overrides(cfg: ClusterConfig, overrides: dict[str, Any]) -> ClusterConfig:
+    """A copy of `cfg` with dotted-path overrides (None values skipped), re-validated.
+
+    Raises:
+        AstroUserError: an override makes a field invalid (named).
+    """
+    data = cfg.model_dump()
+    for path, value in overrides.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node[part]
+        node[leaf] = value
+    return parse_config(data, "flags")
