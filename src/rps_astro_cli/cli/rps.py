@@ -1,7 +1,158 @@
-"""Placeholder registration for the 'rps' command group (filled in by its issue)."""
+"""`astro profile` and `astro fit`: RPS-Serve's workload profiler and its impact
+estimator + request classifier (library code in `rps_astro_cli.rps`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, user_errors
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    from rps_astro_cli.errors import AstroUserError
+
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise AstroUserError(f"expected a comma list of integers, got {text!r}", field=flag) from None
+    if not vals:
+        raise AstroUserError("is empty", field=flag)
+    return vals
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `profile` and `fit` to the root app."""
+
+    @app.command("profile")
+    @user_errors
+    def profile(
+        engine_url: Annotated[str | None, typer.Option("--engine-url", help="Base URL of a running engine (e.g. http://127.0.0.1:8000).")] = None,
+        sim_profile: Annotated[str | None, typer.Option("--sim-profile", help="Instead of an engine: price the plan on this execution profile (exact for the sim engine, no HTTP).")] = None,
+        name: Annotated[str | None, typer.Option("--name", help="Output name: artifacts/profiles/<name>.workload.csv (default: the sim profile id, else 'engine').")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="CSV path (overrides --name); summary .md and plot .png go beside it.")] = None,
+        modalities: Annotated[str, typer.Option("--modalities", help="Comma list of text,image,video.")] = "text,image,video",
+        max_requests: Annotated[int | None, typer.Option("--max-requests", help="Send at most this many new requests in this run.")] = None,
+        text_tokens: Annotated[str, typer.Option("--text-tokens", help="Text prompt lengths (tokens), comma list.")] = "16,32,64,128,256,512,1024,1536,2048,3072,4096,6144,8192",
+        image_counts: Annotated[str, typer.Option("--image-counts", help="Images per request, comma list.")] = "1,2,3,4,6,8",
+        frame_counts: Annotated[str, typer.Option("--frame-counts", help="Video frames per request, comma list.")] = "4,8,16,24,32,48,64",
+        repeats: Annotated[int, typer.Option("--repeats", help="Requests per size (different texts).")] = 3,
+        output_tokens: Annotated[int, typer.Option("--output-tokens", help="max_tokens of each profiling request (ignore_eos).")] = 8,
+        model: Annotated[str | None, typer.Option("--model", help="Model name to send (default: the engine's).")] = None,
+        api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key of the engine.")] = None,
+        seed: SeedOpt = 0,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Profile a model one request at a time over growing text, image and video sizes
+        (resumable: points already in the CSV are skipped)."""
+        import numpy as np
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.table import Table
+
+        from rps_astro_cli.data_paths import ARTIFACTS_DIR
+        from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.rps import profiler as pf
+        from rps_astro_cli.rps.records import read_profile_csv
+
+        if (engine_url is None) == (sim_profile is None):
+            raise AstroUserError("give exactly one of --engine-url and --sim-profile", field="--engine-url")
+        points = pf.plan_points(
+            list(pf.iter_modalities(modalities)), _ints(text_tokens, "--text-tokens"),
+            _ints(image_counts, "--image-counts"), _ints(frame_counts, "--frame-counts"), repeats,
+        )
+        if output_tokens < 1:
+            raise AstroUserError(f"must be ≥ 1, got {output_tokens}", field="--output-tokens")
+        csv_path = out or ARTIFACTS_DIR / "profiles" / f"{name or sim_profile or 'engine'}.workload.csv"
+        rng = np.random.default_rng(seed)
+        with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, disable=as_json or not console.is_terminal) as prog:
+            task = prog.add_task("profile", total=None)
+
+            def tick(done: int, total: int) -> None:
+                prog.update(task, completed=done, total=total)
+
+            if sim_profile is not None:
+                from rps_astro_cli.sim.profile import load_profile
+
+                run = pf.profile_virtual(load_profile(sim_profile), points, csv_path, rng,
+                                         output_tokens=output_tokens, max_requests=max_requests, on_progress=tick)
+            else:
+                run = pf.profile_engine(engine_url, points, csv_path, rng, model=model, output_tokens=output_tokens,
+                                        max_requests=max_requests, api_key=api_key, on_progress=tick)
+        records = read_profile_csv(csv_path) if csv_path.exists() else []
+        summary = pf.summarize(records)
+        png = pf.write_plots(records, csv_path.with_suffix(".png")) if records else None
+        md = csv_path.with_suffix(".summary.md")
+        cols = list(summary[0]) if summary else []
+        lines = [f"# Workload profile `{csv_path.name}`", "", f"Inputs: {json.dumps(run.inputs)}", "",
+                 "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        lines += ["| " + " | ".join(f"{v:.4g}" if isinstance(v, float) else str(v) for v in s.values()) + " |" for s in summary]
+        md.write_text("\n".join(lines) + "\n")
+        result = {"csv": str(csv_path), "summary_md": str(md), "plot_png": str(png) if png else None,
+                  "new_rows": run.done, "skipped_existing": run.skipped_existing,
+                  "rejected": run.rejected, "failed": run.failed, "inputs": run.inputs, "summary": summary}
+        if as_json:
+            typer.echo(json.dumps(result))
+        else:
+            t = Table(title=f"workload profile: {csv_path}")
+            for c in ("modality", "rows", "prompt tokens (min/med/max)", "prefill ms med", "prefill ms p90",
+                      "encoder ms med", "preprocess ms med"):
+                t.add_column(c)
+            for s in summary:
+                t.add_row(s["modality"], str(s["rows"]),
+                          f"{s['prompt_tokens_min']}/{s['prompt_tokens_median']:.0f}/{s['prompt_tokens_max']}",
+                          f"{s['prefill_ms_median']:.1f}", f"{s['prefill_ms_p90']:.1f}",
+                          f"{s['encoder_ms_median']:.1f}", f"{s['preprocess_ms_median']:.1f}")
+            console.print(t)
+            console.print(f"new rows {run.done}, already there {run.skipped_existing}, "
+                          f"rejected {len(run.rejected)}, failed {len(run.failed)}; inputs: {run.inputs}")
+            for key, why in (run.rejected + run.failed)[:5]:
+                console.print(f"  {key}: {why}", highlight=False)
+            console.print(f"wrote {csv_path}, {md}" + (f", {png}" if png else ""))
+        if run.done == 0 and (run.failed or run.rejected):
+            raise typer.Exit(1)
+
+    @app.command("fit")
+    @user_errors
+    def fit(
+        profile_csv: Annotated[Path, typer.Argument(help="Workload profile CSV written by `astro profile`.")],
+        name: Annotated[str, typer.Option("--name", help="Artifact name: the classifier goes to <out-dir>/<name>/.")],
+        out_dir: Annotated[Path | None, typer.Option("--out-dir", help="Artifact root (default artifacts/rps).")] = None,
+        test_fraction: Annotated[float, typer.Option("--test-fraction", help="Share of rows per modality held out for MAE.")] = 0.2,
+        seed: SeedOpt = 0,
+        as_json: JsonOpt = False,
+    ) -> None:
+        """Fit the impact estimator (linear / 0.9-quantile regression) and the k-means
+        sand/pebbles/rocks classifier from a workload profile; print held-out MAE and
+        centroids beside the naive (by-modality) baseline."""
+        from rich.table import Table
+
+        from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
+        from rps_astro_cli.rps.fit import fit_profile
+
+        rep = fit_profile(profile_csv, name, out_dir or RPS_ARTIFACTS_DIR, seed=seed, test_fraction=test_fraction)
+        if as_json:
+            typer.echo(json.dumps({"out_dir": str(rep.out_dir), **rep.metadata}))
+            return
+        t = Table(title="impact estimator: held-out error per modality")
+        for c in ("modality", "model", "train", "test", "MAE ms", "under-est.", "KV MAE tokens"):
+            t.add_column(c)
+        for m in rep.estimator_metrics:
+            t.add_row(m.modality, m.kind, str(m.n_train), str(m.n_test) + (" (in-sample)" if m.in_sample else ""),
+                      f"{m.mae_ms:.2f}", f"{m.under_rate:.0%}", f"{m.kv_mae_tokens:.1f}")
+        console.print(t)
+        c = Table(title="classifier centroids (k-means, k=3)")
+        for col in ("class", "prefill ms", "KV tokens", "rows", "text", "image", "video"):
+            c.add_column(col)
+        ct = rep.classifier.crosstab
+        for cen in rep.classifier.classifier.centroids_original():
+            k = cen["class"]
+            c.add_row(k, f"{cen['prefill_s'] * 1000:.1f}", f"{cen['kv_tokens']:.0f}", str(rep.classifier.counts[k]),
+                      *(str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video")))
+        console.print(c)
+        console.print(f"naive classifier (text→sand, image→pebbles, video→rocks) agrees on "
+                      f"{rep.classifier.naive_agreement:.0%} of the profile rows")
+        console.print(f"wrote {rep.out_dir}/classifier.joblib and metadata.json")
