@@ -387,6 +387,10 @@ def fit_linear_layers(
         },
         "rows": int(x0.size),
         "rows_excluded_glitch_per_op": excluded,
+        "per_op_holdout_mape_pct": {
+            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]), ys[op][goods[op] & hold]).mape_pct
+            for op in ops if (goods[op] & hold).any()
+        },
     }
     if ar_info is not None:
         error["all_reduce"] = {**ar_info["error"], "what": "one all-reduce, held-out rows of the network CSV",
@@ -824,7 +828,7 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         "calibration_note": "the RPS-Serve authors' isolated runs (DESIGN.md §3) decode at 5.7 ms/token at batch 1 "
         "and reach the first token 0.10–0.16 s after scheduling for 2.6–3.7k-token prompts; 5.7 ms/token is below "
         "the time an A100 needs to read Qwen2-7B's 15 GB of FP16 weights (≥ 7.5 ms at 2039 GB/s), so those runs "
-        "were on a faster (H100-class) GPU: only their encoder times are used here; this A100 profile's decode and "
+        "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used here; this A100 profile's decode and "
         "prefill come from the fitted CSVs (see isolated_ttft_s.text_3000_tokens).",
         "isolated_ttft_s": None,  # filled below
     }
