@@ -211,6 +211,7 @@ class _LReq(SimRequest):
     (-1 = not pooled; its token/block fields are then current)."""
 
     pool_g: int = -1
+    pool_seq: int = 0
 
 
 def _lreq(r: RequestStatus, target: int) -> _LReq:
@@ -323,6 +324,7 @@ class _FastLookahead:
                 B += 1
                 S += c + 1
                 seq += 1
+                r.pool_seq = seq
                 heap.append((G + r.target_output_tokens - g - 1, seq, r))
             else:
                 r.pool_g = -1
@@ -364,7 +366,9 @@ class _FastLookahead:
         running = self.running
         done = False
         while heap and heap[0][0] < G:
-            r = heapq.heappop(heap)[2]
+            _f, sq, r = heapq.heappop(heap)
+            if r.pool_seq != sq or r.pool_g < 0:
+                continue  # stale entry of a preempted request
             c_e = r.num_computed_tokens
             d = G - r.pool_g
             c = c_e + d
@@ -395,6 +399,7 @@ class _FastLookahead:
         self.B += 1
         self.S += c + 1
         self.seq += 1
+        r.pool_seq = self.seq
         heapq.heappush(self.heap, (G + r.target_output_tokens - r.num_generated_tokens - 1, self.seq, r))
 
     # -- admission test for jumps ---------------------------------------------------
@@ -436,7 +441,7 @@ class _FastLookahead:
             return False
         free = self.free - (self.cnt2[self.G % bs] if B else 0)
         if free < 0:
-            return False
+            return self._fcfs_preempt_step(t, True) if fcfs else False
         sched: list[tuple[_LReq, int, int]] = []
         for r in nondec:
             if budget <= 0:
@@ -448,7 +453,7 @@ class _FastLookahead:
             nb = -(-(c + n) // bs) - r.kv_blocks
             if nb > 0:
                 if nb > free:
-                    return False
+                    return self._fcfs_preempt_step(t, True) if fcfs else False
                 free -= nb
             else:
                 nb = 0
@@ -582,8 +587,81 @@ class _FastLookahead:
             return None
         free -= self.cnt2[self.G % bs]
         if free < 0:
-            return False
+            return self._fcfs_preempt_step(t, False) if fcfs else False
         return self._apply(t, sched, B, free, B, True)
+
+    def _fcfs_preempt_step(self, t: float, chunked: bool) -> float | bool:
+        """A step whose running pass runs out of KV blocks, under FCFS (victim = the last
+        running request): scan the running list in order, preempting from the tail until
+        each allocation fits (vLLM V1 `Scheduler.schedule()`); no admissions follow a
+        preemption. Returns the duration, or False for the careful path."""
+        run, G, bs = self.running, self.G, self.bs
+        F = self.free
+        budget = self.cfg.max_num_batched_tokens if chunked else MAX_LOOKAHEAD_STEPS
+        end = len(run)
+        i = 0
+        ents: list[tuple[_LReq, int, int]] = []
+        ntok = 0
+        while i < end and budget > 0:
+            r = run[i]
+            pg = r.pool_g
+            if pg >= 0:
+                n = 1
+                nb = 1 if (G - pg + r.num_computed_tokens) % bs == 0 else 0
+            else:
+                if not chunked:
+                    return False
+                c = r.num_computed_tokens
+                n = r.prompt_tokens + r.num_generated_tokens - c
+                if n > budget:
+                    n = budget
+                nb = -(-(c + n) // bs) - r.kv_blocks
+                if nb < 0:
+                    nb = 0
+            if nb > F:
+                while nb > F and end > i:
+                    end -= 1
+                    v = run[end]
+                    vg = v.pool_g
+                    F += -(-(v.num_computed_tokens + G - vg) // bs) if vg >= 0 else v.kv_blocks
+                if end == i:
+                    break
+            F -= nb
+            budget -= n
+            ntok += n
+            if pg < 0:
+                ents.append((r, n, nb))
+            i += 1
+        if end == len(run):
+            return False
+        for j in range(i, end):
+            if run[j].pool_g >= 0:
+                return False  # a pooled decoder would be left unscheduled
+        cnt2 = self.cnt2
+        victims = run[end:]
+        del run[end:]
+        for v in victims:
+            vg = v.pool_g
+            if vg >= 0:
+                c_e = v.num_computed_tokens
+                d = G - vg
+                rho = (vg - c_e) % bs
+                cnt2[rho] -= 1
+                cnt2[rho + bs] -= 1
+                self.B -= 1
+                self.S -= c_e + d + 1
+                v.num_generated_tokens += d
+                v.pool_g = -1
+            else:
+                self.nondec.remove(v)
+            v.num_computed_tokens = 0
+            v.kv_blocks = 0
+            v.num_preemptions += 1
+        self.waiting[:0] = victims
+        B = self.B
+        if not B and not ents:
+            return None
+        return self._apply(t, ents, B, F, ntok, True)
 
     # -- the loop -------------------------------------------------------------------
     def run(self, cand: _LReq, t0: float) -> LatencyEstimate:
@@ -691,3 +769,52 @@ class _FastLookahead:
         while elapsed(k) < gap_s:
             k += 1
         return k
+
+
+def _lreq_from_sim(r: SimRequest, target: int) -> _LReq:
+    return _LReq(
+        r.request_id, r.arrival_s, r.prompt_tokens, target, r.modality, r.vision_tokens,
+        r.encoder_s, r.req_class, r.predicted_output_tokens, r.deadline_s,
+        r.num_computed_tokens, r.num_generated_tokens, r.kv_blocks,
+    )
+
+
+def _expected_sim(r: SimRequest, ext: int, dflt: int) -> int:
+    pred = r.predicted_output_tokens if r.predicted_output_tokens else dflt
+    g = r.num_generated_tokens
+    return g + ext if g >= pred else pred
+
+
+def predict_instance(
+    inst: InstanceSim,
+    now_s: float,
+    candidate: CandidateRequest,
+    *,
+    policy: InstancePolicy | None = None,
+    extension_tokens: int = 10,
+    default_output_tokens: int = 256,
+) -> LatencyEstimate:
+    """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
+    without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
+
+    The look-ahead sees each request's `predicted_output_tokens` (never its true
+    `target_output_tokens`), as a Predictor reading `/status` does. Same errors as
+    `predict`.
+    """
+    cfg = inst.config
+    if candidate.prompt_tokens + candidate.predicted_output_tokens > cfg.max_model_len:
+        raise AstroUserError(
+            f"prompt + output = {candidate.prompt_tokens + candidate.predicted_output_tokens} "
+            f"tokens exceeds max_model_len {cfg.max_model_len}", field="candidate",
+        )
+    c0 = candidate_to_sim(candidate, now_s)
+    cand = _LReq(
+        c0.request_id, c0.arrival_s, c0.prompt_tokens, c0.target_output_tokens, c0.modality,
+        c0.vision_tokens, c0.encoder_s, c0.req_class, c0.predicted_output_tokens, c0.deadline_s,
+    )
+    ext, dflt = extension_tokens, default_output_tokens
+    running = [_lreq_from_sim(r, _expected_sim(r, ext, dflt)) for r in inst.running]
+    waiting = [_lreq_from_sim(r, _expected_sim(r, ext, dflt)) for r in inst.waiting]
+    return _FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
+        cand, now_s
+    )

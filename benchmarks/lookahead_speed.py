@@ -1,0 +1,114 @@
+"""Look-ahead speed: microseconds per `predict` (jump) vs `predict_stepwise` (reference).
+
+Snapshots are built from the Astrolabe ShareGPT/Llama-2 length trace
+($ASTRO_DATA_DIR/traces/astrolabe_sharegpt_val_10k_llama2.csv: prompt and output tokens
+per request): R running requests caught at a uniformly random point of their decode
+(prompt computed, KV blocks = ceil(computed / 16), skipped if the 1056-block pool would
+overflow), W waiting requests, and a candidate, all with oracle predicted lengths, on the
+`llama-2-7b-a30` profile (block 16, 1056 blocks, max 48 seqs, chunk 512).
+
+Prints one row per (running, waiting): median and p99 µs of the jump look-ahead, the
+step-by-step median on a subset, their ratio, mean steps simulated and mean events.
+
+    .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+from rps_astro_cli.data_paths import data_dir
+from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
+from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.status import InstanceStatus, RequestStatus
+
+
+def load_lengths() -> np.ndarray:
+    path = data_dir() / "traces" / "astrolabe_sharegpt_val_10k_llama2.csv"
+    d = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1), dtype=np.int64)
+    return d[(d[:, 0] > 0) & (d[:, 1] > 0)]
+
+
+def make_snapshot(lengths: np.ndarray, cfg: InstanceConfig, n_running: int, n_waiting: int,
+                  rng: np.random.Generator) -> tuple[InstanceStatus, CandidateRequest]:
+    bs = cfg.block_size
+    running: list[RequestStatus] = []
+    used = 0
+    tries = 0
+    while len(running) < n_running and tries < 100 * n_running:
+        tries += 1
+        p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
+        if o < 2 or p + o > cfg.max_model_len:
+            continue
+        g = int(rng.integers(1, o))
+        c = p + g - 1
+        kv = -(-c // bs)
+        if used + kv > cfg.num_gpu_blocks - 8:
+            continue
+        used += kv
+        running.append(RequestStatus(f"r{len(running)}", 0.0, p, c, g, o, kv_blocks=kv))
+    waiting = []
+    while len(waiting) < n_waiting:
+        p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
+        if p + o <= cfg.max_model_len:
+            waiting.append(RequestStatus(f"w{len(waiting)}", 0.5, p, 0, 0, o))
+    while True:
+        p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
+        if p + o <= cfg.max_model_len:
+            break
+    status = InstanceStatus("bench", 1.0, cfg, cfg.num_gpu_blocks - used, tuple(running), tuple(waiting))
+    return status, CandidateRequest(p, o)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--snapshots", type=int, default=200, help="snapshots per cell (fast look-ahead)")
+    ap.add_argument("--stepwise", type=int, default=15, help="snapshots per cell also timed step by step")
+    ap.add_argument("--profile", default="llama-2-7b-a30")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    prof = load_profile(args.profile)
+    cfg = InstanceConfig.from_profile(prof)
+    lengths = load_lengths()
+    rng = np.random.default_rng(args.seed)
+    policy = FCFSPolicy()
+    print(f"profile {prof.profile_id}; blocks {cfg.num_gpu_blocks}×{cfg.block_size}, "
+          f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}")
+    print(f"{'running':>7} {'waiting':>7} | {'jump med µs':>11} {'jump p99 µs':>11} | "
+          f"{'step med µs':>11} {'ratio':>7} | {'steps':>7} {'events':>7} {'max rel diff':>12}")
+    for n_run in (8, 48):
+        for n_wait in (0, 50, 200):
+            snaps = [make_snapshot(lengths, cfg, n_run, n_wait, rng) for _ in range(args.snapshots)]
+            lat = LatencyModel(prof)  # warm memo, as a long-lived Predictor has
+            fast_us, steps, events = [], [], []
+            for st, cand in snaps:
+                t0 = time.perf_counter()
+                est = predict(st, cand, lat, policy)
+                fast_us.append((time.perf_counter() - t0) * 1e6)
+                steps.append(est.steps_simulated)
+                events.append(est.events)
+            slow_us, fast_sub, maxdiff = [], [], 0.0
+            for (st, cand), f_us in zip(snaps[: args.stepwise], fast_us[: args.stepwise]):
+                t0 = time.perf_counter()
+                ref = predict_stepwise(st, cand, lat, policy)
+                slow_us.append((time.perf_counter() - t0) * 1e6)
+                fast_sub.append(f_us)
+                est = predict(st, cand, lat, policy)
+                maxdiff = max(maxdiff, abs(est.e2e_s - ref.e2e_s) / ref.e2e_s,
+                              abs(est.ttft_s - ref.ttft_s) / ref.ttft_s)
+            med = float(np.median(fast_us))
+            p99 = float(np.percentile(fast_us, 99))
+            smed = float(np.median(slow_us)) if slow_us else float("nan")
+            ratio = smed / float(np.median(fast_sub)) if slow_us else float("nan")
+            print(f"{n_run:>7} {n_wait:>7} | {med:>11.0f} {p99:>11.0f} | {smed:>11.0f} {ratio:>6.0f}× | "
+                  f"{np.mean(steps):>7.0f} {np.mean(events):>7.0f} {maxdiff:>12.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

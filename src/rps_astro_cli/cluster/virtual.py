@@ -1,0 +1,340 @@
+"""Discrete-event, virtual-time cluster simulation.
+
+N `InstanceSim`s (each with its own instance policy) step independently; a
+`DispatchPolicy` places each request when it arrives (DESIGN.md §1, use 3: sweep request
+rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
+
+- arrival: the dispatcher builds an `InstanceLoad` per instance, asks `candidates()`,
+  and — when the policy `needs_predictions` — runs the jump look-ahead
+  (`sim.lookahead.predict_instance`) on each candidate instance, then `choose()`. The
+  decision takes no virtual time; its wall-clock µs are recorded.
+- enqueue: the request reaches the chosen engine's waiting queue after its
+  preprocessing time (`preprocess_s`, 0 for text); an idle instance starts a step.
+- step end: an instance's step (formed at its start by `InstanceSim.step`) completes;
+  its finished requests are recorded and the next step starts at once if work remains.
+
+An instance's state is applied when its step is formed (tokens are stamped at the step's
+end), so a status read mid-step shows the state as of the step's end. A look-ahead for a
+busy instance therefore starts at that end time (the candidate still arrives at
+now + preprocess) and its estimates are shifted back to "seconds from now".
+
+Ties at equal times: arrivals, then enqueues, then step ends; within a kind, by sequence.
+All randomness (the dispatch policy's sampling and tie-breaks) comes from the one
+`numpy.random.Generator` passed in, so a run is deterministic for a seed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
+from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.request import SimRequest
+
+_ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
+
+
+@dataclass(frozen=True, slots=True)
+class TimedRequest:
+    """One request of a virtual workload.
+
+    request_id: unique id. arrival_s: arrival at the dispatcher (virtual seconds).
+    prompt_tokens: prompt length incl. vision tokens (tokens, ≥ 1).
+    output_tokens: true output length; the engine generates exactly this many (≥ 1).
+    predicted_output_tokens: what the dispatcher and Predictors see (tokens); None =
+        the true length (oracle). Clipped to [1, max_model_len - prompt_tokens].
+    modality: text / image / video. vision_tokens: tokens from media (included in
+        prompt_tokens). encoder_s: vision-encoder seconds charged to the step holding
+        its first prefill chunk. preprocess_s: CPU preprocessing seconds between
+        dispatch and the engine queue. req_class: sand / pebbles / rocks or None.
+    deadline_s: absolute deadline (virtual seconds) for deadline-aware policies, or None.
+    """
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    predicted_output_tokens: int | None = None
+    modality: str = "text"
+    vision_tokens: int = 0
+    encoder_s: float = 0.0
+    preprocess_s: float = 0.0
+    req_class: str | None = None
+    deadline_s: float | None = None
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request (times in virtual seconds).
+
+    instance: index of the instance it was sent to. dispatch_s: decision time (= arrival).
+    enqueue_s: reached the engine queue (dispatch + preprocess). first_scheduled_s: its
+    first step started. first_token_s / finish_s: first / last output token.
+    num_preemptions: times it was preempted by recompute. predicted_ttft_s /
+    predicted_e2e_s: the chosen instance's look-ahead (seconds from arrival), when the
+    policy predicted. decide_us: wall-clock microseconds the decision took.
+    """
+
+    request_id: str
+    instance: int
+    arrival_s: float
+    dispatch_s: float
+    enqueue_s: float
+    first_scheduled_s: float | None
+    first_token_s: float | None
+    finish_s: float | None
+    prompt_tokens: int
+    output_tokens: int
+    predicted_output_tokens: int
+    num_preemptions: int
+    modality: str = "text"
+    req_class: str | None = None
+    predicted_ttft_s: float | None = None
+    predicted_e2e_s: float | None = None
+    decide_us: float = 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        """Time to first token from arrival (seconds)."""
+        assert self.first_token_s is not None
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float:
+        """End-to-end latency from arrival (seconds)."""
+        assert self.finish_s is not None
+        return self.finish_s - self.arrival_s
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ClusterResult:
+    """A virtual-cluster run.
+
+    records: one per request, in input order. preemptions_per_instance /
+    steps_per_instance / requests_per_instance: per-instance totals. makespan_s: virtual
+    time of the last finish. wall_s: wall-clock seconds the simulation took.
+    dispatch: the dispatch policy's `describe()`.
+    """
+
+    records: list[RequestRecord]
+    preemptions_per_instance: list[int]
+    steps_per_instance: list[int]
+    requests_per_instance: list[int]
+    makespan_s: float
+    wall_s: float
+    dispatch: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions_per_instance)
+
+
+def _validate(requests: Sequence[TimedRequest], cfg: InstanceConfig) -> None:
+    seen: set[str] = set()
+    for r in requests:
+        where = f"request {r.request_id!r}"
+        if r.request_id in seen:
+            raise AstroUserError(f"{where}: duplicate request_id", field="request_id")
+        seen.add(r.request_id)
+        if r.prompt_tokens < 1:
+            raise AstroUserError(f"{where}: prompt_tokens must be ≥ 1, got {r.prompt_tokens}", field="prompt_tokens")
+        if r.output_tokens < 1:
+            raise AstroUserError(f"{where}: output_tokens must be ≥ 1, got {r.output_tokens}", field="output_tokens")
+        if r.prompt_tokens + r.output_tokens > cfg.max_model_len:
+            raise AstroUserError(
+                f"{where}: prompt + output = {r.prompt_tokens + r.output_tokens} tokens exceeds "
+                f"max_model_len {cfg.max_model_len}", field="output_tokens",
+                fix="drop or truncate such requests when building the workload",
+            )
+        if r.arrival_s < 0 or r.preprocess_s < 0 or r.encoder_s < 0:
+            raise AstroUserError(f"{where}: times must be ≥ 0", field="arrival_s")
+
+
+def simulate_cluster(
+    requests: Sequence[TimedRequest],
+    num_instances: int,
+    dispatch: DispatchPolicy,
+    latency: LatencyModel | ExecutionProfile,
+    config: InstanceConfig | None = None,
+    instance_policy_factory: Callable[[], InstancePolicy] | None = None,
+    rng: np.random.Generator | None = None,
+    *,
+    extension_tokens: int = 10,
+    default_output_tokens: int = 256,
+) -> ClusterResult:
+    """Run `requests` through `num_instances` simulated instances in virtual time.
+
+    requests: the workload (any order; processed by arrival time, ties by input order).
+    dispatch: a `DispatchPolicy` (`dispatch.make_dispatch(name)`); it keeps its own
+        state (round-robin's turn), so pass a fresh one per run.
+    latency: step-latency model, or a profile to build one from.
+    config: batching limits; default `InstanceConfig.from_profile(profile)`.
+    instance_policy_factory: makes each instance's local policy (default FCFS).
+    rng: the run's only source of randomness (required).
+    extension_tokens / default_output_tokens: the look-ahead's auto-extension rule.
+
+    Returns a `ClusterResult` (records in input order).
+
+    Raises:
+        AstroUserError: num_instances < 1, no rng, or a malformed request (names it).
+    """
+    if num_instances < 1:
+        raise AstroUserError(f"must be ≥ 1, got {num_instances}", field="num_instances")
+    if rng is None:
+        raise AstroUserError("simulate_cluster needs a numpy Generator", field="rng",
+                             fix="pass rng=numpy.random.default_rng(seed)")
+    lat = latency if isinstance(latency, LatencyModel) else LatencyModel(latency)
+    cfg = config or InstanceConfig.from_profile(lat.profile)
+    _validate(requests, cfg)
+    factory = instance_policy_factory or FCFSPolicy
+    sims = [InstanceSim(cfg, lat, factory()) for _ in range(num_instances)]
+    bs = cfg.block_size
+    max_len = cfg.max_model_len
+    busy_until = [0.0] * num_instances
+    stepping = [False] * num_instances
+    pending_finished: list[list[SimRequest]] = [[] for _ in range(num_instances)]
+    outstanding = [0] * num_instances
+    dispatched = [0] * num_instances
+    needs_pred = dispatch.needs_predictions
+    needs_status = dispatch.needs_status
+
+    n = len(requests)
+    records: list[RequestRecord | None] = [None] * n
+    sim_reqs: list[SimRequest | None] = [None] * n
+    heap: list[tuple[float, int, int, int]] = []
+    seq = 0
+    for idx, r in enumerate(requests):
+        heap.append((r.arrival_s, _ARRIVAL, idx, idx))
+    seq = n
+    heapq.heapify(heap)
+    index_of: dict[int, int] = {}
+    makespan = 0.0
+    t_wall = time.perf_counter()
+
+    def start_step(i: int, now: float) -> None:
+        nonlocal seq
+        res = sims[i].step(now)
+        if res.scheduled:
+            end = now + res.duration_s
+            busy_until[i] = end
+            stepping[i] = True
+            pending_finished[i] = res.finished
+            seq += 1
+            heapq.heappush(heap, (end, _STEP_END, seq, i))
+        else:
+            stepping[i] = False
+
+    while heap:
+        now, kind, _s, x = heapq.heappop(heap)
+        if kind == _STEP_END:
+            i = x
+            fin = pending_finished[i]
+            if fin:
+                outstanding[i] -= len(fin)
+                for sr in fin:
+                    rec = records[index_of[id(sr)]]
+                    assert rec is not None
+                    rec.first_scheduled_s = sr.first_scheduled_s
+                    rec.first_token_s = sr.first_token_s
+                    rec.finish_s = sr.finish_s
+                    rec.num_preemptions = sr.num_preemptions
+                makespan = now
+            pending_finished[i] = []
+            start_step(i, now)
+            continue
+        if kind == _ENQUEUE:
+            i = records[x].instance  # type: ignore[union-attr]
+            sr = sim_reqs[x]
+            assert sr is not None
+            sr.arrival_s = now
+            sims[i].add(sr)
+            if not stepping[i]:
+                start_step(i, now)
+            continue
+        # arrival: dispatch
+        req = requests[x]
+        pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
+        pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
+        t0 = time.perf_counter()
+        loads = []
+        for i, sim in enumerate(sims):
+            need = None
+            if needs_status:
+                need = 0
+                for w in sim.waiting:
+                    nb = -(-w.prompt_tokens // bs) - w.kv_blocks
+                    if nb > 0:
+                        need += nb
+            loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
+                                      len(sim.running), len(sim.waiting), need))
+        cands = dispatch.candidates(loads, rng)
+        preds: dict[int, LatencyEstimate] = {}
+        if needs_pred:
+            cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
+                                    req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
+            for i in cands:
+                t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
+                c = cand
+                if t_snap > now:
+                    c = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
+                                         req.encoder_s, max(0.0, now + req.preprocess_s - t_snap),
+                                         req.req_class, req.deadline_s)
+                est = predict_instance(sims[i], t_snap, c, extension_tokens=extension_tokens,
+                                       default_output_tokens=default_output_tokens)
+                shift = t_snap - now
+                preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
+                                           est.steps_simulated, est.events)
+        decision = dispatch.choose(loads, cands, preds, rng)
+        decide_us = (time.perf_counter() - t0) * 1e6
+        i = decision.choice
+        chosen = preds.get(i)
+        outstanding[i] += 1
+        dispatched[i] += 1
+        enqueue_s = now + req.preprocess_s
+        records[x] = RequestRecord(
+            req.request_id, i, req.arrival_s, now, enqueue_s, None, None, None,
+            req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
+            chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
+        )
+        sr = SimRequest(
+            request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
+            target_output_tokens=req.output_tokens, modality=req.modality,
+            vision_tokens=req.vision_tokens, encoder_s=req.encoder_s, req_class=req.req_class,
+            predicted_output_tokens=pred_len, deadline_s=req.deadline_s,
+        )
+        sim_reqs[x] = sr
+        index_of[id(sr)] = x
+        if req.preprocess_s > 0:
+            seq += 1
+            heapq.heappush(heap, (enqueue_s, _ENQUEUE, seq, x))
+        else:
+            sims[i].add(sr)
+            if not stepping[i]:
+                start_step(i, now)
+
+    out = [r for r in records if r is not None]
+    assert len(out) == n
+    return ClusterResult(
+        records=out,
+        preemptions_per_instance=[s.num_preemptions_total for s in sims],
+        steps_per_instance=[s.num_steps_total for s in sims],
+        requests_per_instance=dispatched,
+        makespan_s=makespan,
+        wall_s=time.perf_counter() - t_wall,
+        dispatch=dispatch.describe(),
+    )
