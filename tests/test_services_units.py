@@ -1,0 +1,217 @@
+"""Service parts without a cluster: recipes, the baseline length model, the tagger and
+the Predictor (against a fake engine `/status` with a hand-made profile)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from rps_astro_cli.data_paths import RECIPES_DIR
+from rps_astro_cli.engine.sim_server import ServerThread
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.services import predictor as pred_mod
+from rps_astro_cli.services.config import ClusterConfig, load_recipe, parse_config, with_overrides
+from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengthModel, evaluate, fit
+from rps_astro_cli.services.tagger import Tagger, TaggerSettings, create_app as tagger_app
+from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.status import InstanceStatus, RequestStatus
+
+
+# -- recipes -------------------------------------------------------------------------
+def test_recipe_defaults_and_policy_params():
+    cfg = parse_config({"instances": 3, "scheduler": {"k": "all", "objective": "ttft"}})
+    assert cfg.instances == 3 and cfg.host == "127.0.0.1"
+    assert cfg.scheduler.policy_params() == {"k": "all", "objective": "ttft"}
+    assert parse_config({"scheduler": {"policy": "llumnix"}}).scheduler.policy_params() == {"variant": "astrolabe"}
+
+
+@pytest.mark.parametrize("data, field", [
+    ({"scheduler": {"k": 0}}, "scheduler.k"),
+    ({"scheduler": {"k": "some"}}, "scheduler.k"),
+    ({"scheduler": {"polcy": "random"}}, "scheduler.polcy"),
+    ({"scheduler": {"policy": "nope"}}, "scheduler.policy"),
+    ({"instances": 0}, "instances"),
+    ({"engine": {"time_scale": 0}}, "engine.time_scale"),
+    ({"predictor": {"enabled": False}}, "predictor.enabled"),
+])
+def test_recipe_errors_name_the_field(data, field):
+    with pytest.raises(AstroUserError) as ei:
+        parse_config(data)
+    assert ei.value.field == field
+    assert field in str(ei.value)
+
+
+def test_shipped_recipe_loads_and_overrides_apply():
+    cfg = load_recipe(RECIPES_DIR / "astrolabe-llama2-7b-a30.yaml")
+    assert cfg.instances == 12
+    assert cfg.engine.profile == "llama-2-7b-a30" and cfg.engine.max_num_seqs == 48
+    assert cfg.engine.num_gpu_blocks == 1056 and cfg.engine.max_num_batched_tokens == 512
+    assert cfg.scheduler.policy == "power_of_k" and cfg.scheduler.k == 2
+    out = with_overrides(cfg, {"instances": 4, "scheduler.k": "all", "engine.time_scale": None})
+    assert out.instances == 4 and out.scheduler.k == "all" and out.engine.time_scale == cfg.engine.time_scale
+    with pytest.raises(AstroUserError, match="--recipe"):
+        load_recipe("no-such-recipe")
+
+
+def test_default_config_is_valid():
+    assert ClusterConfig().scheduler.k == 2
+
+
+# -- baseline length model -------------------------------------------------------------
+def test_bin_median_predicts_by_bin():
+    m = BinMedianLengthModel(edges_tokens=(10, 100), median_output_tokens=(50, 200, 400), max_output_tokens=300)
+    assert [m.predict_tokens(p) for p in (1, 10, 11, 100, 101, 10_000)] == [50, 50, 200, 200, 300, 300]
+
+
+def test_fit_and_evaluate_by_hand():
+    pairs = [(1, 10), (2, 20), (3, 30), (10, 100), (11, 110), (12, 120)]
+    m = fit(pairs, n_bins=2)
+    # median prompt of [1,2,3,10,11,12] = 6.5 → edge 6; bin 0 replies 10,20,30 → 20; bin 1 → 110
+    assert m.edges_tokens == (6,) and m.median_output_tokens == (20, 110)
+    ev = evaluate(m, pairs)
+    assert ev["mae_tokens"] == pytest.approx((10 + 0 + 10 + 10 + 0 + 10) / 6)
+
+
+def test_shipped_baseline_artifact_loads_with_metrics():
+    d = json.loads(Path(BASELINE_PATH).read_text())
+    assert d["kind"] == "bin_median" and d["metrics"]["held_out"]["n"] > 0
+    m = BinMedianLengthModel.load()
+    assert m.predict_tokens(5) == d["median_output_tokens"][0]
+
+
+def test_corrupt_length_model_is_named(tmp_path):
+    p = tmp_path / "model.json"
+    p.write_text('{"kind": "bin_median", "edges_tokens": [1]}')
+    with pytest.raises(AstroUserError, match="length_model"):
+        BinMedianLengthModel.load(p)
+
+
+# -- tagger ----------------------------------------------------------------------------
+@pytest.fixture()
+def hand_model(tmp_path) -> str:
+    p = tmp_path / "model.json"
+    p.write_text(json.dumps({"kind": "bin_median", "edges_tokens": [10], "median_output_tokens": [77, 500]}))
+    return str(p)
+
+
+def test_tagger_counts_and_predicts(hand_model):
+    t = Tagger(TaggerSettings(length_model=hand_model))
+    # chat: primer 3 + per message 3 + "user" 1 + "hello world" (2 + 2) = 11 tokens → bin 1
+    out = t.tag({"messages": [{"role": "user", "content": "hello world"}]})
+    assert out["prompt_tokens"] == 11 and out["predicted_output_tokens"] == 500
+    assert out["modality"] == "text" and out["vision_tokens"] == 0
+    # completions: "hi" = 1 token → bin 0
+    assert t.tag({"prompt": "hi"})["predicted_output_tokens"] == 77
+
+
+def test_tagger_http_errors_name_field(hand_model):
+    with TestClient(tagger_app(TaggerSettings(length_model=hand_model, max_body_bytes=200))) as c:
+        r = c.post("/tag", content=b"{nope")
+        assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+        r = c.post("/tag", json={"messages": []})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "messages"
+        r = c.post("/tag", json={"prompt": "x" * 500})
+        assert r.status_code == 413
+        r = c.post("/tag", json={"prompt": "hello"})
+        assert r.status_code == 200 and r.json()["predicted_output_tokens"] == 77
+        assert "astro_tagger_requests_total" in c.get("/metrics").text
+
+
+# -- predictor -------------------------------------------------------------------------
+def hand_profile() -> ExecutionProfile:
+    """step = 10 ms + 0.1 ms per token (no attention terms)."""
+    return ExecutionProfile(profile_id="hand", model="hand/model", gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
+                            token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
+                            prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=64, max_model_len=1024)
+
+
+LIMITS = InstanceConfig(block_size=16, num_gpu_blocks=64, max_num_seqs=4, max_num_batched_tokens=512,
+                        max_model_len=1024)
+# One running request (100-token prompt computed, 1 of 3 predicted tokens generated).
+STATUS = InstanceStatus("e0", 5.0, LIMITS, 57, running=(RequestStatus("r1", 4.0, 100, 100, 1, 3, kv_blocks=7),),
+                        profile_id="hand")
+
+
+class FakeEngine:
+    """A `/status` endpoint that counts its fetches."""
+
+    def __init__(self, snapshot: InstanceStatus):
+        self.fetches = 0
+        self.app = FastAPI()
+
+        @self.app.get("/status")
+        def status():
+            self.fetches += 1
+            return snapshot.to_dict()
+
+
+@pytest.fixture()
+def profile_path(tmp_path) -> str:
+    p = tmp_path / "hand.json"
+    p.write_text(json.dumps(hand_profile().to_dict()))
+    return str(p)
+
+
+def test_predictor_by_hand(profile_path):
+    """Candidate 100-token prompt, 3 output tokens, beside r1:
+    step 1: r1 decode + candidate prefill 100 → 101 tokens → 10 + 10.1 ms = 20.1 ms (TTFT);
+    step 2: two decodes → 10.2 ms (r1 ends at its predicted 3); step 3: one decode → 10.1 ms.
+    E2E = 20.1 + 10.2 + 10.1 = 40.4 ms."""
+    p = pred_mod.Predictor(pred_mod.PredictorSettings("http://unused", profile=profile_path))
+    cand, objective = pred_mod.parse_candidate({"prompt_tokens": 100, "predicted_output_tokens": 3})
+    est = p.predict(STATUS, cand)
+    assert objective == "e2e"
+    assert est.ttft_s == pytest.approx(0.0201) and est.e2e_s == pytest.approx(0.0404)
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"predicted_output_tokens": 3}, "prompt_tokens"),
+    ({"prompt_tokens": 0, "predicted_output_tokens": 3}, "prompt_tokens"),
+    ({"prompt_tokens": 5, "predicted_output_tokens": "3"}, "predicted_output_tokens"),
+    ({"prompt_tokens": 5, "predicted_output_tokens": 3, "modality": "audio"}, "modality"),
+    ({"prompt_tokens": 5, "predicted_output_tokens": 3, "objective": "cost"}, "objective"),
+    ({"prompt_tokens": 5, "predicted_output_tokens": 3, "encoder_s": -1}, "encoder_s"),
+])
+def test_predict_bad_candidate_names_field(body, field):
+    with pytest.raises(pred_mod.HTTPUserError) as ei:
+        pred_mod.parse_candidate(body)
+    assert ei.value.param == field and ei.value.status == 400
+
+
+def test_predictor_service_caches_status_and_exports_metrics(profile_path):
+    fake = FakeEngine(STATUS)
+    with ServerThread(fake.app) as eng:
+        settings = pred_mod.PredictorSettings(eng.url, status_cache_s=0.5, profile=profile_path)
+        with TestClient(pred_mod.create_app(settings)) as c:
+            body = {"prompt_tokens": 100, "predicted_output_tokens": 3, "objective": "ttft"}
+            r1 = c.post("/predict", json=body).json()
+            r2 = c.post("/predict", json=body).json()
+            assert fake.fetches == 1  # second answer came from the 0.5 s cache
+            assert r1["ttft_s"] == pytest.approx(0.0201) and r1["e2e_s"] == pytest.approx(0.0404)
+            assert r1["objective_s"] == r1["ttft_s"] and r1["instance_id"] == "e0"
+            assert r2["snapshot_age_s"] >= r1["snapshot_age_s"] >= 0
+            time.sleep(0.55)
+            c.post("/predict", json=body)
+            assert fake.fetches == 2  # cache expired
+            r = c.post("/predict", json={"prompt_tokens": 1000, "predicted_output_tokens": 100})
+            assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
+            m = c.get("/metrics").text
+            assert 'astro_predictor_requests_total{outcome="ok"} 3.0' in m
+            assert "astro_predictor_cpu_seconds_total" in m and "astro_predictor_predict_seconds_count 3.0" in m
+            assert "process_cpu_seconds_total" in m
+
+
+def test_predictor_engine_down_is_503(profile_path):
+    from rps_astro_cli.services.http_common import free_port
+
+    settings = pred_mod.PredictorSettings(f"http://127.0.0.1:{free_port()}", profile=profile_path)
+    with TestClient(pred_mod.create_app(settings)) as c:
+        r = c.post("/predict", json={"prompt_tokens": 10, "predicted_output_tokens": 3})
+        assert r.status_code == 503 and "engine status unavailable" in r.json()["error"]["message"]
+        assert "Traceback" not in r.text
