@@ -157,8 +157,12 @@ def test_shipped_profile_loads_with_sources_fit_and_monotone_latency(pid):
     for key in ("token_knots/token_s", "base_s", "per_seq_s", "decode_attn_s_per_ctx_token",
                 "prefill_attn_s_per_token_pair", "num_gpu_blocks"):
         assert p.sources.get(key), f"{pid}: no source for {key}"
-    lin = p.fit.get("linear_layers") or p.fit.get("linear_layers_source_qwen2_a30")
+    lin = p.fit["linear_layers"]
     assert lin["n_rows"] > 0 and 0 <= lin["mape_pct"] < 10 and lin["mae_ms"] >= 0
+    att = p.fit["attention"]
+    assert att["decode_attention"]["n_rows"] > 0 and att["prefill_attention"]["mape_pct"] >= 0
+    # only Qwen2-7B A30 has its own (usable) attention CSV; the others say theirs is transferred
+    assert ("own data" in att["measured_on"]) == (pid == "qwen2-7b-a30")
     lat = [p.shape_s(1, n) for n in range(1, 8193, 7)]
     assert all(b >= a for a, b in zip(lat, lat[1:]))
     assert p.decode_attn_s_per_ctx_token > 0 and p.prefill_attn_s_per_token_pair > 0

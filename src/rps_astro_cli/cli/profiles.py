@@ -17,7 +17,7 @@ def _summary(p) -> dict:  # p: ExecutionProfile
     from rps_astro_cli.sim.fit_profiles import sanity_report
 
     s = sanity_report(p)
-    lin = p.fit.get("linear_layers") or p.fit.get("linear_layers_source_qwen2_a30") or {}
+    lin = p.fit.get("linear_layers") or {}
     return {
         "profile_id": p.profile_id, "model": p.model, "gpu": p.gpu, "tp": p.tp,
         "num_gpu_blocks": p.num_gpu_blocks, "max_num_seqs": p.max_num_seqs,
@@ -102,9 +102,10 @@ def register(app: typer.Typer) -> None:
     @grp.command("fit")
     @user_errors
     def fit_cmd(
+        out: Annotated[Path, typer.Option("--out", help="Folder to write <profile_id>.json files into "
+                                          "(artifacts/profiles replaces the shipped ones).")],
         data_dir: Annotated[Path | None, typer.Option("--data-dir", help="Folder with profiles/*.csv and traces/ "
                                                        "(default: $ASTRO_DATA_DIR or ../shared/data).")] = None,
-        out: Annotated[Path, typer.Option("--out", help="Folder to write <profile_id>.json files into.")] = Path("artifacts/profiles"),
         seed: SeedOpt = 0,
     ) -> None:
         """Fit every shipped profile from Vidur-schema GPU profiling CSVs and write them."""

@@ -575,7 +575,7 @@ CPU_SOURCE = (
 
 def _assemble(
     *, profile_id: str, model: ModelShape, gpu: GpuSpec, tp: int, lin: LinearFit, att: AttentionFit,
-    att_layers: int, dec_scale: float, pre_scale: float, att_note: str, limits: dict[str, int],
+    dec_scale: float, pre_scale: float, att_note: str, limits: dict[str, int],
     blocks_txt: str, output_len: OutputLengthDist | None, out_src: dict[str, Any] | None,
     vision: VisionCosts | None = None, vision_src: dict[str, Any] | None = None,
     extra_sources: dict[str, Any] | None = None, extra_fit: dict[str, Any] | None = None,
@@ -614,11 +614,12 @@ def _assemble(
     fit: dict[str, Any] = {
         "holdout": f"seeded numpy Generator, {int(HOLDOUT_FRAC * 100)}% of rows per CSV held out",
         **lin.error,
-        **({"attention_" + k: v for k, v in att.error.items()} if not att_note else
-           {"attention_source_" + k: v for k, v in att.error.items()}),
+        "attention": {
+            **att.error,
+            "measured_on": att.file + (" (this profile's own data)" if not att_note else
+                                       " — transferred to this profile, transfer not validated: " + att_note),
+        },
     }
-    if att_note:
-        fit["attention_note"] = att_note
     if extra_fit:
         fit.update(extra_fit)
     return ExecutionProfile(
@@ -660,7 +661,8 @@ def build_profiles(data_dir: Path, seed: int = 0) -> list[ExecutionProfile]:
     # ---- Llama-2-7B on A30 (Astrolabe default) ----
     kv_ratio_l7_q = LLAMA2_7B.kv_bytes_per_token_per_layer() / QWEN2_7B.kv_bytes_per_token_per_layer()
     q_ratio_l7_q = LLAMA2_7B.q_width() / QWEN2_7B.q_width()
-    lin_l7_a30 = fit_linear_layers(pdir / "astrolabe__a30__Llama-2-7b-hf__mlp.csv", tp=1, num_layers=32, rng=rng("astrolabe__a30__Llama-2-7b-hf__mlp.csv"),
+    lin_l7_a30 = fit_linear_layers(pdir / "astrolabe__a30__Llama-2-7b-hf__mlp.csv", tp=1, num_layers=32,
+                              rng=rng("astrolabe__a30__Llama-2-7b-hf__mlp.csv"),
                                    kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0) * kv_ratio_l7_q)
     comp = compare_llama7b_attention(qwen_att)
     note = (f"Llama-2-7B attention CSV absent: Qwen2-7B A30 fit scaled — decode × KV bytes per token per layer "
@@ -669,7 +671,7 @@ def build_profiles(data_dir: Path, seed: int = 0) -> list[ExecutionProfile]:
             f"Alternatives in sources.llama7b_attention_alternatives.")
     profiles.append(_assemble(
         profile_id="llama-2-7b-a30", model=LLAMA2_7B, gpu=A30, tp=1, lin=lin_l7_a30, att=qwen_att,
-        att_layers=32, dec_scale=kv_ratio_l7_q, pre_scale=q_ratio_l7_q, att_note=note,
+        dec_scale=kv_ratio_l7_q, pre_scale=q_ratio_l7_q, att_note=note,
         limits={**ASTROLABE_LIMITS, "num_gpu_blocks": 1056},
         blocks_txt="1056: the Astrolabe paper's setup (A30-24GB, Llama-2-7B FP16); the weights-only formula "
         + num_gpu_blocks(A30, LLAMA2_7B)[1] + " (the gap is activation/CUDA-graph memory)",
@@ -679,37 +681,40 @@ def build_profiles(data_dir: Path, seed: int = 0) -> list[ExecutionProfile]:
     # ---- Llama-2-7B on A100-80GB (Vidur data) ----
     rejected = reject_70b_attention(l70_att)
     dec_s, pre_s, att_note = transfer_attention(qwen_att, LLAMA2_7B, 1, A100_80)
-    lin_l7_a100 = fit_linear_layers(pdir / "vidur__a100__Llama-2-7b-hf__mlp.csv", tp=1, num_layers=32, rng=rng("vidur__a100__Llama-2-7b-hf__mlp.csv"),
+    lin_l7_a100 = fit_linear_layers(pdir / "vidur__a100__Llama-2-7b-hf__mlp.csv", tp=1, num_layers=32,
+                              rng=rng("vidur__a100__Llama-2-7b-hf__mlp.csv"),
                                     kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0) * dec_s)
     blocks, btxt = num_gpu_blocks(A100_80, LLAMA2_7B)
     profiles.append(_assemble(
         profile_id="llama-2-7b-a100", model=LLAMA2_7B, gpu=A100_80, tp=1, lin=lin_l7_a100, att=qwen_att,
-        att_layers=32, dec_scale=dec_s, pre_scale=pre_s, att_note=att_note,
+        dec_scale=dec_s, pre_scale=pre_s, att_note=att_note,
         limits={**ASTROLABE_LIMITS, "num_gpu_blocks": blocks},
         blocks_txt=btxt + " (GPU memory assumed 80 GiB: Vidur's a100 device SKU is A100-80GB)",
         output_len=out_len, out_src=out_src, extra_sources={"rejected_attention_data": rejected},
     ))
 
     # ---- Qwen2-7B on A30 ----
-    lin_q_a30 = fit_linear_layers(pdir / "astrolabe__a30__Qwen-2-7B__mlp.csv", tp=1, num_layers=28, rng=rng("astrolabe__a30__Qwen-2-7B__mlp.csv"),
+    lin_q_a30 = fit_linear_layers(pdir / "astrolabe__a30__Qwen-2-7B__mlp.csv", tp=1, num_layers=28,
+                              rng=rng("astrolabe__a30__Qwen-2-7B__mlp.csv"),
                                   kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0))
     blocks, btxt = num_gpu_blocks(A30, QWEN2_7B)
     profiles.append(_assemble(
         profile_id="qwen2-7b-a30", model=QWEN2_7B, gpu=A30, tp=1, lin=lin_q_a30, att=qwen_att,
-        att_layers=28, dec_scale=1.0, pre_scale=1.0, att_note="",
+        dec_scale=1.0, pre_scale=1.0, att_note="",
         limits={**ASTROLABE_LIMITS, "num_gpu_blocks": blocks}, blocks_txt=btxt,
         output_len=None, out_src={"note": "default lognormal(5.3, 1.0): no Qwen2 output-length trace here"},
     ))
 
     # ---- Llama-2-70B TP4 on A100-40GB ----
     dec_s, pre_s, att_note = transfer_attention(qwen_att, LLAMA2_70B, 4, A100_40)
-    lin_70 = fit_linear_layers(pdir / "astrolabe__a100_40gb__Llama-2-70b-hf__mlp.csv", tp=4, num_layers=80, rng=rng("astrolabe__a100_40gb__Llama-2-70b-hf__mlp.csv"),
+    lin_70 = fit_linear_layers(pdir / "astrolabe__a100_40gb__Llama-2-70b-hf__mlp.csv", tp=4, num_layers=80,
+                              rng=rng("astrolabe__a100_40gb__Llama-2-70b-hf__mlp.csv"),
                                hidden=8192, kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0) * dec_s,
                                allreduce_csv=pdir / "astrolabe__network__a100_40gb_pairwise_nvlink__all_reduce.csv")
     blocks, btxt = num_gpu_blocks(A100_40, LLAMA2_70B, tp=4)
     profiles.append(_assemble(
         profile_id="llama-2-70b-tp4-a100-40gb", model=LLAMA2_70B, gpu=A100_40, tp=4, lin=lin_70, att=qwen_att,
-        att_layers=80, dec_scale=dec_s, pre_scale=pre_s, att_note=att_note,
+        dec_scale=dec_s, pre_scale=pre_s, att_note=att_note,
         limits={**ASTROLABE_LIMITS, "num_gpu_blocks": blocks}, blocks_txt=btxt + " (per GPU; KV heads split over TP4)",
         output_len=out_len, out_src=out_src, extra_sources={"rejected_attention_data": rejected},
     ))
@@ -797,9 +802,11 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
     vals = list(np.maximum.accumulate(np.asarray(vals)))
     ratio = {str(k): round(lin_l7_a100.at(k) / lin_l7_a30.at(k), 3) for k in knots}
     lin = LinearFit(knots, [float(v) for v in vals], {
-        "linear_layers_source_qwen2_a30": lin_q_a30.error["linear_layers"],
-        "linear_layers_transfer_note": "A30→A100 transfer not validated (no Qwen2 A100 CSV); source fit errors: "
-        "Qwen2 A30, Llama-2-7B A30 and A100 in their own profiles",
+        "linear_layers": {
+            **lin_q_a30.error["linear_layers"],
+            "what": "held-out error of the source fit (Qwen2-7B A30 mlp CSV); the A30→A100 transfer is not "
+            "validated (no Qwen2 A100 CSV); Llama-2-7B A30/A100 fit errors are in their own profiles",
+        },
     }, {
         "files": ["astrolabe__a30__Qwen-2-7B__mlp.csv", "vidur__a100__Llama-2-7b-hf__mlp.csv",
                   "astrolabe__a30__Llama-2-7b-hf__mlp.csv"],
@@ -835,7 +842,7 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
     blocks, btxt = num_gpu_blocks(A100_40, model)
     prof = _assemble(
         profile_id="llava-onevision-7b-a100", model=model, gpu=A100_40, tp=1, lin=lin, att=qwen_att,
-        att_layers=28, dec_scale=dec_s, pre_scale=pre_s, att_note=note,
+        dec_scale=dec_s, pre_scale=pre_s, att_note=note,
         limits={"block_size": 16, "num_gpu_blocks": blocks, "max_num_seqs": 256,
                 "max_num_batched_tokens": 2048, "max_model_len": 32768},
         blocks_txt=btxt + " (A100-40GB as in the RPS-Serve setup; 8.03e9 params incl. SigLIP vision tower)",
@@ -891,7 +898,8 @@ def write_profiles(profiles: list[ExecutionProfile], out_dir: Path) -> list[Path
     paths = []
     for p in profiles:
         path = out_dir / f"{p.profile_id}.json"
-        path.write_text(json.dumps(p.to_dict(), indent=2, default=_json_default) + "\n")
+        path.write_text(json.dumps(p.to_dict(), indent=2, ensure_ascii=False, default=_json_default) + "\n",
+                        encoding="utf-8")
         paths.append(path)
     return paths
 
