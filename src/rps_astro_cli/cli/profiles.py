@@ -120,5 +120,5 @@ def register(app: typer.Typer) -> None:
         profiles = build_profiles(Path(d), seed)
         for path, p in zip(write_profiles(profiles, out), profiles):
             s = sanity_report(p)
-            console.print(f"wrote {path}: decode b1 {s['decode_b1_ctx500_ms']:.1f} ms, "
-                          f"prefill 512 {s['prefill_512_ms']:.1f} ms", highlight=False)
+            typer.echo(f"wrote {path}: decode b1 {s['decode_b1_ctx500_ms']:.1f} ms, "
+                       f"prefill 512 {s['prefill_512_ms']:.1f} ms")

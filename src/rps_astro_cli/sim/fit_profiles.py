@@ -352,7 +352,9 @@ def fit_linear_layers(
         per_op[op] = (kn, fit_piecewise(xs[op][tr], ys[op][tr], kn))
         excluded[op] = int((~goods[op]).sum())
     # a sum of piecewise-linear functions is piecewise linear on the union of their knots
-    kn_all = np.asarray(sorted({float(k) for kn, _ in per_op.values() for k in kn}), dtype=float)
+    # ... plus the full data range, so held-out end rows (e.g. 1 token) still get a knot
+    kn_all = np.asarray(sorted({float(k) for kn, _ in per_op.values() for k in kn} | {x0.min(), x0.max()}),
+                        dtype=float)
     per_op_vals = {op: eval_piecewise(kn, v, kn_all) for op, (kn, v) in per_op.items()}
     layer_vals = sum(per_op_vals[op] for op in LAYER_OPS)
     model_vals = layer_vals * num_layers + per_op_vals["emb"] + kv_save_ms_per_token_layer * kn_all * num_layers
