@@ -1,7 +1,169 @@
-"""Placeholder registration for the 'bench' command group (filled in by its issue)."""
+"""`astro bench`: run a workload against a live cluster / OpenAI-compatible server or the
+virtual cluster, print a Rich summary and write the report folder (library:
+`rps_astro_cli.bench.runner.run_bench`)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
 
 import typer
 
+from rps_astro_cli.cli.common import console, err_console, user_errors
+
+_DEFAULT_OUT = "bench-results"
+
+
+def _split(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    vals = [t.strip() for t in text.split(",") if t.strip()]
+    return vals or None
+
+
+@user_errors
+def bench(
+    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | llava-instruct | llava-video | burstgpt | azure | length-trace | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    path: Annotated[Optional[str], typer.Option("--path", help="Dataset file (else $ASTRO_DATA_DIR / ../shared/data, else hub, else synthetic).")] = None,
+    num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests per run.")] = 200,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and arrival generators.")] = 0,
+    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local HF tokenizer folder (default: the shared fallback counter).")] = None,
+    image_dir: Annotated[Optional[str], typer.Option("--image-dir", help="LLaVA-Instruct image folder (COCO train2017).")] = None,
+    video_dir: Annotated[Optional[str], typer.Option("--video-dir", help="LLaVA-Video video folder.")] = None,
+    max_frames: Annotated[int, typer.Option("--max-frames", help="Frames sampled per video.")] = 32,
+    min_tokens: Annotated[int, typer.Option("--min-tokens", help="ShareGPT filter: min prompt/reply tokens (vLLM: 4).")] = 4,
+    max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="ShareGPT filter: max prompt tokens (vLLM: 1024).")] = 1024,
+    max_total_tokens: Annotated[int, typer.Option("--max-total-tokens", help="Max prompt + reply tokens (vLLM: 2048).")] = 2048,
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson | gamma | constant | trace")] = "poisson",
+    request_rate: Annotated[str, typer.Option("--request-rate", help="Requests/s (> 0) or inf.")] = "inf",
+    burstiness: Annotated[Optional[str], typer.Option("--burstiness", help="Gamma shape (> 0; 1 = Poisson, inf = constant); implies --arrival gamma.")] = None,
+    time_scale: Annotated[str, typer.Option("--time-scale", help="Trace replay: multiply timestamps by this (> 0).")] = "1",
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
+    rates: Annotated[Optional[str], typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
+    cluster: Annotated[Optional[str], typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
+    base_url: Annotated[Optional[str], typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", help="Model name (default: the server's first /v1/models).")] = None,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (media always use chat).")] = "chat",
+    send_true_lengths: Annotated[bool, typer.Option("--send-true-lengths/--no-send-true-lengths", help="Send vllm_xargs.astro_output_tokens (the reply length) so sim engines reproduce it.")] = True,
+    ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Send ignore_eos: true (vLLM).")] = False,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Per-request read timeout (s).")] = 600.0,
+    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
+    virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
+    instances: Annotated[int, typer.Option("--instances", help="Virtual: number of instances.")] = 4,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
+    instance_policy: Annotated[str, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...).")] = "fcfs",
+    policies: Annotated[Optional[str], typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
+    k: Annotated[Optional[str], typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
+    oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Virtual: dispatch on true output lengths.")] = False,
+    prediction_noise: Annotated[float, typer.Option("--prediction-noise", help="Virtual: Gaussian noise σ on each latency prediction (1 = ±100%).")] = 0.0,
+    length_model: Annotated[Optional[str], typer.Option("--length-model", help="Virtual: length model (default: the tagger's baseline).")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Virtual: batch-size limit override.")] = None,
+    slo: Annotated[Optional[list[str]], typer.Option("--slo", help="SLO metric:seconds (ttft, tpot, e2el, nlat), repeatable; e.g. ttft:10.")] = None,
+    slo_scale: Annotated[Optional[float], typer.Option("--slo-scale", help="Relative SLO: E2E ≤ scale × isolated E2E (RPS-Serve).")] = None,
+    capacity: Annotated[bool, typer.Option("--capacity", help="Search the SLO capacity (highest rate meeting the goal).")] = False,
+    capacity_metric: Annotated[str, typer.Option("--capacity-metric", help="ttft | tpot | e2el | nlat")] = "ttft",
+    capacity_percentile: Annotated[float, typer.Option("--capacity-percentile", help="Percentile of the capacity goal.")] = 99.0,
+    capacity_threshold: Annotated[Optional[float], typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
+    capacity_max_rate: Annotated[float, typer.Option("--capacity-max-rate", help="Upper bound of the search (req/s).")] = 256.0,
+    fail_under: Annotated[Optional[float], typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
+    out: Annotated[Optional[str], typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
+    no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
+) -> None:
+    """Benchmark a cluster (live) or the virtual cluster: workloads, arrivals, honest metrics,
+    SLO capacity and a report folder."""
+    from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
+    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+
+    # Parse-time checks: bad numbers fail before anything starts.
+    rate = parse_positive(request_rate, "--request-rate")
+    b = parse_positive(burstiness, "--burstiness") if burstiness is not None else 1.0
+    ts = parse_positive(time_scale, "--time-scale", allow_inf=False)
+    if burstiness is not None and arrival == "poisson":
+        arrival = "gamma"
+    rate_list = parse_rates(rates) if rates is not None else None
+    out_dir = None if no_report else (out or f"{_DEFAULT_OUT}/{workload}-{time.strftime('%Y%m%d-%H%M%S')}")
+    cfg = BenchConfig(
+        workload=workload, path=path, num_requests=num_requests, seed=seed, tokenizer=tokenizer,
+        image_dir=image_dir, video_dir=video_dir, max_frames=max_frames, min_tokens=min_tokens,
+        max_prompt_tokens=max_prompt_tokens, max_total_tokens=max_total_tokens, arrival=arrival,
+        request_rate=rate, burstiness=b, time_scale=ts, max_concurrency=max_concurrency, rates=rate_list,
+        cluster=cluster, base_url=base_url, model=model, endpoint=endpoint, send_true_lengths=send_true_lengths,
+        ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual, instances=instances,
+        profile=profile, instance_policy=instance_policy, policies=_split(policies), ks=_split(k),
+        oracle_lengths=oracle_lengths, prediction_noise=prediction_noise, length_model=length_model,
+        max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
+        capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
+        capacity_threshold_s=capacity_threshold, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
+        out_dir=out_dir)
+    result = _run_with_progress(cfg, run_bench)
+    print_summary(result)
+    if result.out_dir:
+        console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl")
+    for reason in result.exit_reasons:
+        err_console.print(f"[bold red]fail:[/] {reason}", highlight=False)
+    if result.exit_code:
+        raise typer.Exit(result.exit_code)
+
+
+def _run_with_progress(cfg, run_bench):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TextColumn("ok {task.fields[ok]} failed {task.fields[failed]}"), TimeElapsedColumn(),
+                    console=err_console, transient=False)
+    state: dict = {}
+
+    def on(event: str, **data) -> None:
+        if event == "workload":
+            wl = data["workload"]
+            err_console.print(f"workload [bold]{wl.name}[/]: {len(wl.requests)} requests; data: {wl.source}",
+                              highlight=False)
+            if wl.skipped:
+                err_console.print(f"  skipped: {dict(wl.skipped)}", highlight=False)
+            if wl.notes:
+                err_console.print(f"  adjusted: {dict(wl.notes)}", highlight=False)
+            for w in wl.warnings:
+                err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False)
+        elif event == "run_start":
+            state["task"] = prog.add_task(data["label"], total=data["total"], ok=0, failed=0)
+            state["ok"] = state["failed"] = 0
+        elif event == "request":
+            key = "ok" if data["record"].success else "failed"
+            state[key] += 1
+            prog.update(state["task"], advance=1, ok=state["ok"], failed=state["failed"])
+
+    with prog:
+        return run_bench(cfg, on)
+
+
+def print_summary(result) -> None:
+    """Rich summary table (+ capacity table) of a `BenchResult`."""
+    from rich.table import Table
+
+    from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows
+
+    rep = report_dict(result)
+    t = Table(title=f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); latencies in s",
+              show_lines=False)
+    for c in SUMMARY_COLUMNS:
+        t.add_column(c, overflow="fold")
+    for row in summary_rows(rep):
+        t.add_row(*row)
+    console.print(t)
+    if rep["capacity"]:
+        ct = Table(title="SLO capacity")
+        for c in ("policy", "goal", "capacity req/s", "interpolated", "probes", "note"):
+            ct.add_column(c)
+        for c in rep["capacity"]:
+            ct.add_row(c["label"], c["goal"], fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
+                       str(len(c["probes"])), c["note"])
+        console.print(ct)
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `astro bench` to the root app."""
+    app.command("bench", help="Benchmark a cluster (live) or the virtual cluster and write a report.")(bench)
+
+
+__all__ = ["bench", "register", "print_summary", "Path"]

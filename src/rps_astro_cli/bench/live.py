@@ -1,0 +1,216 @@
+"""Live target: an astro cluster (`cluster.json`) or any OpenAI-compatible server.
+
+With `cluster.json` the bench also scrapes every engine's and predictor's `/metrics`
+and the scheduler's `/metrics` + `/decisions` around each run. With `--policies` it
+starts a fresh cluster per policy from the recipe recorded in `cluster.json` (same
+instances, profile and engine settings; only `scheduler.policy` / `scheduler.k` change)
+via `services.cluster.ClusterSupervisor`, and stops it after the policy's runs.
+
+Latencies are wall-clock seconds. A sim cluster with `time_scale` ≠ 1 runs engine time
+at that many wall seconds per engine second; relative SLOs (`--slo-scale`) are scaled
+accordingly (isolated E2E × time_scale).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from rps_astro_cli.bench import scrape
+from rps_astro_cli.bench.client import ClientOptions, discover_model, run_requests
+from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.bench.workloads import BenchRequest, Workload
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.tokens import TokenCounter
+
+
+def read_cluster_json(path: str | Path) -> dict[str, Any]:
+    """Load and minimally check `cluster.json` (schema "astro.cluster/1").
+
+    Raises:
+        AstroUserError: missing file, invalid JSON, or no scheduler URL.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise AstroUserError(f"no such file: {p}", field="--cluster",
+                             fix="start `astro serve --instances N` first (it writes cluster.json)")
+    try:
+        d = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise AstroUserError(f"{p} is not valid JSON: {exc}", field="--cluster") from None
+    url = (d.get("scheduler") or {}).get("url") if isinstance(d, dict) else None
+    if not url:
+        raise AstroUserError(f"{p} has no scheduler.url", field="--cluster",
+                             fix="pass the cluster.json written by `astro serve`")
+    return d
+
+
+class LiveTarget:
+    """Sends the workload over HTTP (see module docstring)."""
+
+    def __init__(self, cfg, wl: Workload, counter: TokenCounter):
+        self.cfg = cfg
+        self.wl = wl
+        self.counter = counter
+        self.cluster: dict[str, Any] | None = None
+        self.base_url: str = cfg.base_url or ""
+        self.model: str | None = cfg.model
+        self._supervisor = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.policy_desc: dict[str, Any] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> None:
+        if self.cfg.cluster:
+            self._load_cluster(read_cluster_json(self.cfg.cluster))
+        self._check_reachable()
+        if self.model is None:
+            self.model = asyncio.run(discover_model(self.base_url, self.cfg.api_key))
+
+    def _load_cluster(self, d: dict[str, Any]) -> None:
+        self.cluster = d
+        self.base_url = d["scheduler"]["url"]
+        self.policy_desc = d.get("policy")
+        if self.cfg.model is None:
+            self.model = d.get("model")
+
+    def _check_reachable(self) -> None:
+        try:
+            with httpx.Client(timeout=5.0) as c:
+                c.get(self.base_url.rstrip("/") + "/v1/models")
+        except httpx.HTTPError as exc:
+            flag = "--cluster" if self.cfg.cluster else "--base-url"
+            raise AstroUserError(f"cannot reach {self.base_url}: {type(exc).__name__}", field=flag,
+                                 fix="is the server running?") from None
+
+    def close(self) -> None:
+        if self._supervisor is not None:
+            self._supervisor.stop()
+            self._supervisor = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
+                             "endpoint": self.cfg.endpoint, "send_true_lengths": self.cfg.send_true_lengths}
+        if self.cluster:
+            d.update(cluster=str(self.cfg.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
+                     instances=len(self.cluster.get("instances") or []),
+                     instance_policy=self.cluster.get("instance_policy"),
+                     time_scale=self.cluster.get("time_scale", 1.0))
+        return d
+
+    def use_policy(self, policy: str | None, k: str | None) -> None:
+        """Restart the cluster with `policy` (and k) when one is asked for."""
+        if policy is None:
+            return
+        if not self.cluster or not isinstance(self.cluster.get("recipe"), dict):
+            raise AstroUserError("live --policies needs --cluster from `astro serve` (its recipe is reused)",
+                                 field="--policies", fix="use --cluster cluster.json, or --virtual")
+        from rps_astro_cli.services.cluster import ClusterSupervisor
+        from rps_astro_cli.services.config import parse_config
+
+        if self._supervisor is not None:
+            self._supervisor.stop()
+        recipe = json.loads(json.dumps(self.cluster["recipe"]))
+        recipe.setdefault("scheduler", {})["policy"] = policy
+        if k is not None:
+            recipe["scheduler"]["k"] = k if k == "all" else int(k)
+        recipe["scheduler"]["port"] = 0
+        if self._tmp is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="astro-bench-")
+        run_dir = Path(self._tmp.name) / f"{policy}-{k or 'd'}"
+        sup = ClusterSupervisor(parse_config(recipe, "cluster.json recipe"), run_dir)
+        d = sup.start()
+        self._supervisor = sup
+        root = self.cluster
+        self._load_cluster(d)
+        self.cluster["recipe"] = root["recipe"]
+
+    # -- runs ------------------------------------------------------------------------------
+    def _client_opts(self) -> ClientOptions:
+        return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.endpoint,
+                             send_true_lengths=self.cfg.send_true_lengths, ignore_eos=self.cfg.ignore_eos,
+                             timeout_s=self.cfg.timeout_s, api_key=self.cfg.api_key, counter=self.counter)
+
+    def run(self, requests: list[BenchRequest], times: list[float],
+            on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
+        return asyncio.run(self._run(requests, times, on_done))
+
+    def _urls(self) -> tuple[list[str], list[str], str | None]:
+        inst = (self.cluster or {}).get("instances") or []
+        engines = [i["engine_url"] for i in inst if i.get("engine_url")]
+        preds = [i["predictor_url"] for i in inst if i.get("predictor_url")]
+        sched = (self.cluster or {}).get("scheduler", {}).get("url")
+        return engines, preds, sched
+
+    async def _scrape_all(self, client: httpx.AsyncClient) -> dict[str, Any]:
+        engines, preds, sched = self._urls()
+        res = await asyncio.gather(*(scrape.scrape(client, u) for u in engines + preds + [sched]))
+        return {"engines": res[:len(engines)], "predictors": res[len(engines):len(engines) + len(preds)],
+                "scheduler": res[-1], "t": time.perf_counter()}
+
+    async def _run(self, requests, times, on_done):
+        async with httpx.AsyncClient(timeout=10.0) as c:
+            before = await self._scrape_all(c) if self.cluster else None
+        records = await run_requests(requests, times, self._client_opts(), self.cfg.max_concurrency, on_done)
+        extras: dict[str, Any] = {}
+        if self.cluster:
+            async with httpx.AsyncClient(timeout=30.0) as c:
+                after = await self._scrape_all(c)
+                decisions = await scrape.fetch_decisions(c, after and self._urls()[2], len(requests))
+            extras = self._extras(before, after, decisions)
+        return records, extras
+
+    def _extras(self, before: dict[str, Any], after: dict[str, Any], decisions: list[dict]) -> dict[str, Any]:
+        wall = after["t"] - before["t"]
+        pre = [scrape.delta(b, a, "vllm:num_preemptions_total") for b, a in zip(before["engines"], after["engines"])]
+        out: dict[str, Any] = {
+            "preemptions_total": int(sum(p for p in pre if p is not None)) if any(p is not None for p in pre) else None,
+            "preemptions_per_instance": pre,
+        }
+        cpu, reqs, pct = [], [], []
+        for b, a in zip(before["predictors"], after["predictors"]):
+            dc = scrape.delta(b, a, "astro_predictor_cpu_seconds_total")
+            dn = scrape.delta(b, a, "astro_predictor_requests_total")
+            if dc is not None:
+                cpu.append(dc)
+                pct.append(100 * dc / wall if wall > 0 else None)
+            if dn is not None:
+                reqs.append(dn)
+        out["predictor_cpu_s_total"] = sum(cpu) if cpu else None
+        out["predictor_queries"] = int(sum(reqs)) if reqs else None
+        out["predictor_cpu_ms_per_query"] = (1000 * sum(cpu) / sum(reqs)) if cpu and reqs and sum(reqs) else None
+        vals = [p for p in pct if p is not None]
+        out["predictor_cpu_percent_mean"] = sum(vals) / len(vals) if vals else None
+        s_b, s_a = before["scheduler"], after["scheduler"]
+        n = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_count")
+        s = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_sum")
+        out["scheduler_overhead_ms_mean"] = (1000 * s / n) if n and s is not None else None
+        out["dispatch"] = scrape.decisions_summary(decisions) if decisions else None
+        out["note"] = ("scraped before/after the run: other traffic on the cluster meanwhile would be counted; "
+                       "latencies are wall seconds")
+        return out
+
+    def fill_isolated(self, records: list[RequestRecord]) -> None:
+        from rps_astro_cli.bench.runner import isolated_for
+        from rps_astro_cli.sim.profile import load_profile
+
+        prof_id = (self.cluster or {}).get("profile") or self.cfg.profile
+        if not prof_id:
+            raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
+                                 fix="pass --profile ID (the served model's profile) or use --cluster")
+        prof = load_profile(prof_id)
+        isolated_for(records, prof)
+        scale = float((self.cluster or {}).get("time_scale", 1.0) or 1.0)
+        for r in records:
+            if r.isolated_e2e_s is not None:
+                r.isolated_e2e_s *= scale

@@ -1,0 +1,297 @@
+"""The report folder of a bench run.
+
+- `report.json` (schema "astro.bench/1"):
+
+      {"schema": "astro.bench/1", "created_unix_s": float, "astro_version": str,
+       "command": [argv...] | null,
+       "config": {...BenchConfig, api_key removed...},   # repeat a run from it (seed included)
+       "workload": {name, source, num_requests, modalities, skipped, notes, warnings,
+                    has_timestamps},
+       "target": {"mode": "live"|"virtual", ...URLs / profile / policy / instances},
+       "runs": [{"label", "policy", "k", "rate_rps", "arrival", "wall_s",
+                 "metrics": {"overall"|"sand"|"pebbles"|"rocks": GroupMetrics},
+                 "extras": {...scraped figures...}}],
+       "capacity": [{"label", "goal", "metric", "percentile", "threshold_s",
+                     "capacity_rps", "interpolated_rps", "probes": [...], "note"}],
+       "exit_code": int, "exit_reasons": [str], "warnings": [str]}
+
+  GroupMetrics fields (seconds unless named otherwise; null = "n/a"): num_requests,
+  num_completed, num_failed, duration_s, ttft_s / tpot_s / itl_s / e2e_s /
+  normalized_s_per_token as {count, mean, p50, p90, p99}, throughput_rps,
+  output_tokens_per_s, total_output_tokens, slo {good, violation_rate, goodput_rps,
+  per_metric{m: {violations, rate, severity_mean_s}}} | null, preemptions,
+  length_mae_tokens, length_mape, predictor_e2e_mae_s, predictor_e2e_mape,
+  predictor_ttft_mae_s, errors {text: count}. Formulas: `metrics.py`, docs/metrics.md.
+- `requests.jsonl`: one `RequestRecord.to_dict()` per line plus `"run"` (the run label),
+  for every run that kept its records (capacity probes keep metrics only).
+- `report.md`: the tables. `report.html`: the tables and matplotlib plots (latency CDFs,
+  TTFT/E2E vs rate per policy, per-class bars) embedded as PNG.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rps_astro_cli import __version__
+
+SCHEMA = "astro.bench/1"
+
+
+def _clean(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else ("inf" if o > 0 else "-inf" if o < 0 else None)
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    if isinstance(o, Path):
+        return str(o)
+    return o
+
+
+def report_dict(result) -> dict[str, Any]:
+    """The report.json mapping of a `BenchResult` (module docstring)."""
+    return _clean({
+        "schema": SCHEMA, "created_unix_s": time.time(), "astro_version": __version__,
+        "command": list(sys.argv) if sys.argv and sys.argv[0].endswith("astro") else None,
+        "config": result.config.to_dict(), "workload": result.workload, "target": result.target,
+        "runs": [r.summary() for r in result.runs],
+        "capacity": [c.to_dict() for c in result.capacity],
+        "exit_code": result.exit_code, "exit_reasons": result.exit_reasons, "warnings": result.warnings,
+    })
+
+
+def write_report(result, out_dir: Path) -> Path:
+    """Write report.json, requests.jsonl, report.md and report.html into `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rep = report_dict(result)
+    (out_dir / "report.json").write_text(json.dumps(rep, indent=1))
+    with (out_dir / "requests.jsonl").open("w") as fh:
+        for run in result.runs:
+            for rec in run.records:
+                fh.write(json.dumps(_clean({"run": run.label, **rec.to_dict()})) + "\n")
+    md = markdown(rep)
+    (out_dir / "report.md").write_text(md)
+    (out_dir / "report.html").write_text(html_report(rep, result, md))
+    return out_dir
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+def fmt(v: Any, scale: float = 1.0, digits: int = 3) -> str:
+    """Number → short text; None → "n/a"."""
+    if v is None:
+        return "n/a"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, float) and not math.isfinite(v):
+        return "inf"
+    x = v * scale
+    if isinstance(v, int) and scale == 1.0:
+        return str(v)
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
+
+
+SUMMARY_COLUMNS = ("run", "group", "ok/all", "req/s", "out tok/s", "TTFT mean", "TTFT p99", "TPOT mean",
+                   "ITL p99", "E2E mean", "E2E p99", "norm s/tok", "SLO viol", "goodput", "preempt")
+
+
+def summary_rows(rep: dict[str, Any]) -> list[list[str]]:
+    """One row per (run, group): the summary table (seconds; rates per second)."""
+    rows = []
+    for run in rep["runs"]:
+        for g, m in run["metrics"].items():
+            slo = m.get("slo") or {}
+            rows.append([run["label"], g, f"{m['num_completed']}/{m['num_requests']}",
+                         fmt(m["throughput_rps"]), fmt(m["output_tokens_per_s"]),
+                         fmt(m["ttft_s"]["mean"]), fmt(m["ttft_s"]["p99"]), fmt(m["tpot_s"]["mean"]),
+                         fmt(m["itl_s"]["p99"]), fmt(m["e2e_s"]["mean"]), fmt(m["e2e_s"]["p99"]),
+                         fmt(m["normalized_s_per_token"]["mean"]),
+                         "n/a" if slo.get("violation_rate") is None else f"{100 * slo['violation_rate']:.1f}%",
+                         fmt(slo.get("goodput_rps")), fmt(m.get("preemptions"))])
+    return rows
+
+
+def _md_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown(rep: dict[str, Any]) -> str:
+    """report.md text."""
+    wl, tg = rep["workload"], rep["target"]
+    lines = [f"# astro bench report", "",
+             f"- workload: **{wl['name']}**, {wl['num_requests']} requests {wl.get('modalities')}; source: {wl['source']}",
+             f"- skipped: {wl['skipped'] or 'none'}; adjusted: {wl['notes'] or 'none'}",
+             f"- target: {json.dumps({k: v for k, v in tg.items() if k != 'recipe'})}",
+             f"- seed: {rep['config']['seed']}; SLO: {rep['config'].get('slo') or 'none'}"
+             f"{'' if rep['config'].get('slo_scale') is None else ', scale ' + str(rep['config']['slo_scale'])}",
+             ""]
+    for w in rep.get("warnings") or []:
+        lines.append(f"> **warning:** {w}")
+    lines += ["", "## Summary (seconds)", "", _md_table(SUMMARY_COLUMNS, summary_rows(rep)), ""]
+    lines += ["## Percentiles (seconds)", ""]
+    prow = []
+    for run in rep["runs"]:
+        for g, m in run["metrics"].items():
+            for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                              ("normalized_s_per_token", "norm s/tok")):
+                d = m[key]
+                prow.append([run["label"], g, name, str(d["count"]), fmt(d["mean"]), fmt(d["p50"]),
+                             fmt(d["p90"]), fmt(d["p99"])])
+    lines += [_md_table(("run", "group", "metric", "n", "mean", "p50", "p90", "p99"), prow), ""]
+    slo_rows = []
+    for run in rep["runs"]:
+        for g, m in run["metrics"].items():
+            for met, s in ((m.get("slo") or {}).get("per_metric") or {}).items():
+                slo_rows.append([run["label"], g, met, str(s["violations"]),
+                                 "n/a" if s["rate"] is None else f"{100 * s['rate']:.1f}%", fmt(s["severity_mean_s"])])
+    if slo_rows:
+        lines += ["## SLO violations per metric (over completed requests)", "",
+                  _md_table(("run", "group", "metric", "violations", "rate", "severity mean s"), slo_rows), ""]
+    extra_rows = []
+    for run in rep["runs"]:
+        m = run["metrics"]["overall"]
+        ex = run.get("extras") or {}
+        disp = ex.get("dispatch") or {}
+        extra_rows.append([run["label"], fmt(m.get("length_mae_tokens")), fmt(m.get("length_mape")),
+                           fmt(m.get("predictor_e2e_mae_s")) if m.get("predictor_e2e_mae_s") is not None
+                           else fmt((disp.get("predictor_e2e") or {}).get("mae_s")),
+                           fmt((disp.get("overhead_ms") or {}).get("p50")), fmt((disp.get("overhead_ms") or {}).get("p99")),
+                           fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
+                           str(m.get("errors") or "none")])
+    lines += ["## Prediction, dispatch and failures", "",
+              _md_table(("run", "length MAE tok", "length MAPE", "predictor E2E MAE s", "sched overhead p50 ms",
+                         "p99 ms", "predictor CPU ms/query", "predictor CPU %", "errors"), extra_rows), ""]
+    if rep["capacity"]:
+        lines += ["## SLO capacity", "", _md_table(
+            ("policy", "goal", "capacity req/s", "interpolated", "probes", "note"),
+            [[c["label"], c["goal"], fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
+              ", ".join(f"{p['rate_rps']:.3g}:{'ok' if p['meets'] else 'miss'}" for p in c["probes"]), c["note"]]
+             for c in rep["capacity"]]), ""]
+    if rep["exit_reasons"]:
+        lines += ["## Exit", ""] + [f"- {r}" for r in rep["exit_reasons"]]
+    return "\n".join(lines) + "\n"
+
+
+# -- plots -----------------------------------------------------------------------------------
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
+    """(title, base64 PNG) plots: latency CDFs, TTFT/E2E vs rate per policy, per-class bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    out: list[tuple[str, str]] = []
+    with_recs = [r for r in result.runs if r.records]
+    if with_recs:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+        for run in with_recs[:8]:
+            for ax, key in zip(axes, ("ttft_s", "e2e_s")):
+                v = np.sort([x for x in (getattr(r, key) for r in run.records) if x is not None])
+                if len(v):
+                    ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=run.label)
+        for ax, name in zip(axes, ("TTFT (s)", "E2E (s)")):
+            ax.set_xlabel(name)
+            ax.set_ylabel("CDF")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        out.append(("Latency CDFs", _png(fig)))
+    series: dict[str, list[tuple[float, float | None, float | None]]] = {}
+    for run in rep["runs"]:
+        if isinstance(run["rate_rps"], (int, float)):
+            m = run["metrics"]["overall"]
+            key = run["label"].split(" @ ")[0]
+            series.setdefault(key, []).append((run["rate_rps"], m["ttft_s"]["p99"], m["e2e_s"]["mean"]))
+    if any(len(v) > 1 for v in series.values()):
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+        for key, pts in series.items():
+            pts.sort()
+            axes[0].plot([p[0] for p in pts], [p[1] if p[1] is not None else np.nan for p in pts], "o-", label=key)
+            axes[1].plot([p[0] for p in pts], [p[2] if p[2] is not None else np.nan for p in pts], "o-", label=key)
+        axes[0].set_ylabel("P99 TTFT (s)")
+        axes[1].set_ylabel("mean E2E (s)")
+        for ax in axes:
+            ax.set_xlabel("request rate (req/s)")
+            ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+        axes[0].legend(fontsize=7)
+        out.append(("Latency vs request rate", _png(fig)))
+    class_runs = [r for r in rep["runs"] if len(r["metrics"]) > 2][:4]
+    if class_runs:
+        fig, axes = plt.subplots(1, 2, figsize=(10, 3.5))
+        width = 0.8 / len(class_runs)
+        for j, run in enumerate(class_runs):
+            groups = [g for g in ("sand", "pebbles", "rocks") if g in run["metrics"]]
+            x = np.arange(len(groups)) + j * width
+            for ax, key in zip(axes, ("ttft_s", "normalized_s_per_token")):
+                vals = [run["metrics"][g][key]["mean"] or 0 for g in groups]
+                ax.bar(x, vals, width, label=run["label"])
+                ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
+        axes[0].set_ylabel("mean TTFT (s)")
+        axes[1].set_ylabel("mean normalized latency (s/token)")
+        axes[0].legend(fontsize=7)
+        out.append(("Per-class latency", _png(fig)))
+    return out
+
+
+def _md_to_html(md: str) -> str:
+    out, table = [], False
+    for line in md.splitlines():
+        if line.startswith("|"):
+            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
+            if set(line.replace("|", "").strip()) <= {"-"}:
+                continue
+            if not table:
+                out.append("<table>")
+                table = True
+                out.append("<tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>")
+            else:
+                out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
+            continue
+        if table:
+            out.append("</table>")
+            table = False
+        if line.startswith("## "):
+            out.append(f"<h2>{html.escape(line[3:])}</h2>")
+        elif line.startswith("# "):
+            out.append(f"<h1>{html.escape(line[2:])}</h1>")
+        elif line.strip():
+            out.append(f"<p>{html.escape(line.lstrip('->').strip())}</p>")
+    if table:
+        out.append("</table>")
+    return "\n".join(out)
+
+
+def html_report(rep: dict[str, Any], result, md: str) -> str:
+    """report.html: the markdown tables plus embedded plots."""
+    try:
+        figs = plots(rep, result)
+    except Exception as exc:  # a plot must never lose the report
+        figs = []
+        md += f"\n(plots unavailable: {type(exc).__name__}: {exc})\n"
+    imgs = "\n".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in figs)
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px}")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>astro bench</title>"
+            f"<style>{style}</style></head><body>{_md_to_html(md)}{imgs}</body></html>")

@@ -1,0 +1,356 @@
+"""`run_bench(config) -> BenchResult`: load the workload once, then run it at each rate,
+for each dispatch policy (and k), live or virtual, optionally searching SLO capacity,
+and write the report folder.
+
+Modes:
+- **live**: `cluster` (astro serve's `cluster.json`, schema "astro.cluster/1") or
+  `base_url` (any OpenAI-compatible server). Engines' and scheduler's `/metrics` are
+  scraped before and after each run (preemptions, dispatch overhead, predictor CPU), and
+  the scheduler's `/decisions` give predictor error. `policies` in live mode start a
+  fresh cluster per policy from the recipe in `cluster.json`
+  (`services.cluster.ClusterSupervisor`), run, and stop it.
+- **virtual**: the virtual-time cluster simulation (`cluster.virtual.simulate_cluster`)
+  with `instances` × `profile`; policies are instantiated directly. `oracle_lengths`
+  gives the dispatcher true output lengths instead of the length model's;
+  `prediction_noise` multiplies each latency prediction by (1 + σ·z), z ~ N(0, 1),
+  clipped at 0 (the Astrolabe paper's ±100 % robustness test is σ = 1).
+
+Every run of one `run_bench` uses the same workload; the arrival times of a given rate
+come from a generator seeded by (seed, rate), so policies see identical traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.bench import capacity as cap
+from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
+from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value
+from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.bench.slo import SloSpec, isolated_e2e_s, parse_slo
+from rps_astro_cli.bench.workloads import BenchRequest, Workload, WorkloadOptions, load_workload
+from rps_astro_cli.errors import AstroUserError
+
+Progress = Callable[..., None]
+
+
+@dataclass
+class BenchConfig:
+    """Everything a bench run needs (the CLI flags; saved in report.json so a run can be
+    repeated). Times in seconds, rates in requests/s.
+
+    workload / path / num_requests / seed / tokenizer / image_dir / video_dir /
+    max_frames / min_tokens / max_prompt_tokens / max_total_tokens: see `workloads`.
+    arrival / request_rate / burstiness / time_scale / max_concurrency: see `arrivals`.
+    rates: a sweep of request rates (overrides request_rate).
+    cluster / base_url / model / endpoint / send_true_lengths / ignore_eos / timeout_s /
+    api_key: live target (see `client`). virtual: use the virtual cluster instead.
+    instances / profile / instance_policy / policies / ks / oracle_lengths /
+    prediction_noise / length_model / max_num_seqs: virtual cluster (policies also live).
+    slo / slo_scale: SLO (see `slo`). capacity: search SLO capacity on `capacity_metric`
+    at `capacity_percentile` against `capacity_threshold_s` (default: the `--slo` value
+    of that metric, else 10 s as in Astrolabe). capacity_* bound the search.
+    fail_under: exit non-zero when SLO attainment (good / all) is below it in any run.
+    out_dir: report folder (None = no files).
+    """
+
+    workload: str = "sharegpt"
+    path: str | None = None
+    num_requests: int = 200
+    seed: int = 0
+    tokenizer: str | None = None
+    image_dir: str | None = None
+    video_dir: str | None = None
+    max_frames: int = 32
+    min_tokens: int = 4
+    max_prompt_tokens: int = 1024
+    max_total_tokens: int = 2048
+    arrival: str = "poisson"
+    request_rate: float = math.inf
+    burstiness: float = 1.0
+    time_scale: float = 1.0
+    max_concurrency: int | None = None
+    rates: list[float] | None = None
+    cluster: str | None = None
+    base_url: str | None = None
+    model: str | None = None
+    endpoint: str = "chat"
+    send_true_lengths: bool = True
+    ignore_eos: bool = False
+    timeout_s: float = 600.0
+    api_key: str | None = None
+    virtual: bool = False
+    instances: int = 4
+    profile: str | None = None
+    instance_policy: str = "fcfs"
+    policies: list[str] | None = None
+    ks: list[str] | None = None
+    oracle_lengths: bool = False
+    prediction_noise: float = 0.0
+    length_model: str | None = None
+    max_num_seqs: int | None = None
+    slo: list[str] | None = None
+    slo_scale: float | None = None
+    capacity: bool = False
+    capacity_metric: str = "ttft"
+    capacity_percentile: float = 99.0
+    capacity_threshold_s: float | None = None
+    capacity_min_rps: float = 0.5
+    capacity_max_rps: float = 256.0
+    capacity_tolerance: float = 0.02
+    fail_under: float | None = None
+    out_dir: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("api_key", None)
+        for k in ("request_rate",):
+            if math.isinf(d[k]):
+                d[k] = "inf"
+        if math.isinf(d["burstiness"]):
+            d["burstiness"] = "inf"
+        return d
+
+
+@dataclass
+class RunResult:
+    """One run: one (policy, k, rate) on the workload.
+
+    label: e.g. "power_of_k k=2 @ 20 req/s". records: per request (may be dropped for
+    capacity probes to save memory). metrics: "overall" and per class. extras: scraped
+    figures (preemptions, dispatch, predictor CPU...). wall_s: real time the run took.
+    """
+
+    label: str
+    policy: str | None
+    k: str | None
+    rate_rps: float
+    arrival: str
+    metrics: dict[str, GroupMetrics]
+    records: list[RequestRecord] = field(default_factory=list)
+    extras: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {"label": self.label, "policy": self.policy, "k": self.k, "rate_rps": _num(self.rate_rps),
+                "arrival": self.arrival, "wall_s": self.wall_s,
+                "metrics": {g: m.to_dict() for g, m in self.metrics.items()}, "extras": self.extras}
+
+
+@dataclass
+class BenchResult:
+    """What `run_bench` returns.
+
+    config: the config used. workload: `Workload.describe()`. target: what was measured
+    (URLs, model, policy, profile...). runs: every run (capacity probes included).
+    capacity: one `capacity.CapacityResult` per policy variant when searched.
+    exit_code: 0 ok, 1 every request of a run failed or `fail_under` failed.
+    exit_reasons: why exit_code is 1. out_dir: report folder or None.
+    """
+
+    config: BenchConfig
+    workload: dict[str, Any]
+    target: dict[str, Any]
+    runs: list[RunResult]
+    capacity: list[cap.CapacityResult] = field(default_factory=list)
+    exit_code: int = 0
+    exit_reasons: list[str] = field(default_factory=list)
+    out_dir: Path | None = None
+    warnings: list[str] = field(default_factory=list)
+
+
+def _num(v: float) -> float | str:
+    return "inf" if isinstance(v, float) and math.isinf(v) else v
+
+
+# -- preparation ---------------------------------------------------------------------------
+
+def _check(cfg: BenchConfig) -> None:
+    if cfg.virtual and (cfg.cluster or cfg.base_url):
+        raise AstroUserError("--virtual runs the simulated cluster; it takes no --cluster/--base-url",
+                             field="--virtual", fix="drop one of them")
+    if not cfg.virtual and not cfg.cluster and not cfg.base_url:
+        raise AstroUserError("no target", field="--cluster",
+                             fix="pass --cluster cluster.json, --base-url URL, or --virtual")
+    if cfg.cluster and cfg.base_url:
+        raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
+    if cfg.endpoint not in ("chat", "completions"):
+        raise AstroUserError(f"unknown endpoint {cfg.endpoint!r}", field="--endpoint", fix="use chat or completions")
+    if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
+        raise AstroUserError(f"must be ≥ 1, got {cfg.max_concurrency}", field="--max-concurrency")
+    if cfg.instances < 1:
+        raise AstroUserError(f"must be ≥ 1, got {cfg.instances}", field="--instances")
+    if not (0 < cfg.capacity_percentile <= 100):
+        raise AstroUserError("must be in (0, 100]", field="--capacity-percentile")
+    if cfg.capacity_metric not in ("ttft", "tpot", "e2el", "nlat"):
+        raise AstroUserError(f"unknown metric {cfg.capacity_metric!r}", field="--capacity-metric",
+                             fix="choose ttft, tpot, e2el or nlat")
+    if cfg.prediction_noise < 0:
+        raise AstroUserError("must be ≥ 0", field="--prediction-noise")
+    if cfg.fail_under is not None and not (0 <= cfg.fail_under <= 1):
+        raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
+    if cfg.fail_under is not None and not cfg.slo and cfg.slo_scale is None:
+        raise AstroUserError("--fail-under needs an SLO", field="--fail-under", fix="add --slo ttft:10 or --slo-scale 5")
+    if cfg.arrival == "trace" and (cfg.rates or cfg.capacity):
+        raise AstroUserError("trace replay has no rate to sweep", field="--arrival",
+                             fix="use --time-scale, or a poisson/gamma arrival for --rates/--capacity")
+    if cfg.policies:
+        from rps_astro_cli.dispatch import DISPATCH_POLICIES
+
+        for p in cfg.policies:
+            DISPATCH_POLICIES.get(p)  # raises listing the valid names
+
+
+def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
+    """(policy, k) pairs to run; k only varies for power_of_k."""
+    pols: list[str | None] = list(cfg.policies) if cfg.policies else [None]
+    out: list[tuple[str | None, str | None]] = []
+    for p in pols:
+        if p == "power_of_k" and cfg.ks:
+            out += [(p, k) for k in cfg.ks]
+        else:
+            out.append((p, None))
+    return out
+
+
+def _label(policy: str | None, k: str | None, spec: ArrivalSpec) -> str:
+    who = "cluster" if policy is None else policy + (f" k={k}" if k else "")
+    return f"{who} @ {spec.describe()}"
+
+
+def _arrivals(cfg: BenchConfig, wl: Workload, spec: ArrivalSpec, n: int) -> np.ndarray:
+    seed_rate = 0 if math.isinf(spec.rate_rps) else int(round(spec.rate_rps * 1000))
+    rng = np.random.default_rng([cfg.seed, seed_rate, 7])
+    return arrival_times(spec, n, rng, [r.arrival_s for r in wl.requests])
+
+
+# -- entry point ---------------------------------------------------------------------------
+
+def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
+    """Run the benchmark described by `config` (see module docstring).
+
+    progress(event, **data) is called with "workload" (workload=Workload),
+    "run_start" (label, total), "request" (record), "run_end" (run=RunResult).
+
+    Raises:
+        AstroUserError: any bad setting or input (names the flag).
+    """
+    _check(config)
+    from rps_astro_cli.tokens import load_counter
+
+    prog = progress or (lambda *a, **k: None)
+    slo = parse_slo(config.slo, config.slo_scale)
+    counter = load_counter(config.tokenizer)
+    spec0 = ArrivalSpec(config.arrival, config.request_rate, config.burstiness, config.time_scale)
+    opts = WorkloadOptions(
+        path=Path(config.path) if config.path else None, num_requests=config.num_requests,
+        min_tokens=config.min_tokens, max_prompt_tokens=config.max_prompt_tokens,
+        max_total_tokens=config.max_total_tokens,
+        image_dir=Path(config.image_dir) if config.image_dir else None,
+        video_dir=Path(config.video_dir) if config.video_dir else None,
+        max_frames=config.max_frames, counter=counter)
+    wl = load_workload(config.workload, opts, np.random.default_rng(config.seed))
+    prog("workload", workload=wl)
+
+    if config.virtual:
+        from rps_astro_cli.bench.virtual import VirtualTarget
+
+        target: Any = VirtualTarget(config, wl, counter)
+    else:
+        from rps_astro_cli.bench.live import LiveTarget
+
+        target = LiveTarget(config, wl, counter)
+
+    result = BenchResult(config=config, workload=wl.describe(), target={}, runs=[],
+                         warnings=list(wl.warnings))
+    try:
+        target.open()
+        result.target = target.describe()
+        for policy, k in _variants(config):
+            target.use_policy(policy, k)
+
+            def run_at(rate: float, _p=policy, _k=k) -> RunResult:
+                spec = spec0.with_rate(rate) if config.arrival != "trace" else spec0
+                times = _arrivals(config, wl, spec, len(wl.requests))
+                label = _label(_p, _k, spec)
+                prog("run_start", label=label, total=len(wl.requests))
+                t0 = time.perf_counter()
+                records, extras = target.run(wl.requests, list(times), lambda r: prog("request", record=r))
+                if slo.e2e_scale is not None:
+                    target.fill_isolated(records)
+                pre = extras.get("preemptions_total")
+                run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(),
+                                all_metrics(records, slo, pre), records, extras,
+                                time.perf_counter() - t0)
+                result.runs.append(run)
+                prog("run_end", run=run)
+                return run
+
+            if config.capacity:
+                thr = config.capacity_threshold_s
+                if thr is None:
+                    thr = dict(slo.thresholds_s).get(config.capacity_metric, 10.0)
+                goal = cap.CapacityGoal(config.capacity_metric, config.capacity_percentile, thr)
+
+                def probe(rate: float, _goal=goal) -> float | None:
+                    run = run_at(rate)
+                    v = slo_percentile_value(run.records, _goal.metric, _goal.percentile)
+                    run.extras["capacity_probe"] = {"value_s": v, "meets": v is not None and v <= _goal.threshold_s}
+                    run.records = []  # probes keep metrics only
+                    return v
+
+                res = cap.search_capacity(
+                    probe, goal,
+                    rates=config.rates, min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
+                    tolerance=config.capacity_tolerance, label=_label(policy, k, spec0).split(" @ ")[0])
+                result.capacity.append(res)
+            else:
+                for rate in (config.rates or [config.request_rate]):
+                    run_at(rate)
+    finally:
+        target.close()
+    _exit_status(result, slo)
+    if config.out_dir:
+        from rps_astro_cli.bench.report import write_report
+
+        result.out_dir = write_report(result, Path(config.out_dir))
+    return result
+
+
+def _exit_status(result: BenchResult, slo: SloSpec) -> None:
+    for run in result.runs:
+        o = run.metrics["overall"]
+        if o.num_requests and o.num_completed == 0:
+            result.exit_code = 1
+            result.exit_reasons.append(f"every request failed in run {run.label}")
+        if result.config.fail_under is not None and o.slo is not None and o.num_requests:
+            att = o.slo.good / o.num_requests
+            if att < result.config.fail_under:
+                result.exit_code = 1
+                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.fail_under:.1%} "
+                                           f"in run {run.label}")
+
+
+def isolated_for(records: list[RequestRecord], profile, prompt_of: dict[str, int] | None = None) -> None:
+    """Set `isolated_e2e_s` of each successful record from `profile` (for `--slo-scale`)."""
+    for r in records:
+        p = (prompt_of or {}).get(r.request_id, r.prompt_tokens)
+        n = r.output_tokens if r.success else r.expected_output_tokens
+        if p >= 1 and n >= 1:
+            r.isolated_e2e_s = isolated_e2e_s(profile, p, n)
+
+
+def asyncio_run(coro):
+    """Run `coro` in a fresh event loop (the CLI is synchronous)."""
+    return asyncio.run(coro)
+
+
+__all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench", "replace", "BenchRequest"]

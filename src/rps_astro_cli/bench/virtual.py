@@ -1,0 +1,188 @@
+"""Virtual target: the workload on the virtual-time cluster simulation
+(`rps_astro_cli.cluster.virtual.simulate_cluster`), N instances of one execution profile
+and a dispatch policy, in simulated seconds.
+
+Per request the simulation gets: arrival (s), prompt tokens = text tokens + vision tokens
+(images × `vision.tokens_per_image` + frames × `vision.tokens_per_frame` of the
+profile), the true output length, the dispatcher's predicted output length (the length
+model's, or the true one with `--oracle-lengths`), modality, class by modality, and the
+vision encoder / preprocessing seconds of the profile. A request longer than the
+profile's `max_model_len` fails (as a live engine would answer 400).
+
+`--prediction-noise σ`: the dispatch policy is wrapped (`NoisyDispatch`) so that each
+latency prediction it sees is multiplied by max(0, 1 + σ·z), z ~ N(0, 1) drawn
+independently per prediction from the run's generator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest, Workload
+from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.tokens import TokenCounter
+
+
+class NoisyDispatch(DispatchPolicy):
+    """Wraps a policy; multiplies every latency prediction by max(0, 1 + σ·z)."""
+
+    def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator):
+        self.inner, self.sigma, self.rng = inner, sigma, rng
+        self.name = inner.name
+        self.needs_predictions = inner.needs_predictions
+        self.needs_status = inner.needs_status
+
+    def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
+        return self.inner.candidates(loads, rng)
+
+    def choose(self, loads: Sequence[InstanceLoad], candidates: Sequence[int], predictions: Mapping[int, Any],
+               rng: np.random.Generator) -> DispatchDecision:
+        noisy = {}
+        for i, est in predictions.items():
+            f1, f2 = (max(0.0, 1.0 + self.sigma * z) for z in self.rng.standard_normal(2))
+            noisy[i] = replace(est, ttft_s=est.ttft_s * f1, e2e_s=est.e2e_s * f2)
+        return self.inner.choose(loads, candidates, noisy, rng)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma}
+
+    def __getattr__(self, item: str) -> Any:  # e.g. k, objective
+        return getattr(self.inner, item)
+
+
+@dataclass(frozen=True)
+class VirtualRequest:
+    """A request as the virtual cluster sees it (see module docstring)."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    predicted_output_tokens: int
+    modality: str
+    req_class: str
+    vision_tokens: int
+    encoder_s: float
+    preprocess_s: float
+
+
+class VirtualTarget:
+    """Runs the workload on the virtual cluster (see module docstring)."""
+
+    simulate: Callable[..., list[Any]] | None = None  # tests may inject a fake
+
+    def __init__(self, cfg, wl: Workload, counter: TokenCounter):
+        from rps_astro_cli.sim.profile import load_profile
+
+        self.cfg = cfg
+        self.wl = wl
+        self.counter = counter
+        media = any(r.media for r in wl.requests)
+        prof_id = cfg.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
+        self.profile = load_profile(prof_id)
+        if media and self.profile.vision is None:
+            raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
+                                 field="--profile", fix="use a multimodal profile, e.g. llava-onevision-7b-a100")
+        self.policy: str = "round_robin"
+        self.k: str | None = None
+        self.length_model_name = "oracle" if cfg.oracle_lengths else (cfg.length_model or "baseline")
+        self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
+        self._predicted = [self._predicted_len(r) for r in wl.requests]
+
+    def _load_length_model(self):
+        from rps_astro_cli.services.tagger import load_length_model
+
+        _, fn = load_length_model(self.cfg.length_model)
+        return fn
+
+    def _predicted_len(self, r: BenchRequest) -> int:
+        if self._predict_len is None:
+            return max(1, r.output_tokens)
+        return max(1, int(self._predict_len(r.prompt_text() if r.prompt else "", r.prompt_tokens)))
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        return {"mode": "virtual", "instances": self.cfg.instances, "profile": self.profile.profile_id,
+                "instance_policy": self.cfg.instance_policy, "length_model": self.length_model_name,
+                "prediction_noise_sigma": self.cfg.prediction_noise, "max_num_seqs": self.cfg.max_num_seqs}
+
+    def use_policy(self, policy: str | None, k: str | None) -> None:
+        self.policy = policy or "round_robin"
+        self.k = k
+
+    def make_dispatch(self, rng: np.random.Generator) -> DispatchPolicy:
+        from rps_astro_cli.dispatch import make_dispatch
+
+        params: dict[str, Any] = {}
+        if self.k is not None:
+            params["k"] = self.k if self.k == "all" else int(self.k)
+        pol = make_dispatch(self.policy, **params)
+        if self.cfg.prediction_noise > 0:
+            pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng)
+        return pol
+
+    def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
+        """(requests that fit the profile, failed records of those that do not)."""
+        v = self.profile.vision
+        out, failed = [], []
+        for r, t, pred in zip(self.wl.requests, times, self._predicted):
+            vt = enc = pre = 0.0
+            if r.media and v is not None:
+                vt = r.num_images * v.tokens_per_image + r.num_frames * v.tokens_per_frame
+                enc = r.num_images * v.encoder_s_per_image + r.num_frames * v.encoder_s_per_frame
+                pre = r.num_images * v.preprocess_s_per_image + r.num_frames * v.preprocess_s_per_frame
+            p = r.prompt_tokens + int(vt)
+            if p + r.output_tokens > self.profile.max_model_len:
+                failed.append(RequestRecord(r.request_id, r.modality, MODALITY_CLASS.get(r.modality, "sand"),
+                                            prompt_tokens=p, expected_output_tokens=r.output_tokens, scheduled_s=t,
+                                            sent_s=t, finish_s=t, success=False,
+                                            error=f"too long: prompt + output = {p + r.output_tokens} > "
+                                                  f"max_model_len {self.profile.max_model_len}"))
+                continue
+            out.append(VirtualRequest(r.request_id, float(t), p, max(1, r.output_tokens), pred, r.modality,
+                                      MODALITY_CLASS.get(r.modality, "sand"), int(vt), enc, pre))
+        return out, failed
+
+    def run(self, requests: list[BenchRequest], times: list[float],
+            on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
+        rng = np.random.default_rng([self.cfg.seed, 11])
+        vreqs, failed = self.virtual_requests(times)
+        sim = self.simulate or _simulate_cluster
+        recs = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
+        by_id = {r.request_id: r for r in recs + failed}
+        out = [by_id[r.request_id] for r in requests]
+        for r in out:
+            on_done(r)
+        pre = [r.preemptions for r in out if r.preemptions is not None]
+        return out, {"preemptions_total": sum(pre) if pre else None, "policy": self.policy, "k": self.k}
+
+    def fill_isolated(self, records: list[RequestRecord]) -> None:
+        from rps_astro_cli.bench.runner import isolated_for
+
+        isolated_for(records, self.profile)
+
+
+def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
+                      rng: np.random.Generator) -> list[RequestRecord]:
+    """Adapter to `cluster.virtual.simulate_cluster` (records → `RequestRecord`)."""
+    try:
+        from rps_astro_cli.cluster import virtual as vc
+    except ImportError:
+        raise AstroUserError("the virtual cluster simulation is not available in this build",
+                             field="--virtual", fix="use live mode (--cluster / --base-url)") from None
+    return vc_adapter(vc, vreqs, cfg, profile, dispatch, rng)
+
+
+def vc_adapter(vc, vreqs, cfg, profile, dispatch, rng) -> list[RequestRecord]:  # pragma: no cover - replaced
+    raise AstroUserError("virtual cluster adapter not wired yet", field="--virtual")
