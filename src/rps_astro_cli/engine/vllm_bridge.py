@@ -1,0 +1,419 @@
+"""The vllm-free half of astro's vLLM scheduler plugin: request views, policy ordering,
+the status snapshot and its transport. `engine/vllm_plugin.py` (the only module that
+imports vllm) wires these into vLLM V1's `Scheduler`; everything here works on duck-typed
+objects, so it is unit-tested without vllm.
+
+Pieces:
+
+- `RequestView`: what an `InstancePolicy` reads from a request (the attributes of
+  `sim.request.SimRequest`), taken from a vLLM V1 `Request`:
+  `arrival_time` → `arrival_s` (wall clock, `time.time()` seconds), `num_prompt_tokens` →
+  `prompt_tokens`, live `num_computed_tokens` / `num_output_tokens`
+  (→ `num_generated_tokens`), `mm_features` → `modality` / `vision_tokens` (each feature's
+  `mm_position.length` placeholder tokens; modality "video" if any video item, else
+  "image"), and from `sampling_params.extra_args` (what a client sends as `vllm_xargs`):
+  `astro_predicted_output_tokens`, `astro_class` (sand / pebbles / rocks),
+  `astro_deadline_s` (absolute, engine clock) or `astro_slo_s` (relative to arrival).
+  A view is made once per request and cached on the request object.
+- `PolicyDriver`: each step, the waiting queue in the policy's `order_waiting` order, and
+  preemption ranks from repeated `preemption_victim` calls (only when the step could run
+  out of KV blocks: see `preemption_possible`).
+- `StatusBoard`: an immutable per-step capture of running/waiting requests and KV blocks
+  (tuples of ints, cheap to build in the scheduler thread), turned into the
+  `status.InstanceStatus` JSON only when asked.
+- `StatusSocketServer`: serves the latest capture over a Unix-domain socket in a daemon
+  thread (connect → one JSON document → close); `status_middleware` is the ASGI
+  middleware (`--middleware rps_astro_cli.engine.vllm_bridge.status_middleware`) that
+  answers `GET /status` on vLLM's own API server from that socket, so a vLLM instance shows
+  the Predictor the same surface as a sim engine (`/v1`, `/health`, `/metrics`,
+  `/status`) without a proxy.
+
+Environment (set by `engine.vllm_launch`): `ASTRO_VLLM_POLICY` (policy name, default
+fcfs), `ASTRO_VLLM_POLICY_PARAMS` (JSON object of policy parameters),
+`ASTRO_VLLM_STATUS_SOCKET` (socket path; unset = no status export), `ASTRO_VLLM_INSTANCE_ID`,
+`ASTRO_VLLM_PROFILE_ID`, `ASTRO_VLLM_POLICY_MODULES` (comma-separated modules imported
+before the policy is looked up, so they can register user-defined policies).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import socketserver
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies import make_policy
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.status import InstanceStatus, RequestStatus
+
+ENV_POLICY = "ASTRO_VLLM_POLICY"
+ENV_POLICY_PARAMS = "ASTRO_VLLM_POLICY_PARAMS"
+ENV_STATUS_SOCKET = "ASTRO_VLLM_STATUS_SOCKET"
+ENV_INSTANCE_ID = "ASTRO_VLLM_INSTANCE_ID"
+ENV_PROFILE_ID = "ASTRO_VLLM_PROFILE_ID"
+ENV_POLICY_MODULES = "ASTRO_VLLM_POLICY_MODULES"
+
+XARG_PREDICTED = "astro_predicted_output_tokens"
+XARG_CLASS = "astro_class"
+XARG_DEADLINE = "astro_deadline_s"
+XARG_SLO = "astro_slo_s"
+_CLASSES = ("sand", "pebbles", "rocks")
+
+
+def _opt_int(v: Any) -> int | None:
+    try:
+        i = int(v)
+    except (TypeError, ValueError):
+        return None
+    return i if i >= 1 else None
+
+
+def _opt_float(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+class RequestView:
+    """A vLLM request seen through `SimRequest`'s attribute names (see module docstring).
+
+    Static facts are read once; `num_computed_tokens`, `num_generated_tokens` and
+    `num_preemptions` read the live request. Unknown / malformed `extra_args` values are
+    ignored (None), never raised: a client cannot break the engine through them.
+    """
+
+    __slots__ = ("req", "request_id", "arrival_s", "prompt_tokens", "modality", "vision_tokens",
+                 "encoder_s", "req_class", "predicted_output_tokens", "deadline_s",
+                 "target_output_tokens", "first_scheduled_s", "first_token_s", "finish_s")
+
+    def __init__(self, req: Any):
+        self.req = req
+        self.request_id: str = req.request_id
+        self.arrival_s: float = float(req.arrival_time)
+        self.prompt_tokens: int = int(req.num_prompt_tokens)
+        vision = 0
+        modality = "text"
+        for f in getattr(req, "mm_features", None) or ():
+            pos = getattr(f, "mm_position", None)
+            vision += int(getattr(pos, "length", 0) or 0)
+            m = str(getattr(f, "modality", "image"))
+            if m == "video":
+                modality = "video"
+            elif modality == "text":
+                modality = "image"
+        self.vision_tokens = vision
+        self.modality = modality
+        self.encoder_s = 0.0
+        sp = getattr(req, "sampling_params", None)
+        xargs = getattr(sp, "extra_args", None) or {}
+        self.predicted_output_tokens = _opt_int(xargs.get(XARG_PREDICTED))
+        cls = xargs.get(XARG_CLASS)
+        self.req_class = cls if cls in _CLASSES else None
+        deadline = _opt_float(xargs.get(XARG_DEADLINE))
+        if deadline is None:
+            slo = _opt_float(xargs.get(XARG_SLO))
+            deadline = None if slo is None else self.arrival_s + slo
+        self.deadline_s = deadline
+        max_tokens = _opt_int(getattr(req, "max_tokens", None))
+        self.target_output_tokens = self.predicted_output_tokens or max_tokens or 1
+        self.first_scheduled_s = None
+        self.first_token_s = None
+        self.finish_s = None
+
+    @property
+    def num_computed_tokens(self) -> int:
+        return self.req.num_computed_tokens
+
+    @property
+    def num_generated_tokens(self) -> int:
+        return self.req.num_output_tokens
+
+    @property
+    def num_preemptions(self) -> int:
+        return getattr(self.req, "num_preemptions", 0)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_tokens + self.req.num_output_tokens
+
+    @property
+    def is_prefilling(self) -> bool:
+        n = self.num_tokens
+        return n - self.req.num_computed_tokens > 1 or self.req.num_output_tokens == 0
+
+    @property
+    def kv_blocks(self) -> int:  # filled in by the status capture; policies rarely read it
+        return 0
+
+
+def view_of(req: Any) -> RequestView:
+    """The cached `RequestView` of a vLLM request (made on first use, stored on it)."""
+    v = getattr(req, "_astro_view", None)
+    if v is None:
+        v = RequestView(req)
+        req._astro_view = v
+    return v
+
+
+def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
+    """The instance policy named by `ASTRO_VLLM_POLICY` (default fcfs) with the JSON
+    parameters in `ASTRO_VLLM_POLICY_PARAMS`.
+
+    Raises:
+        AstroUserError: a policy module that does not import, unknown policy name, parameters that are not a JSON object, or
+            parameters the policy rejects.
+    """
+    env = os.environ if environ is None else environ
+    for mod in filter(None, (m.strip() for m in env.get(ENV_POLICY_MODULES, "").split(","))):
+        import importlib
+
+        try:
+            importlib.import_module(mod)
+        except ImportError as exc:
+            raise AstroUserError(f"cannot import {mod!r}: {exc}", field=ENV_POLICY_MODULES) from None
+    name = env.get(ENV_POLICY, "fcfs") or "fcfs"
+    raw = env.get(ENV_POLICY_PARAMS, "") or "{}"
+    try:
+        params = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise AstroUserError(f"not valid JSON ({exc.msg})", field=ENV_POLICY_PARAMS) from None
+    if not isinstance(params, dict):
+        raise AstroUserError("must be a JSON object", field=ENV_POLICY_PARAMS)
+    try:
+        return make_policy(name, **params)
+    except TypeError as exc:
+        raise AstroUserError(f"policy {name!r} rejects its parameters: {exc}",
+                             field=ENV_POLICY_PARAMS) from None
+
+
+class PolicyDriver:
+    """Applies an `InstancePolicy` to vLLM's queues.
+
+    `reorders_waiting` / `picks_victims` are False for FCFS, whose order and victim
+    (the last running request) are vLLM's own, so the plugin then does no work per step.
+    """
+
+    def __init__(self, policy: InstancePolicy):
+        self.policy = policy
+        fcfs = isinstance(policy, FCFSPolicy)
+        self.reorders_waiting = not fcfs
+        self.picks_victims = not fcfs
+        self.num_reorders = 0  # steps whose waiting order differed from vLLM's
+
+    def order_waiting(self, queue: Any, now_s: float) -> bool:
+        """Rewrite `queue` (a deque-like FCFS queue of vLLM requests: iterable, `clear`,
+        `extend`) in the policy's admission order. Returns True when the order changed."""
+        if not self.reorders_waiting or len(queue) < 2:
+            return False
+        reqs = list(queue)
+        ordered = self.policy.order_waiting([view_of(r) for r in reqs], now_s)
+        new = [v.req for v in ordered]
+        if len(new) != len(reqs):
+            raise RuntimeError(f"policy {self.policy.name!r} returned {len(new)} of {len(reqs)} waiting requests")
+        if all(a is b for a, b in zip(new, reqs)):
+            return False
+        queue.clear()
+        queue.extend(new)
+        self.num_reorders += 1
+        return True
+
+    def victim_order(self, running: Sequence[Any], now_s: float) -> list[Any]:
+        """Running requests in the order the policy would preempt them (first = first
+        victim): repeated `preemption_victim` on the shrinking set, as the sim instance
+        does when it preempts several requests in one step. O(n²) policy calls."""
+        views = [view_of(r) for r in running]
+        out = []
+        while views:
+            v = self.policy.preemption_victim(views, now_s)
+            views.remove(v)
+            out.append(v.req)
+        return out
+
+    def rank_victims(self, running: Sequence[Any], now_s: float) -> None:
+        """Set `request.priority` of each running request to its preemption rank (first
+        victim = highest), which vLLM's priority-mode preemption (`max` by
+        `(priority, arrival_time)`) then follows. Only the running set's priorities are
+        touched; vLLM's waiting queue stays FCFS (the plugin orders it itself)."""
+        order = self.victim_order(running, now_s)
+        n = len(order)
+        for i, r in enumerate(order):
+            r.priority = n - i
+
+
+def preemption_possible(running: Iterable[Any], free_blocks: int, block_size: int) -> bool:
+    """False when this step cannot run out of KV blocks: every running request's
+    remaining tokens (`num_tokens_with_spec - num_computed_tokens`, an upper bound on what
+    it can be scheduled, plus async-scheduling output placeholders) plus one lookahead
+    block fit in `free_blocks` together."""
+    need = 0
+    for r in running:
+        left = (r.num_tokens_with_spec + getattr(r, "num_output_placeholders", 0)
+                - r.num_computed_tokens)
+        need += -(-left // block_size) + 1
+        if need > free_blocks:
+            return True
+    return False
+
+
+# A captured request: (request_id, arrival_s, prompt_tokens, computed_tokens,
+# generated_tokens, view) — the view supplies the static astro fields.
+_Cap = tuple
+
+
+def capture_requests(reqs: Iterable[Any]) -> tuple[_Cap, ...]:
+    """Immutable capture of `reqs` (vLLM requests) for the status board."""
+    return tuple(
+        (r.request_id, r.num_computed_tokens, r.num_output_tokens, view_of(r)) for r in reqs
+    )
+
+
+class StatusBoard:
+    """The latest status capture, written by the scheduler thread, read by the socket
+    thread (one reference swap; no lock needed).
+
+    `limits`: the instance's `InstanceConfig`; `policy`: the policy's `describe()`.
+    """
+
+    def __init__(self, instance_id: str, limits: InstanceConfig, policy: dict[str, Any],
+                 profile_id: str = ""):
+        self.instance_id = instance_id
+        self.limits = limits
+        self.policy = policy
+        self.profile_id = profile_id
+        self._cap: tuple = (time.time(), (), (), limits.num_gpu_blocks, 0)
+
+    def publish(self, running: Iterable[Any], waiting: Iterable[Any], kv_blocks_free: int,
+                num_preemptions_total: int, now_s: float | None = None) -> None:
+        """Capture the current state (called by the scheduler each step)."""
+        self._cap = (time.time() if now_s is None else now_s, capture_requests(running),
+                     capture_requests(waiting), kv_blocks_free, num_preemptions_total)
+
+    def snapshot(self) -> InstanceStatus:
+        """The latest capture as an `InstanceStatus`."""
+        t, run, wait, free, npre = self._cap
+        bs = self.limits.block_size
+
+        def rs(c: _Cap, running: bool) -> RequestStatus:
+            rid, computed, generated, v = c
+            return RequestStatus(
+                request_id=rid, arrival_s=v.arrival_s, prompt_tokens=v.prompt_tokens,
+                computed_tokens=computed, generated_tokens=generated,
+                predicted_output_tokens=v.predicted_output_tokens, modality=v.modality,
+                vision_tokens=v.vision_tokens, encoder_s=0.0, req_class=v.req_class,
+                kv_blocks=-(-computed // bs) if running else 0, deadline_s=v.deadline_s,
+            )
+
+        waiting = tuple(rs(c, False) for c in wait)
+        classes: dict[str, Any] = {}
+        for w in waiting:
+            if w.req_class is None:
+                continue
+            c = classes.setdefault(w.req_class, {"queue_len": 0, "mean_wait_s": 0.0})
+            c["queue_len"] += 1
+            c["mean_wait_s"] += max(0.0, t - w.arrival_s)
+        for c in classes.values():
+            c["mean_wait_s"] /= c["queue_len"]
+        return InstanceStatus(
+            instance_id=self.instance_id, time_s=t, limits=self.limits, kv_blocks_free=free,
+            running=tuple(rs(c, True) for c in run), waiting=waiting, policy=self.policy,
+            profile_id=self.profile_id, num_preemptions_total=npre, classes=classes,
+        )
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.snapshot().to_dict(), separators=(",", ":")).encode()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    def handle(self) -> None:  # one JSON document per connection
+        try:
+            body = self.server.board.to_json()  # type: ignore[attr-defined]
+        except Exception as exc:  # never kill the engine for a status bug
+            body = json.dumps({"error": {"message": f"status snapshot failed: {exc!r}",
+                                         "type": "InternalServerError", "code": 500}}).encode()
+        self.request.sendall(body)
+
+
+class StatusSocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    """Serves `board` on the Unix socket `path` from a daemon thread (`start()`)."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, path: str, board: StatusBoard):
+        if os.path.exists(path):
+            os.unlink(path)
+        super().__init__(path, _Handler)
+        self.board = board
+        self.path = path
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, name="astro-status", daemon=True)
+        t.start()
+        return t
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+def read_status_socket(path: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """Fetch one snapshot from a status socket (blocking client, for tools and tests).
+
+    Raises:
+        OSError: the socket is absent or the engine did not answer in `timeout_s`.
+    """
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout_s)
+        s.connect(path)
+        chunks = []
+        while True:
+            b = s.recv(65536)
+            if not b:
+                break
+            chunks.append(b)
+    return json.loads(b"".join(chunks))
+
+
+async def status_middleware(request, call_next):
+    """ASGI HTTP middleware for vLLM's API server: `GET /status` → the engine core's
+    snapshot from `$ASTRO_VLLM_STATUS_SOCKET`; every other path passes through.
+
+    Errors: 405 for another method on /status; 503 JSON when the engine core has not
+    published yet (socket absent) or does not answer within 2 s.
+    """
+    if request.url.path != "/status":
+        return await call_next(request)
+    import asyncio
+
+    from starlette.responses import JSONResponse, Response
+
+    if request.method not in ("GET", "HEAD"):
+        return JSONResponse({"error": {"message": "use GET /status", "type": "BadRequestError",
+                                       "param": "method", "code": 405}}, status_code=405)
+    path = os.environ.get(ENV_STATUS_SOCKET, "")
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
+        try:
+            body = await asyncio.wait_for(reader.read(-1), 2.0)
+        finally:
+            writer.close()
+    except (OSError, asyncio.TimeoutError) as exc:
+        return JSONResponse({"error": {"message": f"engine status unavailable ({type(exc).__name__}); "
+                                       "the engine core may still be starting",
+                                       "type": "ServiceUnavailableError", "param": None, "code": 503}},
+                            status_code=503)
+    return Response(body, media_type="application/json")

