@@ -21,18 +21,26 @@ Fitted terms (all converted to seconds in the profile):
 - decode attention: per layer `a + p * batch + d * (batch * kv_cache_size)` by least squares
   weighted by 1/y (relative error); `d * layers` → `decode_attn_s_per_ctx_token`,
   `p * layers` → part of `per_seq_s`, `a * layers` → part of `base_s`.
-- prefill attention: per layer `a + q * pairs` with `pairs = c*k + c*(c+1)/2` (the
+- prefill attention: per layer `pa + q * pairs` with `pairs = c*k + c*(c+1)/2` (the
   profile's attention-pair count), weighted by 1/y; `q * layers` →
-  `prefill_attn_s_per_token_pair`; the intercept (one kernel launch per chunk, well under
-  1 ms per step) is reported in `sources` and not modelled.
+  `prefill_attn_s_per_token_pair`; the intercept (≈ 1 ms per prefill step for Qwen2-7B
+  on A30) is reported in `sources` and not modelled.
+- `base_s` / `per_seq_s` also carry an ASSUMED CPU overhead (3 ms per step, 0.05 ms per
+  request; `CPU_SOURCE`) and the LM head's HBM roofline (not in the CSVs).
 
-Held-out error: a seeded `numpy.random.Generator` holds out 20% of the usable rows of each
-CSV; the fit uses the other 80% and the error (MAPE in %, MAE in ms) is measured on the held
-out rows, at model level (per-layer time × layers) and written into the profile's `fit`.
+Only the Qwen2-7B A30 attention CSV is usable: Llama-2-7B has none here, and the Llama-2-70B
+TP4 A100-40GB one implies ~17 TB/s of KV reads (`reject_70b_attention`). Other profiles
+scale the Qwen2 fit by KV bytes / bandwidth (decode) and query width / FP16 peak (prefill):
+`transfer_attention`, `compare_llama7b_attention`.
 
-Rows with a missing operator time, or an operator time below 1/3 or above 3× the median
-of its 8 nearest token counts (the CSVs hold isolated 0.0017–0.0019 ms readings where
-neighbours read 0.1–1 ms), are excluded for that operator and counted in `fit`.
+Held-out error: a seeded `numpy.random.Generator` per input file holds out 20% of its rows;
+the fit uses the other 80% and the error (MAPE in %, MAE in ms) is measured on the held-out
+rows, at model level (per-layer time × layers) and written into the profile's `fit`.
+
+Per operator, a reading is excluded when missing, above 3× the median of its 8 nearest
+token counts, or below 1/3 of the median of the last 5 accepted readings at smaller token
+counts (the CSVs hold runs of bogus 0.0017–0.0019 ms readings where neighbours read
+0.1–1 ms); counts are in `fit.rows_excluded_glitch_per_op`.
 
 Run `python -m rps_astro_cli.sim.fit_profiles --data-dir DIR --out DIR` (or
 `astro profiles fit`) to regenerate `artifacts/profiles/*.json`.
