@@ -121,8 +121,9 @@ def metrics_response(registry) -> Response:
 
 def new_registry():
     """A fresh Prometheus registry with this process's CPU/memory collector."""
-    from prometheus_client import CollectorRegistry, ProcessCollector
+    from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 
+    disable_created_metrics()  # no `_created` series: they double the scrape for nothing
     reg = CollectorRegistry()
     ProcessCollector(registry=reg)
     return reg

@@ -102,7 +102,8 @@ class SchedulerSettings:
     predict_deadline_s: deadline of the parallel predict RPCs (50 ms).
     tag_deadline_s: deadline of the tag RPC; on miss `default_output_tokens` is used.
     health_interval_s: health-check period; status_interval_s: `/status` poll period
-    for status-based policies (llumnix). max_body_bytes: front-door body limit.
+    for status-based policies (llumnix); recheck_interval_s: how often instances out of
+    rotation are re-checked (readmission delay). max_body_bytes: front-door body limit.
     served_models: model names accepted (empty = learn them from the engines).
     api_key: bearer token required on /v1/* when set. seed: the dispatch Generator's seed.
     upstream_timeout_s: read timeout towards engines. decisions_kept: ring size.
@@ -119,6 +120,7 @@ class SchedulerSettings:
     default_output_tokens: int = 256
     health_interval_s: float = 0.5
     status_interval_s: float = 0.1
+    recheck_interval_s: float = 0.1
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served_models: tuple[str, ...] = ()
     api_key: str | None = None
@@ -268,16 +270,21 @@ class Scheduler:
         await asyncio.gather(*(self.check(st) for st in self.instances))
 
     async def _health_loop(self) -> None:
-        period = self.s.status_interval_s if self.policy.needs_status else self.s.health_interval_s
+        """Every `recheck_interval_s`: re-check the broken instances (fast readmission);
+        every `health_interval_s` (`status_interval_s` for status-based policies): all."""
+        full_period = self.s.status_interval_s if self.policy.needs_status else self.s.health_interval_s
+        tick = min(self.s.recheck_interval_s, full_period)
         last_full = time.monotonic()
         while True:
-            await asyncio.sleep(period)
+            await asyncio.sleep(tick)
             try:
-                if self.policy.needs_status or time.monotonic() - last_full >= self.s.health_interval_s:
+                if time.monotonic() - last_full >= full_period:
                     last_full = time.monotonic()
                     await self.check_all()
-                else:  # only the broken ones, to readmit them quickly
-                    await asyncio.gather(*(self.check(st) for st in self.instances if not st.healthy))
+                else:
+                    broken = [st for st in self.instances if not st.healthy]
+                    if broken:
+                        await asyncio.gather(*(self.check(st) for st in broken))
             except Exception:  # pragma: no cover - keep the loop alive whatever happens
                 log.exception("health loop")
 

@@ -1,0 +1,265 @@
+"""The scheduler front door in one process: real sim engines and Predictors on loopback
+threads, plus small fakes for slow/dead predictors and engines that die."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from contextlib import ExitStack
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from rps_astro_cli.engine import sim_server
+from rps_astro_cli.engine.sim_engine import SimEngine
+from rps_astro_cli.engine.sim_server import ServerThread
+from rps_astro_cli.services import predictor as pred_mod
+from rps_astro_cli.services.http_common import free_port
+from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+from rps_astro_cli.sim.profile import ExecutionProfile
+
+MODEL = "hand/model"
+
+
+def hand_profile() -> ExecutionProfile:
+    """step = 10 ms + 0.1 ms per token (no attention terms)."""
+    return ExecutionProfile(profile_id="hand", model=MODEL, gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
+                            token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
+                            prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=256, max_model_len=1024)
+
+
+@pytest.fixture()
+def length_model(tmp_path) -> str:
+    """Every prompt → 40 predicted output tokens."""
+    p = tmp_path / "len.json"
+    p.write_text(json.dumps({"kind": "bin_median", "edges_tokens": [], "median_output_tokens": [40]}))
+    return str(p)
+
+
+@pytest.fixture()
+def profile_path(tmp_path) -> str:
+    p = tmp_path / "hand.json"
+    p.write_text(json.dumps(hand_profile().to_dict()))
+    return str(p)
+
+
+def engine_app(i: int, time_scale: float = 0.05) -> FastAPI:
+    return sim_server.create_app(SimEngine(hand_profile(), time_scale=time_scale, instance_id=f"engine-{i}", seed=i))
+
+
+def start(stack: ExitStack, app: FastAPI, port: int = 0) -> ServerThread:
+    return stack.enter_context(ServerThread(app, port=port))
+
+
+def scheduler(stack: ExitStack, engines: list[str], predictors: list[str | None] | None = None, **kw) -> ServerThread:
+    preds = predictors or [None] * len(engines)
+    eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i]) for i, u in enumerate(engines))
+    return start(stack, create_app(SchedulerSettings(instances=eps, **kw)))
+
+
+def chat(content: str = "hello world", **kw) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
+
+
+def metric(text: str, name: str, **labels) -> float:
+    """Sum of a Prometheus sample over series whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
+        if not m:
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
+        if all(got.get(k) == v for k, v in labels.items()):
+            total += float(m.group(2))
+    return total
+
+
+def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(2)]
+        s = scheduler(st, [e.url for e in engs], policy="round_robin", length_model=length_model,
+                      max_body_bytes=2000, api_key="sekret")
+        h = {"authorization": "Bearer sekret"}
+        with httpx.Client(base_url=s.url, headers=h, timeout=10) as c:
+            cases = [
+                (c.post("/v1/chat/completions", content=b"{not json"), 400, "body"),
+                (c.post("/v1/chat/completions", json={"model": MODEL}), 400, "messages"),
+                (c.post("/v1/completions", json={"model": MODEL, "max_tokens": 3}), 400, "prompt"),
+                (c.post("/v1/chat/completions", json=chat(max_tokens=0)), 400, "max_tokens"),
+                (c.post("/v1/chat/completions", json=chat(messages=[{"role": "wizard", "content": "x"}])), 400,
+                 "messages[0].role"),
+                (c.post("/v1/chat/completions", json={**chat(), "model": "gpt-9"}), 404, "model"),
+                (c.post("/v1/chat/completions", json=chat("word " * 1000)), 413, "body"),
+                (httpx.post(s.url + "/v1/chat/completions", json=chat()), 401, "authorization"),
+            ]
+            for r, status, param in cases:
+                assert r.status_code == status, r.text
+                err = r.json()["error"]
+                assert err["param"] == param and err["message"]
+                assert "Traceback" not in r.text
+            m = c.get("/metrics").text
+            assert metric(m, "astro_instance_dispatched_total") == 0
+            for e in engs:
+                assert metric(httpx.get(e.url + "/metrics").text, "vllm:prompt_tokens_total") == 0
+            ok = c.post("/v1/chat/completions", json=chat())
+            assert ok.status_code == 200 and ok.headers["x-astro-instance"] in ("engine-0", "engine-1")
+            assert ok.json()["usage"]["completion_tokens"] == 4
+            models = c.get("/v1/models").json()
+            assert [m["id"] for m in models["data"]] == [MODEL]
+
+
+def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(4)]
+        preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
+                 for e in engs]
+        urls, purls = [e.url for e in engs], [p.url for p in preds]
+        s2 = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": 2}, length_model=length_model,
+                       predict_deadline_s=2.0)
+        sall = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": "all"}, length_model=length_model,
+                         predict_deadline_s=2.0)
+        n = 6
+        for s, k in ((s2, 2), (sall, 4)):
+            with httpx.Client(base_url=s.url, timeout=10) as c:
+                for _ in range(n):
+                    assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+                m = c.get("/metrics").text
+                assert metric(m, "astro_predict_rpcs_total", policy="power_of_k") == n * k
+                assert metric(m, "astro_predict_rpcs_total", outcome="ok") == n * k
+                assert metric(m, "astro_dispatch_decisions_total", reason="lowest e2e") == n
+                decs = c.get("/decisions").json()
+                assert len(decs) == n and all(len(d["candidates"]) == k for d in decs)
+                assert all(len(d["predictions"]) == k for d in decs)
+                assert all(d["predicted_output_tokens"] == 4 for d in decs)  # 40 capped by max_tokens 4
+
+
+def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, profile_path):
+    slow = FastAPI()
+
+    @slow.post("/predict")
+    async def _slow():
+        await asyncio.sleep(1.0)
+        return {"ttft_s": 0.0, "e2e_s": 0.0}
+
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(3)]
+        live = start(st, pred_mod.create_app(pred_mod.PredictorSettings(engs[2].url, profile=profile_path)))
+        slow_srv = start(st, slow)
+        dead = f"http://127.0.0.1:{free_port()}"
+        s = scheduler(st, [e.url for e in engs], [dead, slow_srv.url, live.url], policy="power_of_k",
+                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=0.05)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            for _ in range(3):
+                t0 = time.perf_counter()
+                r = c.post("/v1/chat/completions", json=chat())
+                assert r.status_code == 200 and r.headers["x-astro-instance"] == "engine-2"
+                assert time.perf_counter() - t0 < 0.9  # never waited for the 1 s predictor
+            decs = c.get("/decisions").json()
+            assert all(d["reason"] == "lowest e2e" and list(d["predictions"]) == ["2"] for d in decs)
+            assert max(d["decide_us"] for d in decs) < 500_000
+            m = c.get("/metrics").text
+            assert metric(m, "astro_predict_rpcs_total", outcome="ok") == 3
+            assert metric(m, "astro_predict_rpcs_total", outcome="timeout") == 3
+            assert metric(m, "astro_predict_rpcs_total", outcome="error") == 3
+        # every predictor dead → least outstanding requests
+        s2 = scheduler(st, [e.url for e in engs], [dead, dead, dead], policy="power_of_k",
+                       length_model=length_model, predict_deadline_s=0.05)
+        with httpx.Client(base_url=s2.url, timeout=10) as c:
+            assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+            d = c.get("/decisions").json()[-1]
+            assert d["reason"].startswith("fallback: no predictor answered")
+
+
+def test_engine_failure_retry_exclusion_and_readmission(length_model):
+    with ExitStack() as st:
+        e0 = ServerThread(engine_app(0)).start()
+        port0 = int(e0.url.rsplit(":", 1)[1])
+        e1 = start(st, engine_app(1))
+        s = scheduler(st, [e0.url, e1.url], policy="round_robin", length_model=length_model,
+                      health_interval_s=30.0, recheck_interval_s=0.05)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            assert c.post("/v1/completions", json={"prompt": "a b", "max_tokens": 2}).headers[
+                "x-astro-instance"] == "engine-0"
+            e0.stop()  # engine-0 dies; round robin sends the next request there first... after engine-1
+            seen = []
+            for _ in range(3):
+                with c.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as r:
+                    body = r.read().decode()
+                    assert r.status_code == 200 and body.rstrip().endswith("data: [DONE]")
+                    seen.append(r.headers["x-astro-instance"])
+            assert seen.count("engine-1") == 3  # the one aimed at engine-0 was retried on engine-1
+            decs = c.get("/decisions").json()
+            assert sum(d["retries"] for d in decs) == 1
+            inst = {i["name"]: i for i in c.get("/instances").json()}
+            assert inst["engine-0"]["healthy"] is False and inst["engine-0"]["outstanding_requests"] == 0
+            m = c.get("/metrics").text
+            assert metric(m, "astro_scheduler_retries_total") == 1
+            assert metric(m, "astro_instance_healthy", instance="engine-0") == 0
+            # restart engine-0 on the same port: the health check readmits it
+            start(st, engine_app(0), port=port0)
+            deadline = time.monotonic() + 10
+            while not {i["name"]: i for i in c.get("/instances").json()}["engine-0"]["healthy"]:
+                assert time.monotonic() < deadline, "engine-0 not readmitted"
+                time.sleep(0.05)
+            names = {c.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).headers["x-astro-instance"]
+                     for _ in range(2)}
+            assert names == {"engine-0", "engine-1"}
+
+
+def test_all_engines_down_is_a_clear_503(length_model):
+    with ExitStack() as st:
+        s = scheduler(st, [f"http://127.0.0.1:{free_port()}"], policy="round_robin", length_model=length_model,
+                      served_models=(MODEL,))
+        r = httpx.post(s.url + "/v1/chat/completions", json=chat(), timeout=10)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unavailable"
+
+
+def test_midstream_failure_ends_with_an_error_event(length_model):
+    broken = FastAPI()
+
+    @broken.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @broken.post("/v1/chat/completions")
+    async def _chat():
+        async def gen():
+            yield b'data: {"choices": [{"index": 0, "delta": {"content": " a"}}]}\n\n'
+            yield b'data: {"choices": [{"index": 0, "delta": {"content": " b"}}]}\n\n'
+            await asyncio.sleep(0.05)
+            raise RuntimeError("engine died")
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    with ExitStack() as st:
+        b = start(st, broken)
+        s = scheduler(st, [b.url], policy="round_robin", length_model=length_model, served_models=(MODEL,))
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            with c.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as r:
+                events = [ln[6:] for ln in r.read().decode().splitlines() if ln.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            err = json.loads(events[-2])["error"]
+            assert err["type"] == "engine_failure" and "mid-stream" in err["message"]
+            assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [" a", " b"]
+            assert metric(c.get("/metrics").text, "astro_scheduler_requests_total", outcome="midstream_error") == 1
+
+
+def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i, time_scale=1.0)) for i in range(2)]
+        s = scheduler(st, [e.url for e in engs], policy="llumnix", length_model=length_model,
+                      status_interval_s=0.05)
+        with httpx.Client(base_url=s.url, timeout=20) as c:
+            with c.stream("POST", "/v1/chat/completions", json=chat(max_tokens=300, stream=True)) as r:
+                it = r.iter_lines()
+                next(it)
+                name = r.headers["x-astro-instance"]
+                eng = engs[int(name[-1])]
+                running = httpx.get(eng.url + "/status").json()["running"]
+                assert [q["predicted_output_tokens"] for q in running] == [40]
+            d = c.get("/decisions").json()[-1]
+            assert d["policy"] == "llumnix" and d["reason"] == "lowest load"
