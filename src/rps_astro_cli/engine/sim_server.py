@@ -266,8 +266,9 @@ class _Format:
         return ('data: ' + self.head + '"choices":[{"index":0,"delta":{"role":"assistant","content":""},'
                 '"logprobs":null,"finish_reason":null}]}\n\n')
 
-    def usage_chunk(self, usage: dict[str, int]) -> str:
-        return 'data: ' + self.head + '"choices":[],"usage":' + json.dumps(usage) + '}\n\n'
+    def usage_chunk(self, usage: dict[str, int], timing: dict[str, Any] | None = None) -> str:
+        extra = ',"astro_timing":' + json.dumps(timing) if timing else ''
+        return 'data: ' + self.head + '"choices":[],"usage":' + json.dumps(usage) + extra + '}\n\n'
 
     def full(self, er: EngineRequest, usage: dict[str, int]) -> dict[str, Any]:
         text = synthetic_text(er.output_tokens)
@@ -278,6 +279,18 @@ class _Format:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": er.finish_reason}
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
+
+
+def _astro_timing(er: EngineRequest) -> dict[str, Any]:
+    """Engine-side split of a finished request for `astro profile` (engine seconds):
+    vision/KV tokens, encoder_s, wait_s = first schedule − arrival (preprocessing + queue),
+    prefill_s = first token − first schedule − encoder_s. Sent in the usage chunk."""
+    s = er.sim
+    sched = s.first_scheduled_s if s.first_scheduled_s is not None else s.arrival_s
+    first = s.first_token_s if s.first_token_s is not None else sched
+    return {"modality": s.modality, "req_class": s.req_class, "vision_tokens": s.vision_tokens,
+            "kv_tokens": s.prompt_tokens, "encoder_s": s.encoder_s, "wait_s": sched - s.arrival_s,
+            "prefill_s": first - sched - s.encoder_s}
 
 
 def _usage(er: EngineRequest) -> dict[str, int]:
@@ -302,7 +315,7 @@ async def _stream(engine: SimEngine, er: EngineRequest, fmt: _Format, include_us
                 yield _error_event(item) + "data: [DONE]\n\n"
                 return
             if item == FINISHED:
-                tail = fmt.usage_chunk(_usage(er)) if include_usage else ""
+                tail = fmt.usage_chunk(_usage(er), _astro_timing(er)) if include_usage else ""
                 yield tail + "data: [DONE]\n\n"
                 return
             parts = [fmt.role_chunk()] if fmt.chat and sent == 0 else []
