@@ -261,5 +261,9 @@ def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
                 eng = engs[int(name[-1])]
                 running = httpx.get(eng.url + "/status").json()["running"]
                 assert [q["predicted_output_tokens"] for q in running] == [40]
-            d = c.get("/decisions").json()[-1]
+            deadline = time.monotonic() + 5  # the record lands when the aborted stream is torn down
+            while not (decs := c.get("/decisions").json()):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            d = decs[-1]
             assert d["policy"] == "llumnix" and d["reason"] == "lowest load"
