@@ -9,7 +9,8 @@ rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
   (`sim.lookahead.predict_instance`) on each candidate instance, then `choose()`. The
   decision takes no virtual time; its wall-clock µs are recorded.
 - enqueue: the request reaches the chosen engine's waiting queue after its
-  preprocessing time (`preprocess_s`, 0 for text); an idle instance starts a step.
+  preprocessing time (`preprocess_s`, 0 for text); an idle instance is woken: it forms
+  a step at that instant, after all arrivals and enqueues of the same instant.
 - step end: an instance's step (formed at its start by `InstanceSim.step`) completes;
   its finished requests are recorded and the next step starts at once if work remains.
 
@@ -239,6 +240,15 @@ def simulate_cluster(
         else:
             stepping[i] = False
 
+    def wake(i: int, now: float) -> None:
+        # an idle instance forms its next step at `now`, after every arrival and
+        # enqueue of that same instant (event kind order)
+        nonlocal seq
+        stepping[i] = True
+        busy_until[i] = now
+        seq += 1
+        heapq.heappush(heap, (now, _STEP_END, seq, i))
+
     while heap:
         now, kind, _s, x = heapq.heappop(heap)
         if kind == _STEP_END:
@@ -264,7 +274,7 @@ def simulate_cluster(
             sr.arrival_s = now
             sims[i].add(sr)
             if not stepping[i]:
-                start_step(i, now)
+                wake(i, now)
             continue
         # arrival: dispatch
         req = requests[x]
@@ -325,7 +335,7 @@ def simulate_cluster(
         else:
             sims[i].add(sr)
             if not stepping[i]:
-                start_step(i, now)
+                wake(i, now)
 
     out = [r for r in records if r is not None]
     assert len(out) == n

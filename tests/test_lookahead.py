@@ -1,0 +1,193 @@
+"""The jump look-ahead (`predict`) equals the step-by-step reference (`predict_stepwise`)
+on randomized snapshots (issue 2 §4), plus hand-computed look-ahead cases."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
+from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.status import InstanceStatus, RequestStatus, snapshot
+
+HAND = ExecutionProfile(
+    profile_id="hand", model="hand", gpu="paper", tp=1,
+    base_s=0.01, per_seq_s=0.0, token_knots=(0, 1000), token_s=(0.0, 0.1),
+    decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
+)
+
+
+class ShortestPromptFirst(InstancePolicy):
+    """Test policy: static order (not time-dependent), non-FCFS victim."""
+
+    name = "spf"
+    time_dependent = False
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        return sorted(waiting, key=lambda r: (r.prompt_tokens, r.request_id))
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        return max(running, key=lambda r: (r.num_tokens, r.request_id))
+
+
+class Aging(InstancePolicy):
+    """Test policy: order changes with time (like RPS aging); victim = oldest arrival."""
+
+    name = "aging"
+    time_dependent = True
+
+    def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        return sorted(waiting, key=lambda r: (r.prompt_tokens - 2000.0 * (now_s - r.arrival_s), r.request_id))
+
+    def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
+        return min(running, key=lambda r: (r.arrival_s, r.request_id))
+
+
+POLICIES = {"fcfs": FCFSPolicy, "spf": ShortestPromptFirst, "aging": Aging}
+
+
+@st.composite
+def scenarios(draw):
+    prof = ExecutionProfile(
+        profile_id="rand", model="m", gpu="g", tp=1,
+        base_s=draw(st.floats(0.002, 0.02)), per_seq_s=draw(st.sampled_from([0.0, 5e-5])),
+        token_knots=(0, 128, 512, 4096), token_s=(0.0, 0.002, 0.01, 0.08),
+        decode_attn_s_per_ctx_token=draw(st.sampled_from([0.0, 1e-7, 7e-7])),
+        prefill_attn_s_per_token_pair=draw(st.sampled_from([0.0, 1e-8])),
+    )
+    bs = draw(st.sampled_from([4, 16]))
+    max_len = 512
+    blocks = draw(st.integers(max_len // bs, 6 * max_len // bs))  # small pools force preemption
+    cfg = InstanceConfig(
+        block_size=bs, num_gpu_blocks=blocks, max_num_seqs=draw(st.integers(1, 12)),
+        max_num_batched_tokens=draw(st.sampled_from([16, 64, 128, 512])), max_model_len=max_len,
+        chunked_prefill=draw(st.booleans()),
+    )
+    now = draw(st.floats(0.0, 5.0))
+    running, used = [], 0
+    for i in range(draw(st.integers(0, cfg.max_num_seqs))):
+        p = draw(st.integers(1, 200))
+        if draw(st.integers(0, 4)) > 0:  # decoding
+            g = draw(st.integers(1, 120))
+            c = p + g - 1
+        else:  # partial prefill (or a recompute in progress)
+            g = draw(st.sampled_from([0, 0, 3]))
+            c = draw(st.integers(0, p + g - 1))
+        kv = -(-c // bs)
+        if used + kv > blocks:
+            break
+        used += kv
+        pred = draw(st.one_of(st.none(), st.integers(1, 150)))  # None -> default length
+        running.append(RequestStatus(f"r{i}", draw(st.floats(0.0, now)), p, c, g, pred, kv_blocks=kv,
+                                     encoder_s=draw(st.sampled_from([0.0, 0.0, 0.01]))))
+    waiting = []
+    for i in range(draw(st.integers(0, 12))):
+        p = draw(st.integers(1, 250))
+        g = draw(st.sampled_from([0, 0, 0, 7]))  # g > 0: a preempted-like entry
+        waiting.append(RequestStatus(f"w{i}", draw(st.floats(0.0, now)), p, 0, g,
+                                     draw(st.one_of(st.none(), st.integers(1, 150))),
+                                     encoder_s=draw(st.sampled_from([0.0, 0.0, 0.02]))))
+    status = InstanceStatus("i", now, cfg, blocks - used, tuple(running), tuple(waiting))
+    cand = CandidateRequest(
+        prompt_tokens=draw(st.integers(1, 200)), predicted_output_tokens=draw(st.integers(1, 150)),
+        preprocess_s=draw(st.sampled_from([0.0, 0.05, 0.3])) + draw(st.floats(0.0, 1e-3)),
+        encoder_s=draw(st.sampled_from([0.0, 0.03])),
+    )
+    kw = {"extension_tokens": draw(st.sampled_from([10, 2])),
+          "default_output_tokens": draw(st.sampled_from([256, 30]))}
+    return LatencyModel(prof), status, cand, kw
+
+
+def _same(a, b) -> None:
+    assert b.steps_simulated == a.steps_simulated
+    assert b.ttft_s == pytest.approx(a.ttft_s, rel=1e-9, abs=1e-12)
+    assert b.e2e_s == pytest.approx(a.e2e_s, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_jump_equals_stepwise(policy: str, sc) -> None:
+    lat, status, cand, kw = sc
+    ref = predict_stepwise(status, cand, lat, POLICIES[policy](), **kw)
+    got = predict(status, cand, lat, POLICIES[policy](), **kw)
+    _same(ref, got)
+
+
+def test_jump_takes_few_events_on_a_long_decode_run() -> None:
+    # 8 decoders with 1000 tokens to go and an empty queue: a handful of events, 1000+ steps.
+    cfg = InstanceConfig(max_model_len=4096)
+    running = tuple(RequestStatus(f"r{i}", 0.0, 100, 100 + i, i + 1, 1000 + i, kv_blocks=-(-(100 + i) // 16))
+                    for i in range(8))
+    status = InstanceStatus("i", 0.0, cfg, cfg.num_gpu_blocks - sum(r.kv_blocks for r in running), running)
+    lat = LatencyModel(HAND)
+    cand = CandidateRequest(50, 1200)
+    ref = predict_stepwise(status, cand, lat, FCFSPolicy())
+    got = predict(status, cand, lat, FCFSPolicy())
+    _same(ref, got)
+    assert got.steps_simulated == 1200 and got.events < 40
+
+
+def test_hand_computed_lookahead() -> None:
+    # Running: R (prompt 10, 5 generated, predicted 7 -> 2 more decodes). Candidate: 100-token
+    # prompt, 3 predicted tokens, arriving now. Step latency 10 ms + 0.1 ms/token.
+    # step 1: R 1 + cand 100 = 101 tok -> 0.0201 (cand's 1st token; R at 6)
+    # step 2: R 1 + cand 1 -> 0.0102 (R done at 7)      step 3: cand 1 -> 0.0101 (done)
+    # TTFT 0.0201, E2E 0.0201 + 0.0102 + 0.0101 = 0.0404.
+    cfg = InstanceConfig(max_model_len=4096)
+    status = InstanceStatus("i", 2.0, cfg, cfg.num_gpu_blocks - 1,
+                            (RequestStatus("R", 1.0, 10, 14, 5, 7, kv_blocks=1),))
+    for fn in (predict, predict_stepwise):
+        est = fn(status, CandidateRequest(100, 3), LatencyModel(HAND), FCFSPolicy())
+        assert est.ttft_s == pytest.approx(0.0201, abs=1e-12)
+        assert est.e2e_s == pytest.approx(0.0404, abs=1e-12)
+        assert est.steps_simulated == 3
+
+
+def test_auto_extension_past_predicted_length() -> None:
+    # R has generated 9 tokens but was predicted 5 -> assumed to end within 10 more:
+    # target 19 -> 10 more decodes. Candidate (10 prompt, 1 token) arrives after 0.05 s of
+    # preprocessing: steps of R alone take 0.0101 s; the 5th step ends at 0.0505 >= 0.05,
+    # so the 6th step admits the candidate (R 1 + cand 10 = 11 tok -> 0.0111).
+    # TTFT = E2E = 0.0505 + 0.0111 = 0.0616.
+    cfg = InstanceConfig(max_model_len=4096)
+    status = InstanceStatus("i", 0.0, cfg, cfg.num_gpu_blocks - 2,
+                            (RequestStatus("R", 0.0, 10, 18, 9, 5, kv_blocks=2),))
+    for fn in (predict, predict_stepwise):
+        est = fn(status, CandidateRequest(10, 1, preprocess_s=0.05), LatencyModel(HAND), FCFSPolicy())
+        assert est.ttft_s == pytest.approx(0.0616, abs=1e-12)
+        assert est.e2e_s == pytest.approx(0.0616, abs=1e-12)
+
+
+def test_predict_instance_matches_snapshot_path_and_hides_true_lengths() -> None:
+    cfg = InstanceConfig(block_size=16, num_gpu_blocks=64, max_num_seqs=8, max_num_batched_tokens=128,
+                         max_model_len=512)
+    lat = LatencyModel(HAND)
+    inst = InstanceSim(cfg, lat, FCFSPolicy())
+    for i in range(6):
+        # true length 300 (what the engine will generate), predicted 40 (what the Predictor sees)
+        inst.add(SimRequest(f"q{i}", 0.0, 60 + 10 * i, 300, predicted_output_tokens=40))
+    t = 0.0
+    for _ in range(7):
+        t += inst.step(t).duration_s
+    cand = CandidateRequest(80, 20)
+    a = predict(snapshot("x", t, inst), cand, lat, FCFSPolicy())
+    b = predict_instance(inst, t, cand)
+    assert (a.ttft_s, a.e2e_s, a.steps_simulated) == (b.ttft_s, b.e2e_s, b.steps_simulated)
+    assert inst.running and all(r.num_computed_tokens > 0 for r in inst.running)  # state untouched
+
+
+def test_candidate_too_long_is_a_user_error() -> None:
+    cfg = InstanceConfig(max_model_len=256, num_gpu_blocks=16)
+    status = InstanceStatus("i", 0.0, cfg, 16)
+    with pytest.raises(AstroUserError, match="max_model_len"):
+        predict(status, CandidateRequest(200, 100), LatencyModel(HAND), FCFSPolicy())
