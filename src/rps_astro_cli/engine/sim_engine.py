@@ -30,12 +30,14 @@ import asyncio
 import itertools
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from rps_astro_cli.engine.openai_api import ParsedRequest, VisionCharge, resolve_max_tokens
-from rps_astro_cli.policies import make_policy
+from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.rps.estimator import ProfileImpactEstimator
+from rps_astro_cli.rps.queue_metrics import class_queue_metrics
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
@@ -120,7 +122,8 @@ class SimEngine:
             raise AstroUserError(f"must be > 0, got {time_scale}", field="time_scale")
         self.profile = profile
         self.config = InstanceConfig.from_profile(profile, **config_overrides)
-        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.policy = make_policy_for_profile(policy, profile) if isinstance(policy, str) else policy
+        self._impact = ProfileImpactEstimator(profile)  # per-class prefill backlog estimates
         self.inst = InstanceSim(self.config, LatencyModel(profile), self.policy)
         self.rng = np.random.default_rng(seed)
         self.time_scale = float(time_scale)
@@ -254,7 +257,15 @@ class SimEngine:
 
     def status(self) -> InstanceStatus:
         """The `/status` snapshot at the engine's now."""
-        return snapshot(self.instance_id, self.now_s(), self.inst, self.profile.profile_id)
+        now = self.now_s()
+        snap = snapshot(self.instance_id, now, self.inst, self.profile.profile_id)
+        return replace(snap, classes=self.class_metrics(now))
+
+    def class_metrics(self, now_s: float | None = None) -> dict[str, dict[str, float]]:
+        """Per-class queue length, mean wait and prefill backlog of the waiting queue
+        (RPS-Serve's queue manager; `rps.queue_metrics.class_queue_metrics`)."""
+        now = now_s if now_s is not None else self.now_s() if self._loop is not None else 0.0
+        return class_queue_metrics(self.inst.waiting, now, self._impact, getattr(self.policy, "classify", None))
 
     # -- the loop --------------------------------------------------------------------
     async def _run(self) -> None:

@@ -88,6 +88,14 @@ class _EngineCollector:
             g = GaugeMetricFamily(name, doc, labels=["model_name"])
             g.add_metric(lab, val)
             yield g
+        from rps_astro_cli.rps.queue_metrics import PROMETHEUS_GAUGES
+
+        classes = e.class_metrics()
+        for key, (name, doc) in PROMETHEUS_GAUGES.items():
+            g = GaugeMetricFamily(name, doc, labels=["model_name", "class"])
+            for cls, vals in classes.items():
+                g.add_metric([self.model, cls], vals[key])
+            yield g
         c = e.counters
         for name, doc, val in (
             ("vllm:num_preemptions", "Preemptions by recompute.", e.inst.num_preemptions_total),

@@ -265,3 +265,34 @@ class EDFPolicy(InstancePolicy):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "slo_scale": self.slo_scale, "profile": self.profile_id}
+
+
+# -- tying a policy to an engine's execution profile ----------------------------------------
+def profile_policy_params(name: str, profile: Any) -> dict[str, Any]:
+    """Default constructor arguments that tie policy `name` to an engine's execution
+    profile (an `ExecutionProfile`): `edf` gets the profile (its isolated E2E);
+    `static_class` and `rps` get the classifier artifact `artifacts/rps/<profile_id>/`
+    when one is shipped (else they fall back to the naive classes, see the module
+    docstring). Other policies: {}."""
+    if name == "edf":
+        return {"profile": profile}
+    if name in ("static_class", "rps"):
+        from rps_astro_cli.rps.classifier import list_classifiers
+
+        pid = getattr(profile, "profile_id", None)
+        if pid and pid in list_classifiers():
+            return {"classifier": pid}
+    return {}
+
+
+def make_policy_for_profile(name: str, profile: Any, **params: Any) -> InstancePolicy:
+    """`make_policy(name, **profile_policy_params(name, profile), **params)`; explicit
+    `params` win. What the sim engine and the virtual cluster should call so that
+    `--instance-policy rps` on a profile with a fitted classifier uses it.
+
+    Raises:
+        AstroUserError: unknown policy name or bad parameters.
+    """
+    from rps_astro_cli.policies.base import make_policy
+
+    return make_policy(name, **{**profile_policy_params(name, profile), **params})
