@@ -96,7 +96,7 @@ class ArrivalSpec:
             return "all at t=0 (rate inf)"
         b = self.effective_shape
         name = "poisson" if b == 1 else "constant" if math.isinf(b) else f"gamma(b={b:g})"
-        return f"{name} @ {self.rate_rps:g} req/s"
+        return f"{name} {self.rate_rps:g} req/s"
 
 
 def arrival_times(spec: ArrivalSpec, n: int, rng: np.random.Generator,

@@ -211,7 +211,8 @@ def _check(cfg: BenchConfig) -> None:
 
 def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
     """(policy, k) pairs to run; k only varies for power_of_k."""
-    pols: list[str | None] = list(cfg.policies) if cfg.policies else [None]
+    # live without --policies: the running cluster's own policy; virtual: astro serve's default
+    pols: list[str | None] = list(cfg.policies) if cfg.policies else (["power_of_k"] if cfg.virtual else [None])
     out: list[tuple[str | None, str | None]] = []
     for p in pols:
         if p == "power_of_k" and cfg.ks:

@@ -54,7 +54,7 @@ def parse_slo(items: list[str] | None, scale: float | None = None) -> SloSpec:
     """
     out: dict[str, float] = {}
     for item in items or []:
-        m = re.fullmatch(r"\s*([a-z_]+)\s*[:=]\s*([0-9.eE+-]+)\s*(ms|s)?\s*", item)
+        m = re.fullmatch(r"\s*([a-z][a-z0-9_]*)\s*[:=]\s*([0-9.eE+-]+)\s*(ms|s)?\s*", item)
         if not m:
             raise AstroUserError(f"cannot parse {item!r}", field="--slo", fix="write metric:seconds, e.g. ttft:10")
         name, num, unit = m.groups()

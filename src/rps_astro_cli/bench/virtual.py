@@ -75,7 +75,7 @@ class VirtualRequest:
 class VirtualTarget:
     """Runs the workload on the virtual cluster (see module docstring)."""
 
-    simulate: Callable[..., list[Any]] | None = None  # tests may inject a fake
+    simulate: Callable[..., tuple[list[RequestRecord], dict[str, Any]]] | None = None  # tests may inject a fake
 
     def __init__(self, cfg, wl: Workload, counter: TokenCounter):
         from rps_astro_cli.sim.profile import load_profile
@@ -159,13 +159,12 @@ class VirtualTarget:
         rng = np.random.default_rng([self.cfg.seed, 11])
         vreqs, failed = self.virtual_requests(times)
         sim = self.simulate or _simulate_cluster
-        recs = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
+        recs, extras = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
         by_id = {r.request_id: r for r in recs + failed}
         out = [by_id[r.request_id] for r in requests]
         for r in out:
             on_done(r)
-        pre = [r.preemptions for r in out if r.preemptions is not None]
-        return out, {"preemptions_total": sum(pre) if pre else None, "policy": self.policy, "k": self.k}
+        return out, extras
 
     def fill_isolated(self, records: list[RequestRecord]) -> None:
         from rps_astro_cli.bench.runner import isolated_for
@@ -174,15 +173,36 @@ class VirtualTarget:
 
 
 def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
-                      rng: np.random.Generator) -> list[RequestRecord]:
-    """Adapter to `cluster.virtual.simulate_cluster` (records → `RequestRecord`)."""
-    try:
-        from rps_astro_cli.cluster import virtual as vc
-    except ImportError:
-        raise AstroUserError("the virtual cluster simulation is not available in this build",
-                             field="--virtual", fix="use live mode (--cluster / --base-url)") from None
-    return vc_adapter(vc, vreqs, cfg, profile, dispatch, rng)
+                      rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
+    """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
+    (times: virtual seconds; sent = arrival at the dispatcher)."""
+    from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+    from rps_astro_cli.policies import make_policy
+    from rps_astro_cli.sim.instance import InstanceConfig
 
-
-def vc_adapter(vc, vreqs, cfg, profile, dispatch, rng) -> list[RequestRecord]:  # pragma: no cover - replaced
-    raise AstroUserError("virtual cluster adapter not wired yet", field="--virtual")
+    make_policy(cfg.instance_policy)  # unknown name → AstroUserError listing the valid ones
+    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.max_num_seqs)
+    timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
+                          v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
+                          v.preprocess_s, v.req_class) for v in vreqs]
+    res = simulate_cluster(timed, cfg.instances, dispatch, profile, icfg,
+                           lambda: make_policy(cfg.instance_policy), rng)
+    out = []
+    for v, r in zip(vreqs, res.records):
+        ok = r.finish_s is not None
+        out.append(RequestRecord(
+            request_id=r.request_id, modality=v.modality, req_class=v.req_class, class_source="modality",
+            prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens if ok else 0,
+            output_tokens_source="simulated", expected_output_tokens=v.output_tokens,
+            predicted_output_tokens=r.predicted_output_tokens, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
+            first_token_s=r.first_token_s, finish_s=r.finish_s, success=ok,
+            error=None if ok else "did not finish", instance=f"instance-{r.instance}",
+            preemptions=r.num_preemptions, predicted_ttft_s=r.predicted_ttft_s, predicted_e2e_s=r.predicted_e2e_s))
+    dec = [r.decide_us for r in res.records]
+    extras = {"preemptions_total": res.num_preemptions, "preemptions_per_instance": res.preemptions_per_instance,
+              "requests_per_instance": res.requests_per_instance, "makespan_s": res.makespan_s,
+              "sim_wall_s": res.wall_s, "dispatch_policy": res.dispatch,
+              "decide_us": {"mean": float(np.mean(dec)) if dec else None,
+                            "p50": float(np.percentile(dec, 50)) if dec else None,
+                            "p99": float(np.percentile(dec, 99)) if dec else None}}
+    return out, extras

@@ -162,7 +162,7 @@ def load_workload(name: str, opts: WorkloadOptions, rng: np.random.Generator) ->
 # -- helpers ---------------------------------------------------------------------------------
 
 _WORDS = ("the", "of", "and", "to", "in", "is", "that", "for", "it", "as", "was", "with", "be",
-          "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which", "but",
+          "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "but",
           "have", "an", "had", "they", "you", "were", "one", "all", "we", "can", "her", "has")
 
 

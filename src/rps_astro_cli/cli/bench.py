@@ -143,14 +143,21 @@ def print_summary(result) -> None:
 
     from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows
 
+    from rich.console import Console
+
+    out = console if console.is_terminal else Console(width=200)
     rep = report_dict(result)
     t = Table(title=f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); latencies in s",
               show_lines=False)
     for c in SUMMARY_COLUMNS:
         t.add_column(c, overflow="fold")
-    for row in summary_rows(rep):
+    rows = summary_rows(rep)
+    for run in rep["runs"]:  # class rows only when the run has more than one class
+        if len(run["metrics"]) == 2:
+            rows = [r for r in rows if not (r[0] == run["label"] and r[1] != "overall")]
+    for row in rows:
         t.add_row(*row)
-    console.print(t)
+    out.print(t)
     if rep["capacity"]:
         ct = Table(title="SLO capacity")
         for c in ("policy", "goal", "capacity req/s", "interpolated", "probes", "note"):
@@ -158,7 +165,7 @@ def print_summary(result) -> None:
         for c in rep["capacity"]:
             ct.add_row(c["label"], c["goal"], fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
                        str(len(c["probes"])), c["note"])
-        console.print(ct)
+        out.print(ct)
 
 
 def register(app: typer.Typer) -> None:
