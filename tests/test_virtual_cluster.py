@@ -127,3 +127,26 @@ def test_bad_input_names_the_field() -> None:
         simulate_cluster([], 1, make_dispatch("round_robin"), HAND, CFG, None, None)
     with pytest.raises(AstroUserError, match="output_tokens"):
         simulate_cluster([TimedRequest("x", 0.0, 10, 0)], 1, make_dispatch("round_robin"), HAND, CFG, None, rng)
+
+
+def test_read_length_trace_and_simulate_cli(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+    from rps_astro_cli.cluster import read_length_trace
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("Timestamp,Model,Request tokens,Response tokens\n0,x,20,5\n1,x,30,0\n2,x,40,7\n")
+    assert read_length_trace(trace).tolist() == [[20, 5], [40, 7]]  # failed row (0 reply) dropped
+    out = tmp_path / "rec.jsonl"
+    r = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "-n", "5", "--instances", "2",
+                                 "--rate", "50", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [x["prompt_tokens"] for x in recs] == [20, 40, 20, 40, 20]
+    assert [x["instance"] for x in recs] == [0, 1, 0, 1, 0]
+    assert all(x["finish_s"] >= x["first_token_s"] >= x["arrival_s"] for x in recs)
+    bad = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--rate", "0", "--out", str(out)])
+    assert bad.exit_code == 2 and "--rate" in bad.output

@@ -1,6 +1,14 @@
 """Virtual-time cluster simulation: N simulated instances + a dispatch policy, driven by
 a list of timed requests (DESIGN.md §1 use 3)."""
 
-from rps_astro_cli.cluster.virtual import ClusterResult, RequestRecord, TimedRequest, simulate_cluster
+from rps_astro_cli.cluster.virtual import (
+    ClusterResult,
+    RequestRecord,
+    TimedRequest,
+    poisson_workload,
+    read_length_trace,
+    simulate_cluster,
+)
 
-__all__ = ["ClusterResult", "RequestRecord", "TimedRequest", "simulate_cluster"]
+__all__ = ["ClusterResult", "RequestRecord", "TimedRequest", "poisson_workload", "read_length_trace",
+           "simulate_cluster"]
