@@ -1,7 +1,172 @@
-"""Placeholder registration for the 'length' command group (filled in by its issue)."""
+"""`astro train-length` and `astro eval-length`: response-length models for the tagger."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any, Optional
 
 import typer
 
+from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, err_console, user_errors
+from rps_astro_cli.errors import AstroUserError
+
+DataOpt = Annotated[
+    Optional[Path],
+    typer.Option("--data", help="ShareGPT .json/.jsonl, (prompt,response_tokens) .jsonl/.csv, or hf:NAME[:SPLIT]. "
+                 "Default: the ShareGPT sample in $ASTRO_DATA_DIR (../shared/data)."),
+]
+TokenizerOpt = Annotated[
+    Optional[str],
+    typer.Option("--tokenizer", help="Local tokenizer folder of the target model for counting reply tokens "
+                 "(default: the shared fallback counter)."),
+]
+TestSplitOpt = Annotated[Optional[float], typer.Option("--test-split", help="Fraction of conversations held out for test.")]
+ValSplitOpt = Annotated[Optional[float], typer.Option("--val-split", help="Fraction of conversations for validation.")]
+ContextOpt = Annotated[Optional[int], typer.Option("--context-turns", help="Earlier turns prepended to each prompt.")]
+
+
+def _default_data(data: Path | None) -> str:
+    if data is not None:
+        s = str(data)
+        return s if s.startswith("hf:") else s
+    from rps_astro_cli.data_paths import data_dir
+
+    d = data_dir()
+    cand = d / "sharegpt" / "sharegpt_v3_sample500.json" if d else None
+    if cand is None or not cand.is_file():
+        raise AstroUserError("no --data given and no sample data found", field="--data",
+                             fix="pass --data FILE or set ASTRO_DATA_DIR")
+    return str(cand)
+
+
+def _json_safe(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_json_safe(v) for v in obj]
+    return obj
+
+
+def _table(results: dict[str, dict[str, Any]], title: str) -> None:
+    from rich.table import Table
+
+    from rps_astro_cli.length.evaluate import BATCH_SIZE
+
+    t = Table(title=title)
+    cols = [("mae", "MAE tok", 1), ("mape", "MAPE %", 1), ("median_ae", "median AE", 1),
+            ("kendall_tau", "Kendall τ", 3), ("bucket_accuracy", "bucket acc", 3),
+            ("p50_ms_batch1", "p50 ms b=1", 3), ("p99_ms_batch1", "p99 ms b=1", 3),
+            ("p50_ms_batched", f"p50 ms/req b={BATCH_SIZE}", 3)]
+    t.add_column("model")
+    t.add_column("n", justify="right")
+    for _, head, _ in cols:
+        t.add_column(head, justify="right")
+    for name, r in results.items():
+        cells = []
+        for key, _, nd in cols:
+            v = r.get(key)
+            cells.append("–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{nd}f}")
+        t.add_row(name, str(r.get("n", "")), *cells)
+    console.print(t)
+
+
+@user_errors
+def train_length(
+    data: DataOpt = None,
+    model: Annotated[str, typer.Option("--model", help="classic | roberta | minilm | median | linear-prompt")] = "classic",
+    out: Annotated[Optional[Path], typer.Option("--out", help="Artifact folder (default artifacts/length/<model>).")] = None,
+    tokenizer: TokenizerOpt = None,
+    target_model: Annotated[str, typer.Option("--target-model", help="Model whose reply lengths are learned (recorded).")] = "unspecified",
+    responder: Annotated[str, typer.Option("--responder", help="Who wrote the training replies (recorded).")] = "unspecified",
+    test_split: TestSplitOpt = 0.2,
+    val_split: ValSplitOpt = 0.1,
+    seed: SeedOpt = 0,
+    context_turns: ContextOpt = 0,
+    backbone: Annotated[Optional[str], typer.Option("--backbone", help="roberta/minilm: local checkpoint folder.")] = None,
+    epochs: Annotated[Optional[int], typer.Option("--epochs", min=1, help="roberta/minilm: max epochs.")] = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="roberta/minilm: batch size.")] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="roberta/minilm: peak learning rate.")] = None,
+    max_length: Annotated[Optional[int], typer.Option("--max-length", min=8, help="roberta/minilm: max prompt tokens.")] = None,
+    patience: Annotated[Optional[int], typer.Option("--patience", min=0, help="roberta/minilm: early-stopping patience (epochs).")] = None,
+    max_train_min: Annotated[Optional[float], typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
+    resume: Annotated[bool, typer.Option("--resume", help="roberta/minilm: continue from OUT/checkpoint/state.pt.")] = False,
+    device: Annotated[Optional[str], typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Train a response-length model on (prompt, reply) pairs, report its test metrics and
+    save it as an artifact folder (meta.json + weights)."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from rps_astro_cli.length.pipeline import train_length_model
+
+    hp = {"backbone": backbone, "epochs": epochs, "batch_size": batch_size, "lr": lr, "max_length": max_length,
+          "patience": patience, "max_train_s": max_train_min * 60 if max_train_min else None,
+          "resume": resume, "device": device}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=err_console, disable=as_json, transient=True) as bar:
+        task = bar.add_task(f"training {model}", total=1.0)
+
+        def progress(msg: str, frac: float) -> None:
+            bar.update(task, completed=frac, description=f"{model}: {msg}")
+
+        res = train_length_model(
+            _default_data(data), model_name=model, out_dir=out, tokenizer=tokenizer, target_model=target_model,
+            responder=responder, test_frac=test_split if test_split is not None else 0.2,
+            val_frac=val_split if val_split is not None else 0.1, seed=seed, context_turns=context_turns or 0,
+            hparams=hp, progress=progress,
+        )
+    if as_json:
+        typer.echo(json.dumps(_json_safe({"model": model, "artifact": str(res.directory), "n_train": res.n_train,
+                                          "n_val": res.n_val, "n_test": res.n_test, "train_s": res.train_s,
+                                          "metrics": res.metrics, "notes": res.notes})))
+        return
+    for note in res.notes:
+        err_console.print(f"note: {note}", highlight=False)
+    console.print(f"trained {model} on {res.n_train} pairs (val {res.n_val}) in {res.train_s:.1f} s → {res.directory}")
+    if res.metrics:
+        _table({model: res.metrics}, f"test split: {res.n_test} pairs")
+
+
+@user_errors
+def eval_length(
+    data: DataOpt = None,
+    model: Annotated[Optional[list[str]], typer.Option("--model", help="Artifact name or folder; repeatable (default: every artifact in artifacts/length/).")] = None,
+    baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also report the median and linear-in-prompt-length baselines.")] = True,
+    tokenizer: TokenizerOpt = None,
+    test_split: TestSplitOpt = None,
+    val_split: ValSplitOpt = None,
+    seed: Annotated[Optional[int], typer.Option("--seed", help="Split seed (default: the first model's recorded one).")] = None,
+    context_turns: ContextOpt = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write metrics.json, metrics.md, scatter.png, error_cdf.png here.")] = None,
+    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="Measure per-request prediction latency.")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Compare length models and baselines on one conversation-level test split: MAE, MAPE,
+    median AE, Kendall τ, bucket accuracy and per-request latency."""
+    from rps_astro_cli.length.pipeline import evaluate_length_models
+
+    res = evaluate_length_models(
+        _default_data(data), models=model or None, baselines=baselines, tokenizer=tokenizer, test_frac=test_split,
+        val_frac=val_split, seed=seed, context_turns=context_turns, out_dir=out, latency=latency,
+    )
+    if as_json:
+        typer.echo(json.dumps(_json_safe(res.results), sort_keys=True))
+        for note in res.notes:
+            err_console.print(f"note: {note}", highlight=False)
+        return
+    for note in res.notes:
+        err_console.print(f"note: {note}", highlight=False)
+    s = res.split
+    _table(res.results, f"test split {s['test_frac']} by conversation, seed {s['seed']}: {res.n_test} pairs")
+    for p in res.report_paths:
+        console.print(f"wrote {p}")
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `train-length` and `eval-length` to the root app."""
+    app.command("train-length")(train_length)
+    app.command("eval-length")(eval_length)
