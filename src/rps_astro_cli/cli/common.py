@@ -9,6 +9,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rps_astro_cli.errors import AstroUserError
 
@@ -27,10 +28,12 @@ def user_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except AstroUserError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False, markup=True)
+            # soft_wrap: the error stays one line however long; escape: "[...]" in a message is text
+            err_console.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, markup=True, soft_wrap=True)
             raise typer.Exit(2) from None
         except FileNotFoundError as exc:
-            err_console.print(f"[bold red]error:[/] file not found: {exc.filename}", highlight=False)
+            err_console.print(f"[bold red]error:[/] file not found: {escape(str(exc.filename))}", highlight=False,
+                              soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("interrupted")
@@ -41,7 +44,7 @@ def user_errors(fn: F) -> F:
 
 def fail(message: str, code: int = 1) -> None:
     """Print a one-line error and exit with `code`."""
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
