@@ -87,16 +87,25 @@ class EngineRequest:
 
 @dataclass
 class EngineCounters:
-    """Monotonic totals for `/metrics` (tokens, requests) and the latency samples hooks.
+    """Monotonic totals for `/metrics`.
 
     prompt_tokens_total: prompt tokens of admitted requests. generation_tokens_total:
     tokens sampled. requests_finished_total / requests_aborted_total: counts.
+    steps_total: engine steps run. steps_late_total: steps whose outputs were delivered
+    more than `LATE_WALL_S` wall seconds after their scheduled end (the loop not keeping
+    up). lag_wall_s_max: the largest such delay seen (wall seconds).
     """
 
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     requests_finished_total: int = 0
     requests_aborted_total: int = 0
+    steps_total: int = 0
+    steps_late_total: int = 0
+    lag_wall_s_max: float = 0.0
+
+
+LATE_WALL_S = 0.005
 
 
 class SimEngine:
@@ -191,9 +200,12 @@ class SimEngine:
 
         Raises:
             ApiError: 400 when prompt (+ max_tokens) exceeds max_model_len.
+            RuntimeError: the engine was not started.
         """
         prompt = req.text_tokens + charge.vision_tokens
         max_tokens = resolve_max_tokens(req, prompt, self.config.max_model_len)
+        if self._wake is None:
+            raise RuntimeError("SimEngine.submit before start()")
         out, reason = self.target_output_tokens(req, max_tokens)
         rid = request_id or f"req-{next(self._ids)}"
         sim = SimRequest(
@@ -303,6 +315,13 @@ class SimEngine:
             end = start + res.duration_s
             delay = self._wall(end) - loop.time()
             await asyncio.sleep(delay if delay > 0 else 0)
+            lag = loop.time() - self._wall(end)
+            c = self.counters
+            c.steps_total += 1
+            if lag > LATE_WALL_S:
+                c.steps_late_total += 1
+                if lag > c.lag_wall_s_max:
+                    c.lag_wall_s_max = lag
             self._deliver(res, end)
             next_start_s = end
 

@@ -13,7 +13,9 @@ Routes:
   `vllm:generation_tokens_total`, `vllm:request_success_total`; histograms
   `vllm:time_to_first_token_seconds` (first token − arrival) and
   `vllm:e2e_request_latency_seconds` (last token − arrival), in engine (simulated) seconds,
-  which equal wall seconds at time_scale 1.0.
+  which equal wall seconds at time_scale 1.0; and astro's own `astro:engine_steps_total`,
+  `astro:engine_steps_late_total` (delivered > 5 ms wall after the scheduled end),
+  `astro:engine_lag_seconds_max` (wall seconds): whether the loop keeps up.
 
 Errors are `{"error": {"message", "type", "param", "code"}}`: 400 bad field, 401 bad API
 key (checked on /v1 routes when set), 404 unknown model, 413 body too large, 500 server
@@ -106,6 +108,19 @@ class _EngineCollector:
             m = CounterMetricFamily(name, doc, labels=["model_name"])
             m.add_metric(lab, val)
             yield m
+        # astro's own: is the wall-clock loop keeping up with the model's step times?
+        for name, doc, val in (
+            ("astro:engine_steps", "Engine steps run.", c.steps_total),
+            ("astro:engine_steps_late", "Steps delivered > 5 ms (wall) after their scheduled end.",
+             c.steps_late_total),
+        ):
+            m = CounterMetricFamily(name, doc, labels=["model_name"])
+            m.add_metric(lab, val)
+            yield m
+        g = GaugeMetricFamily("astro:engine_lag_seconds_max", "Largest wall-clock delivery delay "
+                              "behind a step's scheduled end.", labels=["model_name"])
+        g.add_metric(lab, c.lag_wall_s_max)
+        yield g
 
 
 # -- SSE response that always watches for disconnects -----------------------------------
@@ -376,8 +391,12 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     from rps_astro_cli.errors import AstroUserError
 
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; and
+    # NODELAY on the listener (Linux inherits it): without it, small SSE writes wait for
+    # the client's delayed ACK (~40 ms per response).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
