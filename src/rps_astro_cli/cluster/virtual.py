@@ -238,6 +238,10 @@ def simulate_cluster(
             pending_finished[i] = res.finished
             seq += 1
             heapq.heappush(heap, (end, _STEP_END, seq, i))
+        elif res.preempted:
+            # the pass preempted the request it served and nothing ran (vLLM V1 stops
+            # the pass); the next step forms at once
+            wake(i, now)
         else:
             stepping[i] = False
 

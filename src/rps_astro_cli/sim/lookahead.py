@@ -25,6 +25,7 @@ from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.status import InstanceStatus, RequestStatus
 
 CANDIDATE_ID = "__candidate__"
+_PREEMPTED_ONLY = -1.0  # a step that only preempted: nothing ran, no time passed
 MAX_LOOKAHEAD_STEPS = 2_000_000
 
 
@@ -165,6 +166,10 @@ def predict_stepwise(
         if res.scheduled:
             t += res.duration_s
             steps += 1
+        elif res.preempted:
+            # the running pass preempted the request it was serving (vLLM V1 then stops
+            # the pass) and nothing else ran: no time passes, the next step goes on
+            pass
         elif not added:
             t = cand.arrival_s
         else:
@@ -357,7 +362,7 @@ class _FastLookahead:
         self.G += 1
         self._rebuild()
         if not res.scheduled:
-            return None
+            return _PREEMPTED_ONLY if res.preempted else None
         return res.duration_s
 
     def _pop_finished(self, t: float) -> bool:
@@ -597,6 +602,9 @@ class _FastLookahead:
         preemption. Returns the duration, or False for the careful path."""
         run, G, bs = self.running, self.G, self.bs
         F = self.free
+        B, nondec = self.B, self.nondec
+        if len(run) == B + len(nondec) and (not nondec or (chunked and run[B:] == nondec)):
+            return self._fcfs_preempt_tail(t, chunked)
         budget = self.cfg.max_num_batched_tokens if chunked else MAX_LOOKAHEAD_STEPS
         end = len(run)
         i = 0
@@ -637,6 +645,60 @@ class _FastLookahead:
         for j in range(i, end):
             if run[j].pool_g >= 0:
                 return False  # a pooled decoder would be left unscheduled
+        return self._evict_tail(t, end, ents, F, ntok)
+
+    def _fcfs_preempt_tail(self, t: float, chunked: bool) -> float | bool:
+        """`_fcfs_preempt_step` when the running list is the B pooled decoders followed
+        by the unpooled tail: O(victims + tail). Under FCFS the greedy pass (preempt the
+        last request whenever the current allocation fails) keeps the longest prefix
+        run[:e] whose block needs fit the free pool plus the blocks the suffix run[e:]
+        held; that prefix is found by peeling the suffix from the end."""
+        run, G, bs, B = self.running, self.G, self.bs, self.B
+        F = self.free
+        budget = self.cfg.max_num_batched_tokens - B if chunked else 0
+        nd: list[tuple[_LReq, int, int]] = []
+        need = self.cnt2[G % bs] if B else 0
+        ntok = B
+        for r in self.nondec:
+            if budget <= 0:
+                nd.append((r, 0, 0))
+                continue
+            c = r.num_computed_tokens
+            n = r.prompt_tokens + r.num_generated_tokens - c
+            if n > budget:
+                n = budget
+            nb = -(-(c + n) // bs) - r.kv_blocks
+            if nb < 0:
+                nb = 0
+            nd.append((r, n, nb))
+            need += nb
+            budget -= n
+            ntok += n
+        e = len(run)
+        while need > F:
+            e -= 1
+            v = run[e]
+            if e >= B:
+                _r, n, nb = nd[e - B]
+                need -= nb
+                ntok -= n
+                F += v.kv_blocks
+            else:
+                c = v.num_computed_tokens + G - v.pool_g
+                if c % bs == 0:
+                    need -= 1
+                ntok -= 1
+                F += -(-c // bs)
+        if e == len(run):
+            return False
+        ents = [x for x in nd[: max(0, e - B)] if x[1] > 0]
+        return self._evict_tail(t, e, ents, F - need, ntok)
+
+    def _evict_tail(self, t: float, end: int, ents: list[tuple[_LReq, int, int]], F: int, ntok: int) -> float | None:
+        """Preempt run[end:] by recompute (they go to the front of waiting, in running
+        order, as repeated vLLM `prepend_request` calls leave them), then run the step of
+        the survivors: the pooled decoders plus `ents`, with `F` blocks left free."""
+        run, G, bs = self.running, self.G, self.bs
         cnt2 = self.cnt2
         victims = run[end:]
         del run[end:]
@@ -660,7 +722,7 @@ class _FastLookahead:
         self.waiting[:0] = victims
         B = self.B
         if not B and not ents:
-            return None
+            return _PREEMPTED_ONLY
         return self._apply(t, ents, B, F, ntok, True)
 
     # -- the loop -------------------------------------------------------------------
@@ -727,6 +789,8 @@ class _FastLookahead:
             if dur is False:
                 dur = self._careful_step(t)
                 self._done = cand.finish_s is not None
+            if dur is _PREEMPTED_ONLY:
+                continue
             if dur is None:
                 if not added:
                     t = arrival
