@@ -156,3 +156,19 @@ def test_sand_flows_past_queued_rocks_in_the_instance():
     # fcfs: rock 512/512/512/464 then sand gets 48 of step 4 and its last 52 in step 5:
     # 4 × 0.0612 + step 5 (rock decode 1 + sand 52 = 53 tokens: 0.01 + 0.0053) = 0.2601
     assert out[("fcfs", "sand")] == pytest.approx(4 * 0.0612 + 0.0153)
+
+
+def test_vectorized_order_equals_the_regulator_formula_on_random_queues():
+    import numpy as np
+
+    rng = np.random.default_rng(7)
+    pol = make_policy("rps")
+    reg = PriorityRegulator()
+    mods = ("text", "image", "video")
+    for _ in range(50):
+        now = 500.0
+        q = [req(f"r{i}", float(now - rng.exponential(30.0)), mods[int(rng.integers(0, 3))]) for i in range(40)]
+        q.append(req("fresh-rock-a", now, "video"))
+        q.append(req("fresh-rock-b", now, "video"))  # P = 0 tie: arrival, then position
+        ref = sorted(range(len(q)), key=lambda i: (-reg.priority(pol.classify(q[i]), now - q[i].arrival_s), q[i].arrival_s, i))
+        assert [r.request_id for r in pol.order_waiting(q, now)] == [q[i].request_id for i in ref]

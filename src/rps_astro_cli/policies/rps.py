@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.policies.priority import (
@@ -188,16 +190,29 @@ class RPSPolicy(ClassAwarePolicy):
     ):
         super().__init__(classifier)
         self.regulator = PriorityRegulator(static_priority, alpha, beta)
+        d = self.regulator.describe()
+        self._static = np.array(d["static_priority"])
+        self._alpha = np.array(d["alpha"])
+        self._beta = np.array(d["beta"])
 
     def score(self, req: SimRequest, now_s: float) -> float:
         """The request's scheduling score −log P_c(w) at `now_s` (lower runs first)."""
         return self.regulator.score(self.classify(req), now_s - req.arrival_s)
 
     def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
-        pr = self.regulator.priority
-        keyed = [(-pr(self.classify(r), now_s - r.arrival_s), r.arrival_s, i) for i, r in enumerate(waiting)]
-        keyed.sort()
-        return [waiting[k[2]] for k in keyed]
+        n = len(waiting)
+        if n <= 1:
+            return list(waiting)
+        # Vectorized P_c(w) (this runs every step of the engine and of the look-ahead);
+        # order by (−P, arrival, position). numpy for every n ≥ 2 so the engine and the
+        # look-ahead order identically whatever their queue lengths.
+        rank = CLASS_RANK
+        cls = np.fromiter((rank[self.classify(r)] for r in waiting), dtype=np.intp, count=n)
+        arr = np.fromiter((r.arrival_s for r in waiting), dtype=np.float64, count=n)
+        w = np.maximum(now_s - arr, 0.0)
+        p = self._static[cls] + 1.0 - np.exp(-self._beta[cls] * np.power(w, self._alpha[cls]))
+        order = np.lexsort((np.arange(n), arr, -p))
+        return [waiting[i] for i in order.tolist()]
 
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
         pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(len(running))
