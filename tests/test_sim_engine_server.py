@@ -326,3 +326,29 @@ def test_api_key_on_v1_routes():
                        headers={"Authorization": "Bearer sekret"})
         assert r.status_code == 200
         assert httpx.get(srv.url + "/health").status_code == 200
+
+
+# -- server faults ---------------------------------------------------------------------------
+def test_step_fault_is_500_with_request_id_and_engine_keeps_serving():
+    srv = serve(make_profile(), time_scale=0.01)
+    eng = srv.server.config.app.state.engine
+    real_step = eng.inst.step
+    calls = {"n": 0}
+
+    def flaky_step(now_s):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ZeroDivisionError("boom")
+        return real_step(now_s)
+
+    eng.inst.step = flaky_step
+    with srv:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 500
+        err = r.json()["error"]
+        assert err["type"] == "server_error" and "request id" in err["message"]
+        assert "Traceback" not in r.text and "boom" not in r.text
+        st = status(srv.url)
+        assert (st["running"], st["waiting"], st["kv_blocks_free"]) == ([], [], 512)
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3

@@ -5,7 +5,10 @@ Routes:
   streaming answers are SSE `data: {...}` chunks, one per output token (token text is
   synthetic: one short word per token; counts are exact), ending `data: [DONE]`; with
   `stream_options.include_usage` a usage-only chunk (`choices: []`) precedes `[DONE]`.
-- `GET /v1/models`, `GET /health`, `GET /status` (the `InstanceStatus` snapshot),
+  Chat streams send the `{"role": "assistant"}` delta together with the first token (as
+  vLLM does), so a client's first chunk marks the first token.
+- `GET /v1/models`, `GET /health`, `GET /status` (the `InstanceStatus` snapshot; requests
+  still in multimodal preprocessing are not in it yet: they are not schedulable),
   `GET /metrics` (Prometheus text, vLLM's metric names, one CollectorRegistry per app):
   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (used blocks / total, 0–1); counters
