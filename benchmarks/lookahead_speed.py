@@ -7,8 +7,11 @@ per request): R running requests caught at a uniformly random point of their dec
 overflow), W waiting requests, and a candidate, all with oracle predicted lengths, on the
 `llama-2-7b-a30` profile (block 16, 1056 blocks, max 48 seqs, chunk 512).
 
-Prints one row per (running, waiting): median and p99 µs of the jump look-ahead, the
-step-by-step median on a subset, their ratio, mean steps simulated and mean events.
+Prints one row per (running, waiting): median and p99 µs of the jump look-ahead (wall
+clock, and the process CPU time beside it: the machine is shared, so wall time includes
+waiting for a core), the step-by-step median on a subset, their ratio (same subset),
+mean steps simulated and mean events, and the largest relative difference between the two
+look-aheads' TTFT/E2E on the subset.
 
     .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15]
 """
@@ -80,17 +83,20 @@ def main() -> None:
     policy = FCFSPolicy()
     print(f"profile {prof.profile_id}; blocks {cfg.num_gpu_blocks}×{cfg.block_size}, "
           f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}")
-    print(f"{'running':>7} {'waiting':>7} | {'jump med µs':>11} {'jump p99 µs':>11} | "
-          f"{'step med µs':>11} {'ratio':>7} | {'steps':>7} {'events':>7} {'max rel diff':>12}")
+    print(f"{'running':>7} {'waiting':>7} | {'jump med µs':>11} {'jump p99 µs':>11} "
+          f"{'cpu med µs':>10} {'cpu p99 µs':>10} | {'step med µs':>11} {'ratio':>7} | "
+          f"{'steps':>7} {'events':>7} {'max rel diff':>12}")
     for n_run in (8, 48):
         for n_wait in (0, 50, 200):
             snaps = [make_snapshot(lengths, cfg, n_run, n_wait, rng) for _ in range(args.snapshots)]
             lat = LatencyModel(prof)  # warm memo, as a long-lived Predictor has
-            fast_us, steps, events = [], [], []
+            fast_us, cpu_us, steps, events = [], [], [], []
             for st, cand in snaps:
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 est = predict(st, cand, lat, policy)
                 fast_us.append((time.perf_counter() - t0) * 1e6)
+                cpu_us.append((time.process_time() - c0) * 1e6)
                 steps.append(est.steps_simulated)
                 events.append(est.events)
             slow_us, fast_sub, maxdiff = [], [], 0.0
@@ -106,7 +112,9 @@ def main() -> None:
             p99 = float(np.percentile(fast_us, 99))
             smed = float(np.median(slow_us)) if slow_us else float("nan")
             ratio = smed / float(np.median(fast_sub)) if slow_us else float("nan")
-            print(f"{n_run:>7} {n_wait:>7} | {med:>11.0f} {p99:>11.0f} | {smed:>11.0f} {ratio:>6.0f}× | "
+            cmed, cp99 = float(np.median(cpu_us)), float(np.percentile(cpu_us, 99))
+            print(f"{n_run:>7} {n_wait:>7} | {med:>11.0f} {p99:>11.0f} {cmed:>10.0f} {cp99:>10.0f} | "
+                  f"{smed:>11.0f} {ratio:>6.0f}× | "
                   f"{np.mean(steps):>7.0f} {np.mean(events):>7.0f} {maxdiff:>12.1e}", flush=True)
 
 

@@ -307,6 +307,12 @@ class _FastLookahead:
         self.nondec: list[_LReq] = []
         self.seq = 0
         self._sim: InstanceSim | None = None
+        self.M = cfg.max_num_batched_tokens
+        self.maxs = cfg.max_num_seqs
+        self.memo = latency._memo
+        self.dec = latency._dec
+        self.pre = latency._pre
+        self._done = False
         self._rebuild()
 
     # -- pool maintenance ------------------------------------------------------------
@@ -514,11 +520,15 @@ class _FastLookahead:
             if n == 1 and g > 0 and r.prompt_tokens + g - k == 1:
                 dctx += k + 1
             else:
-                pairs += LatencyModel.prefill_pairs(n, k)
+                pairs += n * k + n * (n + 1) / 2  # LatencyModel.prefill_pairs
                 if k == 0 and r.encoder_s:
                     enc += r.encoder_s
         nb_sched = B + len(sched) if decode_pool else len(sched)
-        dur = self.latency.step_s(nb_sched, num_tokens, dctx, pairs, enc)
+        # LatencyModel.step_s, same float operations in the same order
+        a = self.memo.get((nb_sched, num_tokens))
+        if a is None:
+            a = self.latency.shape_s(nb_sched, num_tokens)
+        dur = a + self.dec * dctx + self.pre * pairs + enc
         end = t + dur
         self.free = free
         if decode_pool:
@@ -731,6 +741,9 @@ class _FastLookahead:
         fcfs = _is_fcfs(self.policy)
         chunked = cfg.chunked_prefill
         max_tok = cfg.max_num_batched_tokens
+        maxs = cfg.max_num_seqs
+        pbudget = cfg.prefill_budget
+        tdep = self.policy.time_dependent
         dec = self.latency.profile.decode_attn_s_per_ctx_token
         shape_s = self.latency.shape_s
         arrival = cand.arrival_s
@@ -746,8 +759,29 @@ class _FastLookahead:
                 added = True
             B = self.B
             # ---- pure decode run: jump ----
-            if (B and not self.nondec and (not chunked or B <= max_tok)
-                    and self._admission_blocked(t, fcfs)):
+            if B and not self.nondec and (not chunked or B <= max_tok):
+                W = self.waiting
+                if not W or B >= maxs or (chunked and max_tok <= B):
+                    blocked = True
+                elif fcfs and not tdep:  # inline `_admission_blocked` for the FCFS head
+                    head = W[0]
+                    c = head.num_computed_tokens
+                    n = head.prompt_tokens + head.num_generated_tokens - c
+                    if chunked:
+                        if n > max_tok - B:
+                            n = max_tok - B
+                        nb = -(-(c + n) // bs) - head.kv_blocks
+                        blocked = nb > 0 and nb > self.free - self.cnt2[self.G % bs]
+                    elif n > pbudget:
+                        blocked = True
+                    else:
+                        nb = -(-(c + n) // bs) - head.kv_blocks
+                        blocked = nb > 0 and nb > self.free
+                else:
+                    blocked = self._admission_blocked(t, fcfs)
+            else:
+                blocked = False
+            if blocked:
                 G, S, free, cnt2 = self.G, self.S, self.free, self.cnt2
                 n = self.heap[0][0] - G + 1
                 a = shape_s(B, B)
@@ -781,7 +815,6 @@ class _FastLookahead:
                         break
                     continue
             # ---- one ordinary step ----
-            self._done = False
             if chunked:
                 dur = self._fast_step_chunked(t, fcfs)
             else:
