@@ -46,6 +46,7 @@ def test_unknown_args_pass_through_to_backend():
     (["--instance-policy", "nope"], "unknown instance policy"),
     (["--max-num-seqs", "0"], "max_num_seqs"),
     (["--extra-flag"], "sim backend takes no extra arguments"),
+    (["--tokenizer", "/no/such/tokenizer"], "tokenizer"),
 ])
 def test_user_errors_exit_2(args, needle):
     res = runner.invoke(app, ["serve", "engine", "--port", "0", *args])

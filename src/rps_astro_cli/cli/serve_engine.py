@@ -41,6 +41,7 @@ def register(serve_app: typer.Typer) -> None:
         allow_remote_media: Annotated[bool, typer.Option("--allow-remote-media", help="Accept http(s) image/video URLs (public addresses only).")] = False,
         served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="Model name clients send (default: the profile's model).")] = None,
         ready_file: Annotated[str | None, typer.Option("--ready-file", help="Write the base URL to this file once listening.")] = None,
+        tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Local Hugging Face tokenizer folder for prompt counting (default: astro's documented fallback counter).")] = None,
     ) -> None:
         """Serve an OpenAI-compatible engine (sim: the instance model in wall-clock time)."""
         from rps_astro_cli.engine.backends import EngineOptions, get_backend
@@ -52,7 +53,7 @@ def register(serve_app: typer.Typer) -> None:
             max_model_len=max_model_len, chunked_prefill=not no_chunked_prefill,
             api_key=api_key or None, max_body_bytes=max_body_bytes,
             allow_remote_media=allow_remote_media, served_model_name=served_model_name,
-            ready_file=ready_file,
+            ready_file=ready_file, tokenizer=tokenizer,
         )
         get_backend(backend)(opts, list(ctx.args))
 

@@ -33,7 +33,8 @@ class EngineOptions:
     prioritized prefill. api_key: Bearer key for /v1 routes (None = open).
     max_body_bytes: request body bound (bytes). allow_remote_media: accept public
     http(s) media URLs. served_model_name: model name clients use (None = the profile's).
-    ready_file: write the base URL here once listening.
+    ready_file: write the base URL here once listening. tokenizer: a local Hugging Face
+    tokenizer folder for prompt counting (None = `tokens.count_tokens_fallback`).
     """
 
     profile: str | None = None
@@ -53,6 +54,7 @@ class EngineOptions:
     allow_remote_media: bool = False
     served_model_name: str | None = None
     ready_file: str | None = None
+    tokenizer: str | None = None
 
 
 EngineBackend = Callable[[EngineOptions, list[str]], None]
@@ -109,10 +111,12 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
                              field="--backend", fix="drop them or use --backend vllm")
     from rps_astro_cli.engine.openai_api import ApiLimits
     from rps_astro_cli.engine.sim_server import run_engine
+    from rps_astro_cli.tokens import load_counter
 
     if opts.max_body_bytes <= 0:
         raise AstroUserError(f"must be > 0, got {opts.max_body_bytes}", field="--max-body-bytes")
+    counter = load_counter(opts.tokenizer)
     engine = build_sim_engine(opts)
     limits = ApiLimits(max_body_bytes=opts.max_body_bytes, allow_remote_media=opts.allow_remote_media)
     run_engine(engine, host=opts.host, port=opts.port, api_key=opts.api_key, limits=limits,
-               served_model_name=opts.served_model_name, ready_file=opts.ready_file)
+               served_model_name=opts.served_model_name, ready_file=opts.ready_file, counter=counter)

@@ -422,8 +422,9 @@ def _uvicorn_server(app: FastAPI, log_level: str):
 def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, limits: ApiLimits = ApiLimits(),
                served_model_name: str | None = None, log_level: str = "warning",
-               ready_file: str | None = None) -> None:
-    """Serve `engine` over HTTP until interrupted (blocking).
+               ready_file: str | None = None, counter=count_tokens_fallback) -> None:
+    """Serve `engine` over HTTP until interrupted (blocking). `counter` counts prompt
+    tokens (default `tokens.count_tokens_fallback`).
 
     Prints `ready: http://HOST:PORT` on stdout once listening (with port 0 the OS picks a
     port); `ready_file`, when given, receives the same URL.
@@ -431,7 +432,8 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     Raises:
         AstroUserError: the address cannot be bound.
     """
-    app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name)
+    app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
+                     counter=counter)
     sock = bind_socket(host, port)
     real_port = sock.getsockname()[1]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{real_port}"
