@@ -167,11 +167,14 @@ def markdown(rep: dict[str, Any]) -> str:
                            fmt(m.get("predictor_e2e_mae_s")) if m.get("predictor_e2e_mae_s") is not None
                            else fmt((disp.get("predictor_e2e") or {}).get("mae_s")),
                            fmt((disp.get("overhead_ms") or {}).get("p50")), fmt((disp.get("overhead_ms") or {}).get("p99")),
+                           fmt((ex.get("decide_us") or {}).get("p50") if ex.get("decide_us")
+                               else _us((disp.get("decide_ms") or {}).get("p50"))),
                            fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
                            str(m.get("errors") or "none")])
     lines += ["## Prediction, dispatch and failures", "",
               _md_table(("run", "length MAE tok", "length MAPE", "predictor E2E MAE s", "sched overhead p50 ms",
-                         "p99 ms", "predictor CPU ms/query", "predictor CPU %", "errors"), extra_rows), ""]
+                         "p99 ms", "decide p50 µs", "predictor CPU ms/query", "predictor CPU %", "errors"),
+                        extra_rows), ""]
     if rep["capacity"]:
         lines += ["## SLO capacity", "", _md_table(
             ("policy", "goal", "capacity req/s", "interpolated", "probes", "note"),
@@ -181,6 +184,10 @@ def markdown(rep: dict[str, Any]) -> str:
     if rep["exit_reasons"]:
         lines += ["## Exit", ""] + [f"- {r}" for r in rep["exit_reasons"]]
     return "\n".join(lines) + "\n"
+
+
+def _us(ms: float | None) -> float | None:
+    return None if ms is None else ms * 1000
 
 
 # -- plots -----------------------------------------------------------------------------------

@@ -104,6 +104,7 @@ class BenchConfig:
     capacity_percentile: float = 99.0
     capacity_threshold_s: float | None = None
     capacity_min_rps: float = 0.5
+    capacity_start_rps: float = 4.0
     capacity_max_rps: float = 256.0
     capacity_tolerance: float = 0.02
     fail_under: float | None = None
@@ -310,7 +311,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
                 res = cap.search_capacity(
                     probe, goal,
-                    rates=config.rates, min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
+                    rates=config.rates, start_rps=config.capacity_start_rps,
+                    min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
                     tolerance=config.capacity_tolerance, label=_label(policy, k, spec0).split(" @ ")[0])
                 result.capacity.append(res)
             else:

@@ -65,6 +65,7 @@ def bench(
     capacity_metric: Annotated[str, typer.Option("--capacity-metric", help="ttft | tpot | e2el | nlat")] = "ttft",
     capacity_percentile: Annotated[float, typer.Option("--capacity-percentile", help="Percentile of the capacity goal.")] = 99.0,
     capacity_threshold: Annotated[Optional[float], typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
+    capacity_start_rate: Annotated[float, typer.Option("--capacity-start-rate", help="First rate the search probes (req/s).")] = 4.0,
     capacity_max_rate: Annotated[float, typer.Option("--capacity-max-rate", help="Upper bound of the search (req/s).")] = 256.0,
     fail_under: Annotated[Optional[float], typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
@@ -94,7 +95,7 @@ def bench(
         oracle_lengths=oracle_lengths, prediction_noise=prediction_noise, length_model=length_model,
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
-        capacity_threshold_s=capacity_threshold, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
+        capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
         out_dir=out_dir)
     result = _run_with_progress(cfg, run_bench)
     print_summary(result)
@@ -128,6 +129,12 @@ def _run_with_progress(cfg, run_bench):
         elif event == "run_start":
             state["task"] = prog.add_task(data["label"], total=data["total"], ok=0, failed=0)
             state["ok"] = state["failed"] = 0
+        elif event == "run_end":
+            run = data["run"]
+            m = run.metrics["overall"]
+            prog.console.print(f"  done {run.label}: {m.num_completed}/{m.num_requests} ok, "
+                               f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, "
+                               f"{run.wall_s:.1f} s wall", highlight=False, soft_wrap=True)
         elif event == "request":
             key = "ok" if data["record"].success else "failed"
             state[key] += 1
@@ -135,6 +142,10 @@ def _run_with_progress(cfg, run_bench):
 
     with prog:
         return run_bench(cfg, on)
+
+
+def _f(v) -> str:
+    return "n/a" if v is None else f"{v:.3g}"
 
 
 def print_summary(result) -> None:
