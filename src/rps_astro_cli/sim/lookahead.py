@@ -735,6 +735,113 @@ class _FastLookahead:
             return _PREEMPTED_ONLY
         return self._apply(t, ents, B, F, ntok, True)
 
+    def _tail_loop(self, t: float, arrival: float, added: bool, cand: _LReq) -> tuple[float, int, bool]:
+        """FCFS chunked prefill with B pooled decoders and one long prefill X (the
+        waiting head, or the running tail): under KV pressure the instance cycles through
+        admit-X-with-a-partial-chunk (A), continue-X's-partial-prefill (C) and
+        preempt-X-and-run-the-decoders (P), with X back at the head of the queue. Run
+        such steps here, O(1) each, while no decoder finishes, X's prefill does not
+        complete, and no step needs anything else (admitting a second request, evicting
+        a decoder); the durations are the same float operations `_apply` does.
+        Returns (time, steps run, candidate added)."""
+        B = self.B
+        room = self.M - B
+        if room <= 0:
+            return t, 0, added
+        run, waiting, nondec = self.running, self.waiting, self.nondec
+        if nondec:
+            if len(nondec) != 1 or len(run) != B + 1 or run[-1] is not nondec[0]:
+                return t, 0, added
+            x = nondec[0]
+            tail = True
+        else:
+            if B >= self.maxs:
+                return t, 0, added
+            x = waiting[0]
+            tail = False
+        nx = x.prompt_tokens + x.num_generated_tokens
+        cx = x.num_computed_tokens
+        if nx - cx <= room:
+            return t, 0, added
+        heap = self.heap
+        while heap and (heap[0][2].pool_seq != heap[0][1] or heap[0][2].pool_g < 0):
+            heapq.heappop(heap)  # stale entries of preempted requests
+        fmin = heap[0][0] if heap else MAX_LOOKAHEAD_STEPS
+        G, bs = self.G, self.bs
+        cnt2, F, S = self.cnt2, self.free, self.S
+        memo, dec, pre = self.memo, self.dec, self.pre
+        kx = x.kv_blocks
+        encx = x.encoder_s
+        aP = memo.get((B, B))
+        if aP is None:
+            aP = self.latency.shape_s(B, B)
+        was_tail = tail
+        preempts = 0
+        steps = 0
+        while G < fmin:
+            n_t = cnt2[G % bs]
+            if nx - cx <= room:
+                break  # X's prefill would complete: it samples (general path)
+            k = -(-(cx + room) // bs) - kx
+            if k < 0:
+                k = 0
+            if not tail:
+                if n_t > F or k > F - n_t:
+                    break  # decoders run out of blocks, or the head is blocked (jump)
+                a = memo.get((B + 1, B + room))
+                if a is None:
+                    a = self.latency.shape_s(B + 1, B + room)
+                pairs = room * cx + room * (room + 1) / 2
+                enc = 0.0
+                if cx == 0 and encx:
+                    enc += encx
+                t += a + dec * S + pre * pairs + enc
+                F -= n_t + k
+                kx += k
+                cx += room
+                tail = True
+            elif n_t + k <= F:
+                a = memo.get((B + 1, B + room))
+                if a is None:
+                    a = self.latency.shape_s(B + 1, B + room)
+                pairs = room * cx + room * (room + 1) / 2
+                enc = 0.0
+                if cx == 0 and encx:
+                    enc += encx
+                t += a + dec * S + pre * pairs + enc
+                F -= n_t + k
+                kx += k
+                cx += room
+            else:
+                if n_t > F + kx:
+                    break  # evicting X is not enough (general path)
+                t += aP + dec * S + pre * 0.0 + 0.0
+                F += kx - n_t
+                kx = 0
+                cx = 0
+                tail = False
+                preempts += 1
+            S += B
+            G += 1
+            steps += 1
+            if not added and t >= arrival:
+                waiting.append(cand)
+                added = True
+        if steps:
+            self.G, self.S, self.free = G, S, F
+            x.num_computed_tokens = cx
+            x.kv_blocks = kx
+            x.num_preemptions += preempts
+            if tail and not was_tail:
+                del waiting[0]
+                run.append(x)
+                nondec.append(x)
+            elif was_tail and not tail:
+                run.pop()
+                nondec.pop()
+                waiting.insert(0, x)
+        return t, steps, added
+
     # -- the loop -------------------------------------------------------------------
     def run(self, cand: _LReq, t0: float) -> LatencyEstimate:
         cfg, bs = self.cfg, self.bs
@@ -744,6 +851,7 @@ class _FastLookahead:
         maxs = cfg.max_num_seqs
         pbudget = cfg.prefill_budget
         tdep = self.policy.time_dependent
+        fcfs_chunked = fcfs and chunked
         dec = self.latency.profile.decode_attn_s_per_ctx_token
         shape_s = self.latency.shape_s
         arrival = cand.arrival_s
@@ -783,7 +891,10 @@ class _FastLookahead:
                 blocked = False
             if blocked:
                 G, S, free, cnt2 = self.G, self.S, self.free, self.cnt2
-                n = self.heap[0][0] - G + 1
+                heap = self.heap
+                while heap[0][2].pool_seq != heap[0][1] or heap[0][2].pool_g < 0:
+                    heapq.heappop(heap)  # stale entries of preempted requests
+                n = heap[0][0] - G + 1
                 a = shape_s(B, B)
                 if not added:
                     k = self._steps_to_reach(arrival - t, a, dec, S, B)
@@ -792,7 +903,8 @@ class _FastLookahead:
                 r0 = G % bs
                 q, m = divmod(n, bs)
                 need = q * B + sum(cnt2[r0:r0 + m])
-                if need > free:
+                exhausted = need > free
+                if exhausted:
                     q = free // B
                     rem = free - q * B
                     acc = 0
@@ -807,12 +919,34 @@ class _FastLookahead:
                     need = q * B + sum(cnt2[r0:r0 + m])
                 if n > 0:
                     t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
-                    self.G = G + n
+                    G += n
+                    self.G = G
                     self.S = S + n * B
                     self.free = free - need
                     steps += n
-                    if self._pop_finished(t):
+                    if heap[0][0] < G and self._pop_finished(t):
                         break
+                if exhausted and fcfs:
+                    # the next step runs out of blocks: preempt from the tail right away
+                    if not added and t >= arrival:
+                        self.waiting.append(cand)
+                        added = True
+                    dur = self._fcfs_preempt_tail(t, chunked)
+                    if dur is False:
+                        continue
+                    if dur is not _PREEMPTED_ONLY:
+                        t += dur
+                        steps += 1
+                        if self._done:
+                            break
+                    continue
+                if n > 0:
+                    continue
+            # ---- FCFS chunked-prefill thrash: admit X's first chunk / preempt X ----
+            if fcfs_chunked and B and (self.nondec or self.waiting):
+                t, k, added = self._tail_loop(t, arrival, added, cand)
+                if k:
+                    steps += k
                     continue
             # ---- one ordinary step ----
             if chunked:
