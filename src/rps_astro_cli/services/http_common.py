@@ -137,24 +137,16 @@ def free_port(host: str = DEFAULT_HOST) -> int:
 
 
 def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 asks the OS for a free port.
+    """A listening TCP socket on (host, port) with TCP_NODELAY; port 0 asks the OS for a
+    free port. The engine's binder, shared so every service avoids the ~40 ms
+    delayed-ACK stall on small SSE writes.
 
     Raises:
         AstroUserError: the address cannot be bound (names `--port`).
     """
-    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.engine.sim_server import bind_socket as _bind
 
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise AstroUserError(f"cannot listen on {host}:{port}: {exc.strerror}", field="--port",
-                             fix="pick a free port or 0 for any") from None
-    sock.listen(4096)
-    sock.setblocking(False)
-    return sock
+    return _bind(host, port)
 
 
 def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
@@ -188,6 +180,12 @@ def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: st
         await task
 
     try:
-        asyncio.run(main())
+        import uvloop  # optional speed-up (uvicorn's "standard" extra)
+
+        run = uvloop.run
+    except ImportError:  # pragma: no cover
+        run = asyncio.run
+    try:
+        run(main())
     except KeyboardInterrupt:
         pass
