@@ -159,6 +159,7 @@ def scheduler(
     profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
     length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the dispatch Generator.")] = 0,
+    decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
@@ -184,7 +185,8 @@ def scheduler(
         length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
         tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
-        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed)
+        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed,
+        decisions_kept=max(1, decisions_kept))
     run_scheduler(settings, host, port, log_level, ready_file)
 
 

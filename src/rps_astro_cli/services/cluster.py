@@ -203,7 +203,8 @@ class ClusterSupervisor:
                      "--llumnix-variant", s.llumnix_variant, "--predict-deadline-ms", repr(s.predict_deadline_ms),
                      "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
-                     "--seed", str(s.seed), "--profile", cfg.engine.profile]
+                     "--seed", str(s.seed), "--profile", cfg.engine.profile,
+                     "--decisions-kept", str(s.decisions_kept)]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
             self.scheduler = self._child("scheduler", "scheduler", argv, host=cfg.host, env=env)
             self.scheduler.port = s.port

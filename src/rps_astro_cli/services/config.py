@@ -16,7 +16,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     tagger:    {enabled, length_model}
     scheduler: {policy, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed}
+                port, seed, decisions_kept}
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class SchedulerSection(_Strict):
     max_body_bytes: int = Field(1 << 20, gt=0)
     port: int = Field(0, ge=0, le=65535, description="front-door port (0 = any free port)")
     seed: int = Field(0, ge=0)
+    decisions_kept: int = Field(1000, ge=1, description="decisions kept for GET /decisions")
 
     @field_validator("k")
     @classmethod

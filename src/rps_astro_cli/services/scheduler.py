@@ -61,6 +61,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rps_astro_cli.dispatch import DispatchDecision, InstanceLoad, make_dispatch
 from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.services.rpc import HostPool, RpcError
+from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     HTTPUserError,
@@ -76,7 +78,7 @@ from rps_astro_cli.sim.lookahead import LatencyEstimate
 
 log = logging.getLogger("astro.scheduler")
 
-_CONN_ERRORS = (httpx.TransportError,)  # connect/read/write errors, timeouts, protocol errors
+RPC_BOUND_S = 1.0  # longest a tag/predict RPC may run in the background after its deadline
 
 
 @dataclass(frozen=True)
@@ -203,8 +205,8 @@ class Scheduler:
             self.m.healthy.labels(st.ep.name).set(1)
             self.m.outstanding.labels(st.ep.name).set(0)
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(maxlen=settings.decisions_kept)
-        self.engine_client: httpx.AsyncClient | None = None
-        self.rpc_client: httpx.AsyncClient | None = None
+        self._clients: dict[str, httpx.AsyncClient] = {}  # health checks, status polls
+        self._pools: dict[str, HostPool] = {}
         self._tagger = None
         if settings.tagger_url is None:
             from rps_astro_cli.services.tagger import Tagger, TaggerSettings
@@ -214,11 +216,26 @@ class Scheduler:
         self._n = 0
 
     # -- lifecycle ---------------------------------------------------------------------
+    def client(self, base_url: str) -> httpx.AsyncClient:
+        """The pooled client for one service (one pool per destination keeps httpx's
+        per-request pool scan short and its connections warm)."""
+        c = self._clients.get(base_url)
+        if c is None:
+            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60)
+            c = self._clients[base_url] = httpx.AsyncClient(
+                base_url=base_url, limits=limits, timeout=httpx.Timeout(self.s.upstream_timeout_s, connect=2.0))
+        return c
+
+    def pool(self, base_url: str) -> HostPool:
+        """The lean keep-alive pool for one service (hot path: tag, predict, forward)."""
+        p = self._pools.get(base_url)
+        if p is None:
+            p = self._pools[base_url] = HostPool(base_url)
+        return p
+
     async def start(self) -> None:
-        limits = httpx.Limits(max_connections=2000, max_keepalive_connections=512, keepalive_expiry=30)
-        self.engine_client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(
-            self.s.upstream_timeout_s, connect=2.0))
-        self.rpc_client = httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(2.0))
+        for st in self.instances:  # build every httpx client up front: one costs ~10 ms (TLS setup)
+            self.client(st.ep.engine_url)
         await self.check_all()
         self._tasks.append(asyncio.create_task(self._health_loop()))
 
@@ -226,9 +243,12 @@ class Scheduler:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for c in (self.engine_client, self.rpc_client):
-            if c is not None:
-                await c.aclose()
+        for c in self._clients.values():
+            await c.aclose()
+        self._clients.clear()
+        for p in self._pools.values():
+            p.close()
+        self._pools.clear()
 
     # -- health ------------------------------------------------------------------------
     def mark_failed(self, st: InstanceState, why: str) -> None:
@@ -247,18 +267,17 @@ class Scheduler:
 
     async def check(self, st: InstanceState) -> None:
         """One health check of `st` (status poll for status-based policies)."""
-        assert self.rpc_client is not None
-        base = st.ep.engine_url.rstrip("/")
+        c = self.client(st.ep.engine_url)
         try:
             if self.policy.needs_status:
-                r = await self.rpc_client.get(base + "/status", timeout=1.0)
+                r = await c.get("/status", timeout=1.0)
                 r.raise_for_status()
                 st.load_fields = load_fields_from_status(r.json())
             else:
-                r = await self.rpc_client.get(base + "/health", timeout=1.0)
+                r = await c.get("/health", timeout=1.0)
                 r.raise_for_status()
             if not self.models:
-                r = await self.rpc_client.get(base + "/v1/models", timeout=1.0)
+                r = await c.get("/v1/models", timeout=1.0)
                 if r.status_code == 200:
                     self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
@@ -299,29 +318,36 @@ class Scheduler:
                 return None
             self.m.tag_rpcs.labels("ok").inc()
             return out
-        assert self.rpc_client is not None
-        try:
-            r = await self.rpc_client.post(self.s.tagger_url.rstrip("/") + "/tag", content=raw,
-                                           headers={"content-type": "application/json"},
-                                           timeout=self.s.tag_deadline_s)
-            if r.status_code != 200:
-                self.m.tag_rpcs.labels("error").inc()
-                return None
-            self.m.tag_rpcs.labels("ok").inc()
-            return r.json()
-        except httpx.TimeoutException:
+        assert self.s.tagger_url is not None
+        task = asyncio.ensure_future(self._post(self.s.tagger_url, "/tag", raw))
+        done, _ = await asyncio.wait({task}, timeout=self.s.tag_deadline_s)
+        if not done:  # late: ignored, left to finish in the background
+            task.add_done_callback(_swallow)
             self.m.tag_rpcs.labels("timeout").inc()
-        except (httpx.HTTPError, ValueError):
+            return None
+        try:
+            status, body = task.result()
+            if status != 200:
+                raise ValueError(f"status {status}")
+            out = json.loads(body)
+        except (RpcError, asyncio.TimeoutError, ValueError):
             self.m.tag_rpcs.labels("error").inc()
-        return None
+            return None
+        self.m.tag_rpcs.labels("ok").inc()
+        return out
 
     # -- dispatch ----------------------------------------------------------------------
+    async def _post(self, base_url: str, path: str, payload: bytes) -> tuple[int, bytes]:
+        """A JSON POST on the lean client. The RPC may outlive its caller's deadline
+        (bounded by RPC_BOUND_S): a late answer is ignored rather than cancelled, so its
+        keep-alive connection is not torn down."""
+        return await asyncio.wait_for(self.pool(base_url).post_json(path, payload), RPC_BOUND_S)
+
     async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate:
-        assert self.rpc_client is not None
-        r = await self.rpc_client.post(url, content=payload, headers={"content-type": "application/json"},
-                                       timeout=self.s.predict_deadline_s)
-        r.raise_for_status()
-        d = r.json()
+        status, body = await self._post(url, "/predict", payload)
+        if status != 200:
+            raise ValueError(f"predictor answered {status}")
+        d = json.loads(body)
         return LatencyEstimate(float(d["ttft_s"]), float(d["e2e_s"]), 0, 0)
 
     async def predict_many(self, candidates: list[int], candidate: dict[str, Any]) -> dict[int, LatencyEstimate]:
@@ -332,13 +358,13 @@ class Scheduler:
         for i in candidates:
             url = self.instances[i].ep.predictor_url
             if url:
-                tasks[asyncio.ensure_future(self._predict_one(url.rstrip("/") + "/predict", payload))] = i
+                tasks[asyncio.ensure_future(self._predict_one(url, payload))] = i
         if not tasks:
             return {}
         done, pending = await asyncio.wait(tasks, timeout=self.s.predict_deadline_s)
         out: dict[int, LatencyEstimate] = {}
-        for t in pending:
-            t.cancel()
+        for t in pending:  # late: skipped; left to finish in the background
+            t.add_done_callback(_swallow)
             self.m.predict_rpcs.labels(self.policy_name, "timeout").inc()
         for t in done:
             exc = t.exception()
@@ -426,7 +452,6 @@ class Scheduler:
 
     async def _forward(self, endpoint: str, path: str, payload: bytes, stream: bool,
                        cand: dict[str, Any], rec: dict[str, Any], t0: float) -> Response:
-        assert self.engine_client is not None
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
         overhead = 0.0
@@ -441,22 +466,23 @@ class Scheduler:
             self.m.dispatched.labels(st.ep.name).inc()
             rec.update(dec.to_dict())
             rec["instance"] = st.ep.name
-            req = self.engine_client.build_request("POST", st.ep.engine_url.rstrip("/") + path, content=payload,
-                                                   headers={"content-type": "application/json"})
+            pool = self.pool(st.ep.engine_url)
             t_send = time.perf_counter()
             overhead += t_send - t0
             resp = None
             try:
-                resp = await self.engine_client.send(req, stream=True)
-                it = resp.aiter_raw()
-                if stream and resp.status_code == 200:
+                resp = await asyncio.wait_for(
+                    pool.request("POST", path, payload, {"content-type": "application/json"}),
+                    self.s.upstream_timeout_s)
+                it = resp.chunks().__aiter__()
+                if stream and resp.status == 200:
                     first = await _first_chunk(it)
                     t1 = time.perf_counter()
                     rec["observed_ttft_s"] = t1 - t_send
                     overhead += time.perf_counter() - t1
                     return self._stream_response(endpoint, st, resp, it, first, rec, t_send, overhead)
-                data = await resp.aread()
-            except _CONN_ERRORS as exc:
+                data = await resp.read()
+            except (RpcError, asyncio.TimeoutError) as exc:
                 if resp is not None:
                     await resp.aclose()
                 self._release(st)
@@ -476,10 +502,10 @@ class Scheduler:
             t1 = time.perf_counter()
             self._release(st)
             rec["observed_e2e_s"] = t1 - t_send
-            outcome = "ok" if resp.status_code < 400 else "client_error" if resp.status_code < 500 else "engine_error"
+            outcome = "ok" if resp.status < 400 else "client_error" if resp.status < 500 else "engine_error"
             self.m.requests.labels(endpoint, outcome).inc()
             headers = {"x-astro-instance": st.ep.name}
-            out = Response(data, status_code=resp.status_code,
+            out = Response(data, status_code=resp.status,
                            media_type=resp.headers.get("content-type", "application/json"), headers=headers)
             overhead += time.perf_counter() - t1
             self._finish(rec, overhead, outcome)
@@ -500,7 +526,7 @@ class Scheduler:
         self.m.overhead.observe(overhead_s)
         self.decisions.append(rec)
 
-    def _stream_response(self, endpoint: str, st: InstanceState, resp: httpx.Response, it: AsyncIterator[bytes],
+    def _stream_response(self, endpoint: str, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
                          first: bytes, rec: dict[str, Any], t_send: float, overhead_s: float) -> StreamingResponse:
         sched = self
 
@@ -519,7 +545,7 @@ class Scheduler:
                 except StopAsyncIteration:
                     if pending:
                         yield pending
-                except _CONN_ERRORS as exc:
+                except RpcError as exc:
                     outcome = "midstream_error"
                     sched.mark_failed(st, f"mid-stream {type(exc).__name__}")
                     err = error_body(f"engine {st.ep.name} failed mid-stream ({type(exc).__name__}); "
@@ -534,8 +560,13 @@ class Scheduler:
                 sched._finish(rec, overhead_s, outcome)
 
         headers = {"x-astro-instance": st.ep.name, "cache-control": "no-cache"}
-        return StreamingResponse(relay(), status_code=resp.status_code,
+        return StreamingResponse(relay(), status_code=resp.status,
                                  media_type=resp.headers.get("content-type", "text/event-stream"), headers=headers)
+
+
+def _swallow(t: asyncio.Future) -> None:
+    if not t.cancelled():
+        t.exception()
 
 
 async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
