@@ -250,3 +250,14 @@ def test_all_failed_exits_nonzero(fake_url):
     assert o.num_completed == 0 and o.num_failed == 2
     assert o.ttft_s.mean is None and o.throughput_rps == 0.0
     assert res.exit_code == 1 and "every request failed" in res.exit_reasons[0]
+
+
+def test_max_concurrency_delays_sending_not_timing(fake_url):
+    from rps_astro_cli.bench.client import ClientOptions, run_requests
+
+    reqs = [BenchRequest("a", "x", 1, 2), BenchRequest("b", "y", 1, 2)]
+    recs = asyncio.run(run_requests(reqs, [0.0, 0.0], ClientOptions(fake_url), max_concurrency=1))
+    a, b = sorted(recs, key=lambda r: r.sent_s)
+    assert a.scheduled_s == b.scheduled_s == 0.0
+    assert b.sent_s >= a.finish_s              # b waited for a's slot ...
+    assert b.ttft_s == pytest.approx(FIRST_DELAY_S, abs=0.12)  # ... and its TTFT starts when it was sent

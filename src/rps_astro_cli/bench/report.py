@@ -77,7 +77,9 @@ def write_report(result, out_dir: Path) -> Path:
     with (out_dir / "requests.jsonl").open("w") as fh:
         for run in result.runs:
             for rec in run.records:
-                fh.write(json.dumps(_clean({"run": run.label, **rec.to_dict()})) + "\n")
+                d = rec.to_dict()
+                d["itl_s"] = [round(x, 6) for x in d["itl_s"]]  # µs resolution keeps the file small
+                fh.write(json.dumps(_clean({"run": run.label, **d})) + "\n")
     md = markdown(rep)
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html_report(rep, result, md))
