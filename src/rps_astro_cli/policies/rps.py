@@ -207,8 +207,14 @@ class RPSPolicy(ClassAwarePolicy):
         # order by (−P, arrival, position). numpy for every n ≥ 2 so the engine and the
         # look-ahead order identically whatever their queue lengths.
         rank = CLASS_RANK
-        cls = np.fromiter((rank[self.classify(r)] for r in waiting), dtype=np.intp, count=n)
-        arr = np.fromiter((r.arrival_s for r in waiting), dtype=np.float64, count=n)
+        ks: list[int] = []
+        ts: list[float] = []
+        for r in waiting:
+            k = rank.get(r.req_class)  # type: ignore[arg-type]
+            ks.append(k if k is not None else rank[self.classify(r)])
+            ts.append(r.arrival_s)
+        cls = np.array(ks, dtype=np.intp)
+        arr = np.array(ts)
         w = np.maximum(now_s - arr, 0.0)
         p = self._static[cls] + 1.0 - np.exp(-self._beta[cls] * np.power(w, self._alpha[cls]))
         order = np.lexsort((np.arange(n), arr, -p))
