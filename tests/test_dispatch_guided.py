@@ -119,6 +119,11 @@ def test_power_of_k_tie_break_is_random():
     rng = np.random.default_rng(3)
     picks = Counter(p.choose(loads, [0, 1], {0: est(1, 2), 1: est(1, 2)}, rng).choice for _ in range(200))
     assert set(picks) == {0, 1}
+    # float noise far below 1 µs (engines with different clocks) is still a tie
+    noisy = {0: est(1, 0.022556408074422052), 1: est(1, 0.02255640807443271)}
+    picks = Counter(p.choose(loads, [0, 1], noisy, rng).choice for _ in range(200))
+    assert set(picks) == {0, 1}
+    assert p.choose(loads, [0, 1], {0: est(1, 2.0), 1: est(1, 2.0 + 2e-6)}, rng).choice == 0
 
 
 def test_power_of_k_uses_only_answered_predictions():

@@ -26,6 +26,7 @@ from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.lookahead import LatencyEstimate
 
 OBJECTIVES = ("e2e", "ttft")
+TIE_RESOLUTION_S = 1e-6  # power_of_k: predictions closer than this are ties
 
 
 def least_requests_choice(
@@ -121,7 +122,8 @@ class PowerOfK(DispatchPolicy):
     `candidates` samples k distinct healthy instances uniformly (`k="all"` or k ≥ the
     healthy count = full fanout); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; `choose` picks the lowest predicted
-    `objective` (``"e2e"`` default, or ``"ttft"``), ties broken uniformly at random.
+    `objective` (``"e2e"`` default, or ``"ttft"``); ties (within TIE_RESOLUTION_S = 1 µs)
+    are broken uniformly at random.
     Predictors that were late or failed are absent from `predictions`; if none answered,
     the decision falls back to least outstanding requests over every healthy instance.
 
@@ -155,7 +157,9 @@ class PowerOfK(DispatchPolicy):
             return DispatchDecision(self.name, tuple(candidates), i,
                                     "fallback: no predictor answered; fewest outstanding")
         key = 0 if self.objective == "ttft" else 1
-        i = pick_min({j: v[key] for j, v in preds.items()}, rng)
+        # Predictions within TIE_RESOLUTION_S are ties: float noise from different engine
+        # clocks (1e-14 s) must not beat the random tie-break.
+        i = pick_min({j: round(v[key] / TIE_RESOLUTION_S) for j, v in preds.items()}, rng)
         return DispatchDecision(self.name, tuple(candidates), i, f"lowest {self.objective}", preds)
 
     def describe(self) -> dict[str, Any]:
