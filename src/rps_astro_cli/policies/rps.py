@@ -33,6 +33,7 @@ happens only when a running request cannot grow (the `InstanceSim` contract).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +49,10 @@ from rps_astro_cli.policies.priority import (
 )
 from rps_astro_cli.rps.classes import CLASS_RANK, naive_class
 from rps_astro_cli.sim.request import SimRequest
+
+
+_GET_CLASS = attrgetter("req_class")
+_GET_ARRIVAL = attrgetter("arrival_s")
 
 
 def _load_classifier(classifier: Any):
@@ -207,14 +212,11 @@ class RPSPolicy(ClassAwarePolicy):
         # order by (−P, arrival, position). numpy for every n ≥ 2 so the engine and the
         # look-ahead order identically whatever their queue lengths.
         rank = CLASS_RANK
-        ks: list[int] = []
-        ts: list[float] = []
-        for r in waiting:
-            k = rank.get(r.req_class)  # type: ignore[arg-type]
-            ks.append(k if k is not None else rank[self.classify(r)])
-            ts.append(r.arrival_s)
+        ks = list(map(rank.get, map(_GET_CLASS, waiting)))
+        if None in ks:  # unlabelled: classify once (labels them)
+            ks = [k if k is not None else rank[self.classify(waiting[i])] for i, k in enumerate(ks)]
         cls = np.array(ks, dtype=np.intp)
-        arr = np.array(ts)
+        arr = np.fromiter(map(_GET_ARRIVAL, waiting), dtype=np.float64, count=n)
         w = np.maximum(now_s - arr, 0.0)
         p = self._static[cls] + 1.0 - np.exp(-self._beta[cls] * np.power(w, self._alpha[cls]))
         order = np.lexsort((np.arange(n), arr, -p))
