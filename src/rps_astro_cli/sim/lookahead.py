@@ -854,6 +854,7 @@ class _FastLookahead:
         fcfs_chunked = fcfs and chunked
         dec = self.latency.profile.decode_attn_s_per_ctx_token
         shape_s = self.latency.shape_s
+        memo = self.memo
         arrival = cand.arrival_s
         t = t0
         added = False
@@ -895,8 +896,10 @@ class _FastLookahead:
                 while heap[0][2].pool_seq != heap[0][1] or heap[0][2].pool_g < 0:
                     heapq.heappop(heap)  # stale entries of preempted requests
                 n = heap[0][0] - G + 1
-                a = shape_s(B, B)
-                if not added:
+                a = memo.get((B, B))
+                if a is None:
+                    a = shape_s(B, B)
+                if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
                     k = self._steps_to_reach(arrival - t, a, dec, S, B)
                     if k < n:
                         n = k
@@ -927,24 +930,70 @@ class _FastLookahead:
                     if heap[0][0] < G and self._pop_finished(t):
                         break
                 if exhausted and fcfs:
-                    # the next step runs out of blocks: preempt from the tail right away
+                    # the next step runs out of blocks: all running requests are pooled
+                    # decoders, so peel FCFS victims off the tail until the decoders'
+                    # needs fit (see `_fcfs_preempt_tail`), then run the survivors.
                     if not added and t >= arrival:
                         self.waiting.append(cand)
                         added = True
-                    dur = self._fcfs_preempt_tail(t, chunked)
-                    if dur is False:
+                    run = self.running
+                    B = self.B
+                    if len(run) != B:
                         continue
-                    if dur is not _PREEMPTED_ONLY:
-                        t += dur
-                        steps += 1
-                        if self._done:
-                            break
+                    F = self.free
+                    N = cnt2[G % bs]
+                    e = B
+                    while N > F:
+                        e -= 1
+                        v = run[e]
+                        c = v.num_computed_tokens + G - v.pool_g
+                        if c % bs == 0:
+                            N -= 1
+                        F += -(-c // bs)
+                    victims = run[e:]
+                    del run[e:]
+                    S = self.S
+                    for v in victims:
+                        vg = v.pool_g
+                        c_e = v.num_computed_tokens
+                        d = G - vg
+                        rho = (vg - c_e) % bs
+                        cnt2[rho] -= 1
+                        cnt2[rho + bs] -= 1
+                        S -= c_e + d + 1
+                        v.num_generated_tokens += d
+                        v.pool_g = -1
+                        v.num_computed_tokens = 0
+                        v.kv_blocks = 0
+                        v.num_preemptions += 1
+                    self.waiting[:0] = victims
+                    B = e
+                    self.B = B
+                    if not B:
+                        self.S = S
+                        self.free = F - N
+                        continue  # only preempted: no time passes
+                    a = memo.get((B, B))
+                    if a is None:
+                        a = shape_s(B, B)
+                    t += a + dec * S + self.pre * 0.0 + 0.0  # `_apply` of B decoders
+                    G += 1
+                    self.G = G
+                    self.S = S + B
+                    self.free = F - N
+                    steps += 1
+                    if heap and heap[0][0] < G and self._pop_finished(t):
+                        break
                     continue
                 if n > 0:
                     continue
             # ---- FCFS chunked-prefill thrash: admit X's first chunk / preempt X ----
-            if fcfs_chunked and B and (self.nondec or self.waiting):
-                t, k, added = self._tail_loop(t, arrival, added, cand)
+            nondec = self.nondec
+            if fcfs_chunked and B and (nondec or self.waiting):
+                x = nondec[0] if nondec else self.waiting[0]
+                k = 0
+                if x.prompt_tokens + x.num_generated_tokens - x.num_computed_tokens > max_tok - B:
+                    t, k, added = self._tail_loop(t, arrival, added, cand)
                 if k:
                     steps += k
                     continue
