@@ -1,7 +1,79 @@
-"""Placeholder registration for the 'demo' command group (filled in by its issue)."""
+"""`astro demo`: the README's main job in one command — bring up a whole cluster on the
+embedded sim engines (`astro serve`), benchmark it with real ShareGPT prompts
+(`astro bench`), write the report, stop the cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from rps_astro_cli.cli.common import console, fail, user_errors
+
+
+def _astro(*args: str) -> list[str]:
+    return [sys.executable, "-m", "rps_astro_cli.cli.main", *args]
+
+
+@user_errors
+def demo(
+    instances: Annotated[int, typer.Option("--instances", "-n", min=1, max=32, help="Sim engines.")] = 4,
+    num_requests: Annotated[int, typer.Option("--num-requests", min=1, help="ShareGPT requests.")] = 200,
+    request_rate: Annotated[float, typer.Option("--request-rate", min=0.01, help="Poisson rate (req/s).")] = 8.0,
+    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
+    profile: Annotated[str, typer.Option("--profile", help="Engine execution profile.")] = "llama-2-7b-a30",
+    out: Annotated[Path | None, typer.Option("--out", help="Report folder (default runs/demo-<time>).")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+) -> None:
+    """Serve a sim cluster and benchmark it on real ShareGPT prompts (the README's main job)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = Path("runs") / f"demo-{stamp}"
+    out_dir = out or run_dir / "bench"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cluster_json = run_dir / "cluster.json"
+    serve_log = run_dir / "serve.log"
+    console.print(f"[bold]astro demo[/]: {instances} sim engines ({profile}), dispatch {policy}, "
+                  f"{num_requests} ShareGPT requests at {request_rate} req/s")
+    with serve_log.open("w") as log:
+        serve = subprocess.Popen(
+            _astro("serve", "--instances", str(instances), "--policy", policy, "--profile", profile,
+                   "--cluster-json", str(cluster_json), "--run-dir", str(run_dir / "serve")),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 120
+        while not cluster_json.is_file():
+            if serve.poll() is not None:
+                fail(f"astro serve exited with code {serve.returncode}; see {serve_log}")
+            if time.monotonic() > deadline:
+                fail(f"the cluster did not come up within 120 s; see {serve_log}")
+            time.sleep(0.2)
+        console.print(f"cluster up: endpoints in {cluster_json} (log {serve_log})")
+        bench = subprocess.run(
+            _astro("bench", "--cluster", str(cluster_json), "--workload", "sharegpt",
+                   "--num-requests", str(num_requests), "--request-rate", str(request_rate),
+                   "--seed", str(seed), "--out", str(out_dir)),
+            env=os.environ.copy(),
+        )
+        code = bench.returncode
+    finally:
+        if serve.poll() is None:
+            serve.send_signal(signal.SIGINT)
+            try:
+                serve.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(serve.pid, signal.SIGKILL)
+    if code != 0:
+        fail(f"astro bench exited with code {code}", code=code)
+    console.print(f"[bold green]done[/]: report in {out_dir}")
+
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the root app."""
+    """Add `astro demo` to the root app."""
+    app.command("demo")(demo)
