@@ -35,56 +35,71 @@ import numpy as np
 
 from rps_astro_cli.services.cluster import ClusterSupervisor
 from rps_astro_cli.services.config import parse_config
+from rps_astro_cli.services.rpc import HostPool, RpcError
 
 BODY = {"prompt": "Summarize the plot of a short story about a lighthouse keeper.", "max_tokens": 2}
+BODY_BYTES = json.dumps(BODY).encode()
 
 
 async def _open_loop(url: str, rate: float, seconds: float, seed: int) -> list[float]:
+    """Poisson arrivals at `rate` req/s for `seconds`; client latency of each 200 (s)."""
     rng = np.random.default_rng(seed)
     lat: list[float] = []
-    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as c:
-        async def one() -> None:
-            t0 = time.perf_counter()
-            r = await c.post("/v1/completions", json=BODY)
-            if r.status_code == 200:
-                lat.append(time.perf_counter() - t0)
+    pool = HostPool(url)
 
-        tasks = []
-        t_end = time.perf_counter() + seconds
-        t_next = time.perf_counter()
-        while t_next < t_end:
-            delay = t_next - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one()))
-            t_next += rng.exponential(1.0 / rate)
-        await asyncio.gather(*tasks)
+    async def one() -> None:
+        t0 = time.perf_counter()
+        status, _ = await pool.post_json("/v1/completions", BODY_BYTES)
+        if status == 200:
+            lat.append(time.perf_counter() - t0)
+
+    tasks = []
+    t_end = time.perf_counter() + seconds
+    t_next = time.perf_counter()
+    while t_next < t_end:
+        delay = t_next - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+        t_next += rng.exponential(1.0 / rate)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    pool.close()
     return lat
 
 
 async def _closed_loop(url: str, concurrency: int, seconds: float) -> tuple[int, int]:
+    """`concurrency` workers each sending back-to-back requests; (ok, failed)."""
     ok = err = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=30) as c:
-        t_end = time.perf_counter() + seconds
+    pool = HostPool(url)
+    t_end = time.perf_counter() + seconds
 
-        async def worker() -> None:
-            nonlocal ok, err
-            while time.perf_counter() < t_end:
-                try:
-                    r = await c.post("/v1/completions", json=BODY)
-                    ok += r.status_code == 200
-                    err += r.status_code != 200
-                except httpx.HTTPError:
-                    err += 1
+    async def worker() -> None:
+        nonlocal ok, err
+        while time.perf_counter() < t_end:
+            try:
+                status, _ = await pool.post_json("/v1/completions", BODY_BYTES)
+                ok += status == 200
+                err += status != 200
+            except RpcError:
+                err += 1
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    pool.close()
     return ok, err
 
 
 def _closed_proc(url: str, concurrency: int, seconds: float, q) -> None:
-    q.put(asyncio.run(_closed_loop(url, concurrency, seconds)))
+    import uvloop
+
+    q.put(uvloop.run(_closed_loop(url, concurrency, seconds)))
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of process `pid` (Linux /proc)."""
+    import os
+
+    f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def pct(xs, q) -> float:
@@ -101,17 +116,23 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--client-procs", type=int, default=2)
     ap.add_argument("--time-scale", type=float, default=0.01, help="sim engines' wall s per engine s")
+    ap.add_argument("--length-model", default="baseline",
+                    help="tagger model (default: the baseline, so the figure is the scheduler's, not the tagger's)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     cfg = parse_config({"name": "dispatch-overhead", "instances": a.instances, "restart_crashed": 0,
-                        "engine": {"time_scale": a.time_scale},
+                        "engine": {"time_scale": a.time_scale}, "tagger": {"length_model": a.length_model},
                         "scheduler": {"policy": a.policy, "k": a.k, "decisions_kept": 100_000}})
     with tempfile.TemporaryDirectory() as d, ClusterSupervisor(cfg, d, report=lambda s: print(s, file=sys.stderr)) as sup:
         url = sup.scheduler.url
-        asyncio.run(_open_loop(url, 50, 1.0, 1))  # warm connections and memos
+        import uvloop
+
+        uvloop.run(_open_loop(url, 50, 1.0, 1))  # warm connections and memos
         n0 = len(httpx.get(url + "/decisions?n=100000").json())
-        lat = asyncio.run(_open_loop(url, a.rate, a.seconds, 0))
+        c0 = _cpu_s(sup.scheduler.pid)
+        lat = uvloop.run(_open_loop(url, a.rate, a.seconds, 0))
+        sched_cpu_ms = (_cpu_s(sup.scheduler.pid) - c0) * 1000
         decs = httpx.get(url + "/decisions?n=100000").json()[n0:]
         over_ms = [d["overhead_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
         decide_ms = [d["decide_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
@@ -136,6 +157,7 @@ def main() -> int:
         "client_latency_p50_ms": pct([x * 1000 for x in lat], 50),
         "client_latency_p99_ms": pct([x * 1000 for x in lat], 99),
         "predict_rpcs_total": rpcs,
+        "scheduler_cpu_ms_per_request": sched_cpu_ms / max(1, len(over_ms)),
         "max_sustained_req_s": ok / a.seconds, "closed_loop_errors": err, "concurrency": a.concurrency,
     }
     if a.json:
@@ -146,6 +168,8 @@ def main() -> int:
         print(f"    scheduler overhead p50 {res['overhead_p50_ms']:.2f} ms   p99 {res['overhead_p99_ms']:.2f} ms"
               f"   (goal p99 <= 5 ms)")
         print(f"    of which decision   p50 {res['decide_p50_ms']:.2f} ms   p99 {res['decide_p99_ms']:.2f} ms")
+        print(f"    scheduler CPU       {res['scheduler_cpu_ms_per_request']:.2f} ms per request "
+              f"(=> ~{1000 / max(res['scheduler_cpu_ms_per_request'], 1e-9):.0f} req/s on one free core)")
         print(f"    client latency      p50 {res['client_latency_p50_ms']:.2f} ms   p99 {res['client_latency_p99_ms']:.2f} ms")
         print(f"  max sustained: {res['max_sustained_req_s']:.0f} req/s (closed loop, {a.concurrency} in flight, "
               f"{err} errors; goal >= 1000)")

@@ -110,6 +110,20 @@ def test_tagger_counts_and_predicts(hand_model):
     assert t.tag({"prompt": "hi"})["predicted_output_tokens"] == 77
 
 
+def test_tagger_default_falls_back_to_baseline(monkeypatch):
+    import rps_astro_cli.length as length_pkg
+    from rps_astro_cli.services.tagger import load_length_model
+
+    def missing():
+        raise AstroUserError("no artifact", field="length_model")
+
+    monkeypatch.setattr(length_pkg, "default_length_model", missing)
+    name, predict = load_length_model(None)
+    base = BinMedianLengthModel.load()
+    assert name == "baseline" and predict("anything", 5) == base.predict_tokens(5)
+    assert load_length_model("baseline")[0] == "baseline"
+
+
 def test_tagger_http_errors_name_field(hand_model):
     with TestClient(tagger_app(TaggerSettings(length_model=hand_model, max_body_bytes=200))) as c:
         r = c.post("/tag", content=b"{nope")

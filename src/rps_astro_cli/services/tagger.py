@@ -14,18 +14,18 @@ Token and media accounting reuse the engine's parser (`engine/openai_api.py`), s
 tagger, the scheduler and the engine count the same way; vision tokens come from the
 execution profile's `VisionCosts` (0 on text-only profiles).
 
-Length model: `load_length_model(spec)`. `None`/"baseline" = the documented baseline in
-`artifacts/length/baseline/` (see `services/length_baseline.py`); a path to a folder or
-JSON with `kind: bin_median` loads that; anything else is handed to the length-model
-package (`rps_astro_cli.length`, its `load_model(spec)`), whose models expose
-`predict_tokens(prompt_text)` or `predict([texts])`. The prediction only informs
-scheduling; it never changes generation.
+Length model: `load_length_model(spec)`: by default the length package's shipped model
+(`rps_astro_cli.length`, `LengthModel.predict([text])`), falling back to the documented
+baseline in `artifacts/length/baseline/` (`services/length_baseline.py`) when that
+artifact is absent; "baseline" picks the baseline explicitly. The prediction only
+informs scheduling; it never changes generation.
 
 Metrics: `astro_tagger_tag_seconds` histogram, `astro_tagger_requests_total{outcome}`.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,40 +49,60 @@ from rps_astro_cli.services.http_common import (
 from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengthModel
 from rps_astro_cli.sim.profile import VisionCosts, load_profile
 
+log = logging.getLogger("astro.tagger")
+
 MAX_TAG_TEXT_CHARS = 20_000  # the length model sees at most this much prompt text
 
 
 def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int], int]]:
-    """(name, predict(prompt_text, prompt_tokens) → output tokens) for `spec`.
+    """(name, predict(prompt_text, prompt_tokens) → output tokens) for `spec`:
+
+    - None / "" / "auto": the length package's shipped default
+      (`rps_astro_cli.length.default_length_model()`, `artifacts/length/classic`) when it
+      loads, else the baseline below (logged);
+    - "baseline", or a `bin_median` JSON (or a folder holding `model.json` of that kind):
+      the baseline of `services/length_baseline.py`;
+    - anything else: `rps_astro_cli.length.load_length_model(spec)` (a name under
+      `artifacts/length/` or a folder path).
 
     Raises:
         AstroUserError: the artifact is missing or cannot be loaded (names it).
     """
-    if spec in (None, "", "baseline"):
+    import json
+
+    if spec in (None, "", "auto"):
+        try:
+            from rps_astro_cli.length import default_length_model
+
+            model = default_length_model()
+            return f"{model.meta.model} (default)", _wrap(model)
+        except (ImportError, AstroUserError, OSError) as exc:
+            log.warning("default length model unavailable (%s); using the baseline", exc)
+            spec = "baseline"
+    if spec == "baseline":
         m = BinMedianLengthModel.load(BASELINE_PATH)
         return "baseline", lambda _text, ntok: m.predict_tokens(ntok)
     p = Path(str(spec))
     for cand in (p, p / "model.json"):
         if cand.is_file() and cand.suffix == ".json":
-            import json
-
             try:
                 kind = json.loads(cand.read_text()).get("kind")
-            except ValueError:
+            except (ValueError, AttributeError):
                 kind = None
             if kind == "bin_median":
                 m = BinMedianLengthModel.load(cand)
                 return str(spec), lambda _text, ntok: m.predict_tokens(ntok)
     try:
-        from rps_astro_cli import length as length_pkg  # the length-model issue's package
-        loader = getattr(length_pkg, "load_model", None) or getattr(length_pkg, "load_length_model")
-    except (ImportError, AttributeError):
-        raise AstroUserError(f"cannot load length model {spec!r}: only the baseline is available here",
+        from rps_astro_cli.length import load_length_model as load_pkg_model
+    except ImportError:
+        raise AstroUserError(f"cannot load length model {spec!r}: the length package is unavailable",
                              field="length_model", fix="omit it to use the baseline") from None
-    model = loader(str(spec))
-    if hasattr(model, "predict_tokens"):
-        return str(spec), lambda text, _n: max(1, int(model.predict_tokens(text)))
-    return str(spec), lambda text, _n: max(1, int(model.predict([text])[0]))
+    return str(spec), _wrap(load_pkg_model(str(spec)))
+
+
+def _wrap(model: Any) -> Callable[[str, int], int]:
+    """`LengthModel.predict([text])[0]` as the tagger's callable (text, tokens) → tokens."""
+    return lambda text, _n: max(1, int(model.predict([text or " "])[0]))
 
 
 def prompt_text(body: dict[str, Any]) -> str:
