@@ -9,7 +9,7 @@ with vLLM (CPU or GPU); its outputs are gibberish, which is all the integration 
 (they pin output lengths with `max_tokens` + `ignore_eos`).
 
 Shape (defaults): 2 layers, hidden 128, 2 heads of 64 (vLLM's CPU attention wants a
-head size it has kernels for; 64 is one), 1 KV head, MLP 256, vocab 1,024, context 2,048
+head size it has kernels for; 64 is one), 1 KV head, MLP 256, vocab 1,024, context 4,096
 tokens, bfloat16 weights (~0.6 MB).
 
 Usage:
@@ -76,7 +76,7 @@ def build_tokenizer(out: Path, vocab_size: int, seed: int):
     tok.train_from_iterator(_corpus(4000, seed), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
-        pad_token="</s>", model_max_length=2048,
+        pad_token="</s>", model_max_length=4096,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
@@ -91,7 +91,7 @@ def build_model(out: Path, vocab_size: int, layers: int, seed: int) -> None:
     cfg = LlamaConfig(
         vocab_size=vocab_size, hidden_size=128, intermediate_size=256,
         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=64, max_position_embeddings=2048, rms_norm_eps=1e-5,
+        head_dim=64, max_position_embeddings=4096, rms_norm_eps=1e-5,
         bos_token_id=1, eos_token_id=2, pad_token_id=2, tie_word_embeddings=False,
     )
     torch.manual_seed(seed)

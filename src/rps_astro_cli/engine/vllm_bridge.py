@@ -32,7 +32,9 @@ Environment (set by `engine.vllm_launch`): `ASTRO_VLLM_POLICY` (policy name, def
 fcfs), `ASTRO_VLLM_POLICY_PARAMS` (JSON object of policy parameters),
 `ASTRO_VLLM_STATUS_SOCKET` (socket path; unset = no status export), `ASTRO_VLLM_INSTANCE_ID`,
 `ASTRO_VLLM_PROFILE_ID`, `ASTRO_VLLM_POLICY_MODULES` (comma-separated modules imported
-before the policy is looked up, so they can register user-defined policies).
+before the policy is looked up, so they can register user-defined policies),
+`ASTRO_VLLM_STEP_LOG` (CSV path: one line per engine step with its batch shape and
+duration, for `engine.vllm_calibrate`; unset = no log).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ ENV_STATUS_SOCKET = "ASTRO_VLLM_STATUS_SOCKET"
 ENV_INSTANCE_ID = "ASTRO_VLLM_INSTANCE_ID"
 ENV_PROFILE_ID = "ASTRO_VLLM_PROFILE_ID"
 ENV_POLICY_MODULES = "ASTRO_VLLM_POLICY_MODULES"
+ENV_STEP_LOG = "ASTRO_VLLM_STEP_LOG"
 
 XARG_PREDICTED = "astro_predicted_output_tokens"
 XARG_CLASS = "astro_class"
@@ -281,12 +284,15 @@ class StatusBoard:
     """The latest status capture, written by the scheduler thread, read by the socket
     thread (one reference swap; no lock needed).
 
-    `limits`: the instance's `InstanceConfig`; `policy`: the policy's `describe()`.
+    `limits`: the instance's `InstanceConfig`; `policy`: the policy's `describe()` (kept
+    stable: the Predictor caches policies by it); `plugin`: a live dict of counters
+    shown as `/status` `plugin`.
     """
 
     def __init__(self, instance_id: str, limits: InstanceConfig, policy: dict[str, Any],
-                 profile_id: str = ""):
+                 profile_id: str = "", plugin: dict[str, Any] | None = None):
         self.instance_id = instance_id
+        self.plugin = plugin if plugin is not None else {}
         self.limits = limits
         self.policy = policy
         self.profile_id = profile_id
@@ -330,7 +336,11 @@ class StatusBoard:
         )
 
     def to_json(self) -> bytes:
-        return json.dumps(self.snapshot().to_dict(), separators=(",", ":")).encode()
+        """The `/status` body: `InstanceStatus.to_dict()` plus a top-level `plugin` object
+        (the plugin's own counters; readers of the schema ignore it)."""
+        d = self.snapshot().to_dict()
+        d["plugin"] = dict(self.plugin)
+        return json.dumps(d, separators=(",", ":")).encode()
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -417,3 +427,52 @@ async def status_middleware(request, call_next):
                                        "type": "ServiceUnavailableError", "param": None, "code": 503}},
                             status_code=503)
     return Response(body, media_type="application/json")
+
+
+def step_shape(items: Iterable[tuple[int, int, int, int]]) -> tuple[int, int, int, float]:
+    """Batch shape of one step in `LatencyModel.step_s` terms, from
+    (new tokens n, computed tokens before the step k, sequence tokens, generated tokens)
+    per scheduled request: (batch_size, num_tokens, decode_ctx_tokens, prefill_pairs).
+    A request is a decode when n = 1, it has generated ≥ 1 token and the sequence is
+    computed up to its last token (adds k + 1 context tokens); otherwise its chunk adds
+    c·k + c(c+1)/2 attention pairs — the same split `InstanceSim.step` uses."""
+    b = t = ctx = 0
+    pairs = 0.0
+    for n, k, seq, gen in items:
+        b += 1
+        t += n
+        if n == 1 and gen > 0 and seq - k == 1:
+            ctx += k + 1
+        else:
+            pairs += n * k + n * (n + 1) / 2
+    return b, t, ctx, pairs
+
+
+class StepLog:
+    """Append-only CSV of engine steps: `batch_size,num_tokens,decode_ctx_tokens,
+    prefill_pairs,step_s` (header written when the file is new). Buffered; flushed at
+    most every `flush_s` seconds and on `close()`."""
+
+    HEADER = "batch_size,num_tokens,decode_ctx_tokens,prefill_pairs,step_s\n"
+
+    def __init__(self, path: str, flush_s: float = 0.5):
+        new = not os.path.exists(path) or os.path.getsize(path) == 0
+        self._fh = open(path, "a", buffering=1 << 16)
+        if new:
+            self._fh.write(self.HEADER)
+        self._flush_s = flush_s
+        self._last = time.monotonic()
+
+    def add(self, shape: tuple[int, int, int, float], step_s: float) -> None:
+        b, t, ctx, pairs = shape
+        self._fh.write(f"{b},{t},{ctx},{pairs:.0f},{step_s:.7f}\n")
+        now = time.monotonic()
+        if now - self._last > self._flush_s:
+            self._fh.flush()
+            self._last = now
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:
+            pass

@@ -21,10 +21,17 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
      the victims are the policy's `preemption_victim` picks, in order.
   FCFS does neither (vLLM's own order and victim are FCFS), so with `fcfs` the plugin
   only publishes status.
+- With `$ASTRO_VLLM_STEP_LOG` set, each step's batch shape (batch size, new tokens,
+  decode context tokens, prefill attention pairs; `vllm_bridge.step_shape`) and its
+  duration (start of `schedule()` → end of `update_from_output()`, seconds) are appended
+  to that CSV (`{instance}` in the path is replaced by the instance id): the data `engine.vllm_calibrate` fits an `ExecutionProfile` to.
 - After `schedule()`, `update_from_output()` (finished requests removed) and
   `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
   `/status` is served from it on demand. Per-step overhead is measured in
-  `astro_plugin_ns_total` / `astro_plugin_steps` (shown in /status `policy.plugin`).
+  `/status` `plugin` (a top-level key beside the schema's fields): steps, ns_total, us_per_step, reordered_steps (steps whose
+  waiting order the policy changed), ranked_steps (steps that ranked victims) and
+  admitted_recent (the last 64 request ids admitted from the waiting queue, oldest
+  first: the admission order, for checks and debugging).
 
 Use `rps_astro_cli.engine.vllm_plugin.astro_scheduler` as `--scheduler-cls`: it builds
 `AstroAsyncScheduler` when vLLM runs with async scheduling (GPU default) and
@@ -42,6 +49,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from typing import Any
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -52,11 +60,14 @@ from rps_astro_cli.engine.vllm_bridge import (
     ENV_INSTANCE_ID,
     ENV_PROFILE_ID,
     ENV_STATUS_SOCKET,
+    ENV_STEP_LOG,
     PolicyDriver,
     StatusBoard,
     StatusSocketServer,
+    StepLog,
     policy_from_env,
     preemption_possible,
+    step_shape,
 )
 from rps_astro_cli.sim.instance import InstanceConfig
 
@@ -90,14 +101,18 @@ class _AstroMixin:
         self._astro_ns = 0
         self._astro_steps = 0
         self._astro_ranked_steps = 0
+        self._astro_admitted: deque[str] = deque(maxlen=64)
         self._astro_stats: dict[str, Any] = {"steps": 0, "ns_total": 0, "us_per_step": 0.0,
-                                             "reordered_steps": 0, "ranked_steps": 0}
-        desc = dict(self._astro_driver.policy.describe())
-        desc["plugin"] = self._astro_stats  # live dict, updated in place
+                                             "reordered_steps": 0, "ranked_steps": 0,
+                                             "admitted_recent": []}
+        instance_id = os.environ.get(ENV_INSTANCE_ID, "vllm-0")
         self._astro_board = StatusBoard(
-            os.environ.get(ENV_INSTANCE_ID, "vllm-0"), limits, desc,
-            profile_id=os.environ.get(ENV_PROFILE_ID, ""))
+            instance_id, limits, dict(self._astro_driver.policy.describe()),
+            profile_id=os.environ.get(ENV_PROFILE_ID, ""), plugin=self._astro_stats)
         self._astro_server = None
+        log = os.environ.get(ENV_STEP_LOG)
+        self._astro_steplog = StepLog(log.replace("{instance}", instance_id)) if log else None
+        self._astro_pending: deque[tuple[float, tuple]] = deque()
         path = os.environ.get(ENV_STATUS_SOCKET)
         if path:
             self._astro_server = StatusSocketServer(path, self._astro_board)
@@ -128,6 +143,17 @@ class _AstroMixin:
         finally:
             self.policy = SchedulingPolicy.FCFS
         t2 = time.perf_counter_ns()
+        if out.scheduled_new_reqs:
+            self._astro_admitted.extend(r.req_id for r in out.scheduled_new_reqs)
+            self._astro_stats["admitted_recent"] = list(self._astro_admitted)
+        if self._astro_steplog is not None and out.num_scheduled_tokens:
+            reqs = self.requests
+            items = []
+            for rid, n in out.num_scheduled_tokens.items():
+                r = reqs.get(rid)
+                if r is not None:  # computed tokens were advanced by n at the end of schedule()
+                    items.append((n, r.num_computed_tokens - n, r.num_tokens, r.num_output_tokens))
+            self._astro_pending.append((t0, step_shape(items)))
         self._astro_publish()
         t3 = time.perf_counter_ns()
         self._astro_ns += (t1 - t0) + (t3 - t2)
@@ -143,6 +169,9 @@ class _AstroMixin:
 
     def update_from_output(self, *args: Any, **kwargs: Any):
         out = super().update_from_output(*args, **kwargs)
+        if self._astro_pending:
+            t_start, shape = self._astro_pending.popleft()
+            self._astro_steplog.add(shape, (time.perf_counter_ns() - t_start) / 1e9)
         t0 = time.perf_counter_ns()
         self._astro_publish()
         self._astro_ns += time.perf_counter_ns() - t0
@@ -163,6 +192,8 @@ class _AstroMixin:
         self._astro_preemptions += 1
 
     def shutdown(self) -> None:
+        if getattr(self, "_astro_steplog", None) is not None:
+            self._astro_steplog.close()
         if getattr(self, "_astro_server", None) is not None:
             self._astro_server.close()
             self._astro_server = None

@@ -1,0 +1,249 @@
+"""Calibrate an `ExecutionProfile` against a real vLLM engine from its step log.
+
+The plugin (`engine.vllm_plugin`, with `$ASTRO_VLLM_STEP_LOG` set) writes one CSV line per
+engine step: batch size B, new tokens T, decode context tokens C, prefill attention pairs
+P, and the step's wall time (s). `fit_step_log` fits the sim's step model
+(`sim/profile.py`):
+
+    step_s = per_seq_s·B + linear_s(T) + decode_attn_s_per_ctx_token·C
+             + prefill_attn_s_per_token_pair·P
+
+with `linear_s` a piecewise-linear table over token knots (hat-function basis; base_s is
+folded into the table, i.e. written as 0), all coefficients ≥ 0 (non-negative least
+squares, `scipy.optimize.nnls`). Shared CPUs give heavy-tailed step times, so the fit is
+repeated after dropping steps whose residual exceeds 4 × the median absolute residual
+(at most 2 rounds); the dropped share and the held-out (every 5th step) MAPE are written
+to the profile's `fit` field.
+
+`calibration_load` drives an engine through batch shapes worth fitting: bursts of
+concurrent completions (1, 2, 4, ... up to `max_concurrency`, equally many bursts per
+level, the remainder at the top level) with prompt lengths spread
+over [16, max_prompt_tokens] and outputs over [4, max_output_tokens] tokens (token-id
+prompts, `ignore_eos`), drawn from one `numpy.random.Generator`.
+
+Command line (the engine must run with `ASTRO_VLLM_STEP_LOG=LOG`):
+
+    python -m rps_astro_cli.engine.vllm_calibrate --engine-url URL --step-log LOG \\
+        --out PROFILE.json [--profile-id ID] [--requests 48] [--seed 0]
+
+This module does not import vllm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.sim.profile import ExecutionProfile
+
+_KNOTS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def read_step_log(path: str | Path) -> np.ndarray:
+    """The step log as an (n, 5) float array: B, T, C, P, step_s.
+
+    Raises:
+        AstroUserError: file missing, wrong header, or no rows.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise AstroUserError(f"step log {p} not found", field="--step-log",
+                             fix="start the engine with ASTRO_VLLM_STEP_LOG set to this path")
+    rows = []
+    with p.open() as fh:
+        rd = csv.reader(fh)
+        header = next(rd, None)
+        if header != ["batch_size", "num_tokens", "decode_ctx_tokens", "prefill_pairs", "step_s"]:
+            raise AstroUserError(f"{p} is not an astro step log (header {header})", field="--step-log")
+        for r in rd:
+            if len(r) == 5:
+                rows.append([float(x) for x in r])
+    if not rows:
+        raise AstroUserError(f"{p} has no steps", field="--step-log", fix="send requests to the engine first")
+    return np.asarray(rows, dtype=float)
+
+
+def _knots_for(max_tokens: float) -> list[int]:
+    ks = [k for k in _KNOTS if k < max_tokens]
+    top = int(max(2, math.ceil(max_tokens)))
+    if not ks or ks[-1] != top:
+        ks.append(top)
+    return ks
+
+
+def _design(x: np.ndarray, knots: Sequence[int]) -> np.ndarray:
+    b, t, c, p = x[:, 0], x[:, 1], x[:, 2], x[:, 3]
+    kn = np.asarray(knots, dtype=float)
+    hat = np.zeros((len(x), len(kn)))
+    tt = np.clip(t, kn[0], None)
+    idx = np.clip(np.searchsorted(kn, tt, side="left"), 1, len(kn) - 1)
+    x0, x1 = kn[idx - 1], kn[idx]
+    w = (tt - x0) / (x1 - x0)  # > 1 past the last knot: linear extrapolation, as linear_s does
+    rows = np.arange(len(x))
+    hat[rows, idx - 1] = 1 - w
+    hat[rows, idx] = w
+    return np.column_stack([b, hat, c, p])
+
+
+def fit_step_log(steps: np.ndarray, profile_id: str, model: str, limits: dict[str, Any],
+                 gpu: str = "cpu", source: str = "") -> ExecutionProfile:
+    """Fit the step model to `steps` (see module docstring).
+
+    steps: (n, 5) array from `read_step_log` (n ≥ 10). limits: the engine's `/status`
+    `limits` (block_size, num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
+    max_model_len). Returns a profile whose `fit` holds n, dropped, held-out MAPE (%)
+    and mean step (s).
+
+    Raises:
+        AstroUserError: fewer than 10 steps.
+    """
+    from scipy.optimize import nnls
+
+    if len(steps) < 10:
+        raise AstroUserError(f"need ≥ 10 steps to fit, got {len(steps)}", field="--step-log",
+                             fix="send more requests to the engine")
+    x, y = steps[:, :4], steps[:, 4]
+    knots = _knots_for(float(x[:, 1].max()))
+    hold = np.arange(len(y)) % 5 == 4
+    train = ~hold
+    keep = train.copy()
+    coef = None
+    for _ in range(3):
+        coef, _ = nnls(_design(x[keep], knots), y[keep])
+        res = np.abs(_design(x, knots) @ coef - y)
+        mad = float(np.median(res[keep])) or 1e-12
+        new_keep = train & (res <= 4 * mad)
+        if (new_keep == keep).all():
+            break
+        keep = new_keep
+    assert coef is not None
+    pred = _design(x, knots) @ coef
+    h = hold & (y > 0)
+    mape = float(np.mean(np.abs(pred[h] - y[h]) / y[h]) * 100) if h.any() else float("nan")
+    k = len(knots)
+    return ExecutionProfile(
+        profile_id=profile_id, model=model, gpu=gpu, tp=1, base_s=0.0,
+        per_seq_s=float(coef[0]), token_knots=tuple(knots),
+        token_s=tuple(float(v) for v in coef[1:1 + k]),
+        decode_attn_s_per_ctx_token=float(coef[1 + k]),
+        prefill_attn_s_per_token_pair=float(coef[2 + k]),
+        block_size=int(limits["block_size"]), num_gpu_blocks=int(limits["num_gpu_blocks"]),
+        max_num_seqs=int(limits["max_num_seqs"]),
+        max_num_batched_tokens=int(limits["max_num_batched_tokens"]),
+        max_model_len=int(limits["max_model_len"]),
+        sources={"calibration": "astro vLLM plugin step log (engine.vllm_calibrate)",
+                 "step_log": source},
+        fit={"n_steps": int(len(y)), "n_train_kept": int(keep.sum()),
+             "dropped_outliers": int(train.sum() - keep.sum()),
+             "heldout_mape_pct": round(mape, 2), "mean_step_s": float(y.mean())},
+    )
+
+
+def calibration_load(base_url: str, model: str, rng: np.random.Generator, n_requests: int = 48,
+                     max_prompt_tokens: int = 512, max_output_tokens: int = 64,
+                     max_concurrency: int = 8, vocab_size: int = 256, timeout_s: float = 300.0,
+                     api_key: str | None = None) -> int:
+    """Send `n_requests` completions in bursts of growing concurrency (see module
+    docstring); returns how many succeeded.
+
+    Raises:
+        AstroUserError: bad sizes.
+    """
+    import httpx
+
+    if n_requests < 1 or max_prompt_tokens < 16 or max_output_tokens < 4 or max_concurrency < 1:
+        raise AstroUserError("n_requests ≥ 1, max_prompt_tokens ≥ 16, max_output_tokens ≥ 4 and "
+                             "max_concurrency ≥ 1 are needed", field="calibration")
+    levels = []
+    c = 1
+    while c <= max_concurrency:
+        levels.append(c)
+        c *= 2
+    per_level = max(1, n_requests // sum(levels))
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    ok = 0
+    lock = threading.Lock()
+
+    def one(prompt_len: int, out_len: int, first_id: int) -> None:
+        nonlocal ok
+        ids = [(first_id + i) % vocab_size + 3 for i in range(prompt_len)]
+        try:
+            r = httpx.post(base_url + "/v1/completions", headers=headers, timeout=timeout_s, json={
+                "model": model, "prompt": ids, "max_tokens": out_len, "ignore_eos": True,
+                "temperature": 0.0})
+            if r.status_code == 200:
+                with lock:
+                    ok += 1
+        except httpx.HTTPError:
+            pass
+
+    sent = 0
+    plan = [lv for lv in levels for _ in range(per_level)]
+    while sum(plan) < n_requests:
+        plan.append(levels[-1])
+    for level in plan:
+        if sent >= n_requests:
+            break
+        burst = []
+        for _ in range(min(level, n_requests - sent)):
+            pl = int(np.exp(rng.uniform(np.log(16), np.log(max_prompt_tokens))))
+            ol = int(rng.integers(4, max_output_tokens + 1))
+            burst.append(threading.Thread(target=one, args=(pl, ol, int(rng.integers(0, 1 << 20)))))
+            sent += 1
+        for t in burst:
+            t.start()
+            time.sleep(float(rng.uniform(0.0, 0.02)))
+        for t in burst:
+            t.join(timeout_s)
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry (see module docstring); exit 2 on a user error."""
+    import httpx
+
+    ap = argparse.ArgumentParser(description="Fit an astro execution profile to a vLLM engine's step log.")
+    ap.add_argument("--engine-url", required=True, help="Base URL of the astro vLLM engine (has /status).")
+    ap.add_argument("--step-log", required=True, help="The engine's $ASTRO_VLLM_STEP_LOG file.")
+    ap.add_argument("--out", required=True, help="Profile JSON to write.")
+    ap.add_argument("--profile-id", default="vllm-calibrated", help="profile_id written into the JSON.")
+    ap.add_argument("--requests", type=int, default=48, help="Calibration requests to send (0 = fit only).")
+    ap.add_argument("--max-prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-output-tokens", type=int, default=64)
+    ap.add_argument("--max-concurrency", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    try:
+        st = httpx.get(a.engine_url.rstrip("/") + "/status", timeout=5).json()
+        models = httpx.get(a.engine_url.rstrip("/") + "/v1/models", timeout=5).json()["data"]
+        model = models[0]["id"]
+        if a.requests:
+            n = calibration_load(a.engine_url.rstrip("/"), model, np.random.default_rng(a.seed), a.requests,
+                                 a.max_prompt_tokens, a.max_output_tokens, a.max_concurrency)
+            print(f"calibration load: {n}/{a.requests} requests ok", file=sys.stderr)
+            time.sleep(1.0)  # let the engine flush its step log
+        prof = fit_step_log(read_step_log(a.step_log), a.profile_id, model, st["limits"], source=a.step_log)
+    except AstroUserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (httpx.HTTPError, KeyError, ValueError) as exc:
+        print(f"error: engine at {a.engine_url} did not answer as an astro vLLM engine: {exc!r}", file=sys.stderr)
+        return 2
+    Path(a.out).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    print(json.dumps({"out": a.out, **prof.fit}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

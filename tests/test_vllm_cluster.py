@@ -1,0 +1,204 @@
+"""The whole astro cluster on real vLLM-CPU engines (issue 7's CI check).
+
+Two engines (`backend: vllm`, in-instance policy `rps`, tiny random-weight Llama, a small
+KV cache) with their Predictors and the power-of-2 scheduler, started by the same
+`ClusterSupervisor` behind `astro serve`. Steps:
+
+1. calibrate: a calibration load straight to both engines with the plugin's step log on,
+   `vllm_calibrate.fit_step_log` → a profile; the Predictors are restarted on it;
+2. 30 requests through the scheduler's OpenAI front door (10 rocks, then 10 pebbles, then
+   10 sand, by `vllm_xargs.astro_class`, 20 ms apart, token-id prompts, `ignore_eos`);
+3. check: every request completes with its `max_tokens`; the plugin is active (`rps` in
+   `/status`, waiting queues reordered); `/status` agrees with `/metrics` on each engine
+   (idle counts, KV usage, preemptions, completions); and print the calibrated
+   Predictor's error: predicted vs the scheduler's observed E2E of each request
+   (`/decisions`).
+Skips without vllm (see tests/vllm_helpers.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import numpy as np
+import pytest
+from vllm_helpers import needs_vllm, parse_metrics, success_by_reason, tiny_model_dir
+
+pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]
+
+BLOCK_BYTES = 65536  # one 128-token KV block of the tiny model (2 layers × K,V × 64 × bf16)
+N_REQ = 30
+
+
+def _initial_profile(path) -> None:
+    from rps_astro_cli.sim.profile import ExecutionProfile
+
+    prof = ExecutionProfile(
+        profile_id="vllm-tiny-uncalibrated", model="tiny", gpu="cpu", tp=1, base_s=0.0,
+        per_seq_s=0.0, token_knots=(1, 1024), token_s=(0.01, 0.05),
+        decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
+        block_size=128, num_gpu_blocks=16, max_num_seqs=8, max_num_batched_tokens=2048,
+        max_model_len=1024)
+    path.write_text(json.dumps(prof.to_dict()))
+
+
+def _restart(child, timeout_s: float = 120.0) -> None:
+    """Stop one supervised child and start it again on its port (it re-reads its files)."""
+    os.killpg(child.proc.pid, signal.SIGTERM)
+    child.proc.wait(30)
+    child.url = None
+    child.launch()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert child.proc.poll() is None, child.log_tail()
+        if child.ready_path.is_file() and child.ready_path.read_text().strip():
+            try:
+                if httpx.get(child.ready_path.read_text().strip() + "/health", timeout=2).status_code == 200:
+                    child.url = child.ready_path.read_text().strip()
+                    return
+            except httpx.HTTPError:
+                pass
+        assert time.monotonic() < deadline, f"{child.name} did not come back:\n{child.log_tail()}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    from rps_astro_cli.services.cluster import ClusterSupervisor
+    from rps_astro_cli.services.config import parse_config
+
+    model = tiny_model_dir(tmp_path_factory)
+    run = tmp_path_factory.mktemp("vllm-cluster")
+    prof = run / "profile.json"
+    _initial_profile(prof)
+    cfg = parse_config({
+        "name": "vllm-ci", "instances": 2,
+        "engine": {"backend": "vllm", "profile": str(prof), "instance_policy": "rps",
+                   "max_num_seqs": 8, "max_model_len": 1024, "served_model_name": "tiny",
+                   "extra_args": ["--model", model, "--kv-cache-memory-bytes", str(17 * BLOCK_BYTES),
+                                  "--max-num-batched-tokens", "2048"]},
+        "tagger": {"enabled": False},
+        "scheduler": {"policy": "power_of_k", "k": 2, "objective": "e2e", "predict_deadline_ms": 500.0},
+    })
+    env_keys = {"HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                "ASTRO_VLLM_STEP_LOG": str(run / "steps-{instance}.csv")}
+    saved = {k: os.environ.get(k) for k in env_keys}
+    os.environ.update(env_keys)
+    sup = ClusterSupervisor(cfg, run, report=lambda s: print(s))
+    try:
+        t0 = time.monotonic()
+        info = sup.start(timeout_s=900)
+        print(f"\ncluster (2 vLLM engines + 2 predictors + scheduler) ready in {time.monotonic() - t0:.1f} s")
+        yield sup, info, run, prof
+    finally:
+        sup.stop()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def test_cluster_power_of_k_rps(cluster):
+    from rps_astro_cli.engine import vllm_calibrate as vc
+
+    sup, info, run, prof_path = cluster
+    engines = [inst["engine_url"] for inst in info["instances"]]
+    for url in engines:
+        st = httpx.get(url + "/status").json()
+        assert st["policy"]["name"] == "rps" and st["kv_blocks_total"] == 16
+
+    # 1. calibrate on both engines at once, fit, restart the Predictors on the profile.
+    t0 = time.monotonic()
+    rngs = np.random.default_rng(1).spawn(2)
+    done = []
+    ths = [threading.Thread(target=lambda u=u, r=r: done.append(vc.calibration_load(
+        u, "tiny", r, n_requests=15, max_prompt_tokens=384, max_output_tokens=48, max_concurrency=8)))
+        for u, r in zip(engines, rngs)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join(600)
+    assert sum(done) == 30
+    time.sleep(1.0)
+    steps = np.vstack([vc.read_step_log(run / f"steps-engine-{i}.csv") for i in range(2)])
+    limits = httpx.get(engines[0] + "/status").json()["limits"]
+    prof = vc.fit_step_log(steps, "vllm-tiny-cpu", "tiny", limits)
+    prof_path.write_text(json.dumps(prof.to_dict()))
+    for p in sup.predictors:
+        _restart(p)
+    print(f"calibrated in {time.monotonic() - t0:.1f} s: {prof.fit}")
+
+    before = [parse_metrics(httpx.get(u + "/metrics").text) for u in engines]
+    plug0 = [httpx.get(u + "/status").json()["plugin"] for u in engines]
+
+    # 2. 30 requests through the scheduler.
+    rng = np.random.default_rng(7)
+    front = info["scheduler"]["url"]
+    classes = ["rocks"] * 10 + ["pebbles"] * 10 + ["sand"] * 10
+    results: dict[int, tuple] = {}
+
+    def send(i: int, cls: str, plen: int, olen: int) -> None:
+        t = time.monotonic()
+        r = httpx.post(front + "/v1/completions", timeout=600, json={
+            "model": "tiny", "prompt": [(i * 7 + j) % 500 + 3 for j in range(plen)], "max_tokens": olen,
+            "ignore_eos": True, "temperature": 0.0, "vllm_xargs": {"astro_class": cls}})
+        results[i] = (r.status_code, r.json(), r.headers.get("x-astro-instance"), time.monotonic() - t)
+
+    t0 = time.monotonic()
+    threads = []
+    for i, cls in enumerate(classes):
+        plen = int(rng.integers(16, 257))
+        olen = int(rng.integers(8, 49))
+        threads.append(threading.Thread(target=send, args=(i, cls, plen, olen)))
+        threads[-1].start()
+        time.sleep(0.02)
+    for t in threads:
+        t.join(600)
+    wall = time.monotonic() - t0
+
+    # 3a. every request completes with its max_tokens.
+    assert len(results) == N_REQ
+    per_inst = {"engine-0": 0, "engine-1": 0}
+    for i, (code, body, inst, _) in results.items():
+        assert code == 200, (i, body)
+        assert body["usage"]["completion_tokens"] >= 8
+        per_inst[inst] += 1
+    assert sum(per_inst.values()) == N_REQ
+
+    # 3b. /status agrees with /metrics on each engine; the plugin is active.
+    time.sleep(0.5)
+    reordered = 0
+    for k, url in enumerate(engines):
+        st = httpx.get(url + "/status").json()
+        m = parse_metrics(httpx.get(url + "/metrics").text)
+        assert st["running"] == [] and st["waiting"] == []
+        assert m["vllm:num_requests_running"] == 0.0 and m["vllm:num_requests_waiting"] == 0.0
+        assert st["kv_blocks_free"] == st["kv_blocks_total"] and m["vllm:kv_cache_usage_perc"] == 0.0
+        assert st["num_preemptions_total"] == m["vllm:num_preemptions_total"]
+        got = success_by_reason(m, "length") - success_by_reason(before[k], "length")
+        assert got == per_inst[f"engine-{k}"]
+        reordered += st["plugin"]["reordered_steps"] - plug0[k]["reordered_steps"]
+        print(f"engine-{k}: {per_inst[f'engine-{k}']} requests, preemptions {st['num_preemptions_total']}, "
+              f"plugin {st['plugin']['us_per_step']} µs/step, reordered steps "
+              f"{st['plugin']['reordered_steps'] - plug0[k]['reordered_steps']}")
+    assert reordered >= 1  # sand overtook queued rocks/pebbles somewhere
+
+    # 3c. the calibrated Predictor's error (chosen instance's prediction vs observed E2E).
+    decs = httpx.get(front + "/decisions", params={"n": N_REQ}).json()
+    errs = []
+    for d in decs:
+        pred = d.get("predictions", {}).get(str(d.get("choice")))
+        obs = d.get("observed_e2e_s")
+        if pred and obs:
+            errs.append(abs(pred["e2e_s"] - obs) / obs)
+    assert len(errs) >= N_REQ // 2
+    e = np.asarray(errs) * 100
+    print(f"30 requests in {wall:.1f} s; calibrated Predictor E2E error over {len(e)} requests: "
+          f"mean {e.mean():.1f}%, median {np.median(e):.1f}%, p90 {np.percentile(e, 90):.1f}% "
+          f"(profile held-out step MAPE {prof.fit['heldout_mape_pct']}%)")
