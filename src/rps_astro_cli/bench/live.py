@@ -70,6 +70,9 @@ class LiveTarget:
     def open(self) -> None:
         if self.cfg.cluster:
             self._load_cluster(read_cluster_json(self.cfg.cluster))
+        if self.cfg.slo_scale is not None and not ((self.cluster or {}).get("profile") or self.cfg.profile):
+            raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
+                                 fix="pass --profile ID (the served model's profile) or use --cluster")
         self._check_reachable()
         if self.model is None:
             self.model = asyncio.run(discover_model(self.base_url, self.cfg.api_key))
@@ -146,7 +149,9 @@ class LiveTarget:
         return asyncio.run(self._run(requests, times, on_done))
 
     def _urls(self) -> tuple[list[str], list[str], str | None]:
-        inst = (self.cluster or {}).get("instances") or []
+        if not self.cluster:  # a plain server (e.g. vLLM) exports vllm:num_preemptions_total itself
+            return [self.base_url], [], None
+        inst = self.cluster.get("instances") or []
         engines = [i["engine_url"] for i in inst if i.get("engine_url")]
         preds = [i["predictor_url"] for i in inst if i.get("predictor_url")]
         sched = (self.cluster or {}).get("scheduler", {}).get("url")
@@ -154,21 +159,18 @@ class LiveTarget:
 
     async def _scrape_all(self, client: httpx.AsyncClient) -> dict[str, Any]:
         engines, preds, sched = self._urls()
-        res = await asyncio.gather(*(scrape.scrape(client, u) for u in engines + preds + [sched]))
+        res = await asyncio.gather(*(scrape.scrape(client, u) for u in [*engines, *preds, sched]))
         return {"engines": res[:len(engines)], "predictors": res[len(engines):len(engines) + len(preds)],
                 "scheduler": res[-1], "t": time.perf_counter()}
 
     async def _run(self, requests, times, on_done):
         async with httpx.AsyncClient(timeout=10.0) as c:
-            before = await self._scrape_all(c) if self.cluster else None
+            before = await self._scrape_all(c)
         records = await run_requests(requests, times, self._client_opts(), self.cfg.max_concurrency, on_done)
-        extras: dict[str, Any] = {}
-        if self.cluster:
-            async with httpx.AsyncClient(timeout=30.0) as c:
-                after = await self._scrape_all(c)
-                decisions = await scrape.fetch_decisions(c, after and self._urls()[2], len(requests))
-            extras = self._extras(before, after, decisions)
-        return records, extras
+        async with httpx.AsyncClient(timeout=30.0) as c:
+            after = await self._scrape_all(c)
+            decisions = await scrape.fetch_decisions(c, self._urls()[2], len(requests))
+        return records, self._extras(before, after, decisions)
 
     def _extras(self, before: dict[str, Any], after: dict[str, Any], decisions: list[dict]) -> dict[str, Any]:
         wall = after["t"] - before["t"]

@@ -223,8 +223,14 @@ def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
     return out
 
 
-def _label(policy: str | None, k: str | None, spec: ArrivalSpec) -> str:
-    who = "cluster" if policy is None else policy + (f" k={k}" if k else "")
+def _label(policy: str | None, k: str | None, spec: ArrivalSpec, target: dict[str, Any] | None = None) -> str:
+    """Run label: "<policy>[ k=K] @ <arrivals>"; a live target without --policies is named
+    by its own policy (cluster.json) or "server" (a plain OpenAI-compatible URL)."""
+    if policy is None:
+        pol = (target or {}).get("policy") or {}
+        who = (pol.get("name", "cluster") + (f" k={pol['k']}" if "k" in pol else "")) if pol else "server"
+    else:
+        who = policy + (f" k={k}" if k else "")
     return f"{who} @ {spec.describe()}"
 
 
@@ -282,7 +288,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             def run_at(rate: float, _p=policy, _k=k) -> RunResult:
                 spec = spec0.with_rate(rate) if config.arrival != "trace" else spec0
                 times = _arrivals(config, wl, spec, len(wl.requests))
-                label = _label(_p, _k, spec)
+                label = _label(_p, _k, spec, result.target)
                 prog("run_start", label=label, total=len(wl.requests))
                 t0 = time.perf_counter()
                 records, extras = target.run(wl.requests, list(times), lambda r: prog("request", record=r))
@@ -313,7 +319,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     probe, goal,
                     rates=config.rates, start_rps=config.capacity_start_rps,
                     min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
-                    tolerance=config.capacity_tolerance, label=_label(policy, k, spec0).split(" @ ")[0])
+                    tolerance=config.capacity_tolerance, label=_label(policy, k, spec0, result.target).split(" @ ")[0])
                 result.capacity.append(res)
             else:
                 for rate in (config.rates or [config.request_rate]):
