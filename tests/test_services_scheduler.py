@@ -271,3 +271,9 @@ def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
                 time.sleep(0.02)
             d = decs[-1]
             assert d["policy"] == "llumnix" and d["reason"] == "lowest load"
+            assert d["outcome"] == "client_disconnected"
+            # the client left mid-stream: the scheduler released the instance and the engine aborted
+            assert all(i["outstanding_requests"] == 0 for i in c.get("/instances").json())
+            while httpx.get(eng.url + "/status").json()["running"]:
+                assert time.monotonic() < deadline + 5, "engine kept generating for a gone client"
+                time.sleep(0.02)

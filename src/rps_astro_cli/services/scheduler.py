@@ -15,6 +15,12 @@ Per request to `/v1/chat/completions` or `/v1/completions`:
    response back unchanged (SSE events relayed whole), with header `x-astro-instance`
    (the instance's name, e.g. `engine-2`).
 
+Clients: the hot path (tag, predict, forward) runs on `services/rpc.py`'s lean
+keep-alive HTTP/1.1 pools (one per destination; httpx costs ~20x more CPU per call, see
+that module); health checks and status polls use pooled `httpx.AsyncClient`s. A tag or
+predict RPC that misses its deadline is skipped but not cancelled (it finishes in the
+background, bounded by RPC_BOUND_S), so no keep-alive connection is torn down.
+
 Failures: a connection error or timeout marks the instance unhealthy at once (circuit
 breaker open) and a background health check (`GET /health` every `health_interval_s`,
 or `GET /status` for status-based policies) readmits it when it answers again. A request
@@ -30,7 +36,7 @@ server: everything the scheduler adds except waiting on the engine.
 
 Metrics (`GET /metrics`):
 - `astro_scheduler_requests_total{endpoint,outcome}` ok | client_error | engine_error |
-  midstream_error | no_instance.
+  midstream_error | no_instance | client_disconnected.
 - `astro_dispatch_decisions_total{policy,reason}`, `astro_dispatch_decide_seconds{policy}`
   (decision time incl. predict RPCs), `astro_predict_rpcs_total{policy,outcome}`
   (ok | timeout | error; per request exactly k for power_of_k, N for k=all),
@@ -529,9 +535,19 @@ class Scheduler:
     def _stream_response(self, endpoint: str, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
                          first: bytes, rec: dict[str, Any], t_send: float, overhead_s: float) -> StreamingResponse:
         sched = self
+        state = {"outcome": "client_disconnected", "closed": False}
+
+        async def cleanup() -> None:  # idempotent: from the relay's end or the response's
+            if state["closed"]:
+                return
+            state["closed"] = True
+            await resp.aclose()  # an unfinished body drops the connection: the engine aborts
+            sched._release(st)
+            rec["observed_e2e_s"] = time.perf_counter() - t_send
+            sched.m.requests.labels(endpoint, state["outcome"]).inc()
+            sched._finish(rec, overhead_s, state["outcome"])
 
         async def relay() -> AsyncIterator[bytes]:
-            outcome = "ok"
             pending = first
             try:
                 try:
@@ -543,25 +559,38 @@ class Scheduler:
                         chunk = await it.__anext__()
                         pending += chunk
                 except StopAsyncIteration:
+                    state["outcome"] = "ok"
                     if pending:
                         yield pending
                 except RpcError as exc:
-                    outcome = "midstream_error"
+                    state["outcome"] = "midstream_error"
                     sched.mark_failed(st, f"mid-stream {type(exc).__name__}")
                     err = error_body(f"engine {st.ep.name} failed mid-stream ({type(exc).__name__}); "
                                      "the response is incomplete", None, "engine_failure", 502)
                     err["error"]["instance"] = st.ep.name
                     yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
             finally:
-                await resp.aclose()
-                sched._release(st)
-                rec["observed_e2e_s"] = time.perf_counter() - t_send
-                sched.m.requests.labels(endpoint, outcome).inc()
-                sched._finish(rec, overhead_s, outcome)
+                await cleanup()
 
         headers = {"x-astro-instance": st.ep.name, "cache-control": "no-cache"}
-        return StreamingResponse(relay(), status_code=resp.status,
-                                 media_type=resp.headers.get("content-type", "text/event-stream"), headers=headers)
+        return _RelayResponse(relay(), cleanup, status_code=resp.status,
+                              media_type=resp.headers.get("content-type", "text/event-stream"), headers=headers)
+
+
+class _RelayResponse(StreamingResponse):
+    """A StreamingResponse that runs `cleanup` even when the client left before the body
+    iterator ever started (Starlette then never enters the generator, so its `finally`
+    would not run and the instance's outstanding count and connection would leak)."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup, **kw: Any):
+        super().__init__(content, **kw)
+        self._cleanup = cleanup
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._cleanup()
 
 
 def _swallow(t: asyncio.Future) -> None:
