@@ -39,7 +39,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -56,6 +55,7 @@ from rps_astro_cli.services.http_common import (
     new_registry,
     read_json_body,
 )
+from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.sim import lookahead as _lookahead
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
@@ -141,9 +141,9 @@ def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
 class Predictor:
     """Status cache + look-ahead for one engine (see module docstring)."""
 
-    def __init__(self, settings: PredictorSettings, client: httpx.AsyncClient | None = None):
+    def __init__(self, settings: PredictorSettings):
         self.settings = settings
-        self.client = client
+        self.pool = HostPool(settings.engine_url)  # lean keep-alive client (see services/rpc.py)
         self._status: InstanceStatus | None = None
         self._status_at = 0.0  # time.monotonic() of the fetch
         self._inflight: asyncio.Future | None = None
@@ -157,7 +157,7 @@ class Predictor:
         """The engine's status and its age in seconds (cached for `status_cache_s`).
 
         Raises:
-            httpx.HTTPError / AstroUserError: the engine did not answer / answered junk.
+            RpcError / TimeoutError / AstroUserError: the engine did not answer / answered junk.
         """
         now = time.monotonic()
         if self._status is not None and now - self._status_at <= self.settings.status_cache_s:
@@ -173,12 +173,12 @@ class Predictor:
         return st, time.monotonic() - self._status_at
 
     async def _fetch(self) -> InstanceStatus:
-        assert self.client is not None
         try:
-            r = await self.client.get(self.settings.engine_url.rstrip("/") + "/status",
-                                      timeout=self.settings.status_timeout_s)
-            r.raise_for_status()
-            st = InstanceStatus.from_dict(r.json())
+            resp = await asyncio.wait_for(self.pool.request("GET", "/status"), self.settings.status_timeout_s)
+            body = await asyncio.wait_for(resp.read(), self.settings.status_timeout_s)
+            if resp.status != 200:
+                raise RpcError(f"engine /status answered {resp.status}")
+            st = InstanceStatus.from_dict(json.loads(body))
         finally:
             self._inflight = None
         self._status, self._status_at = st, time.monotonic()
@@ -236,9 +236,8 @@ def create_app(settings: PredictorSettings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        async with httpx.AsyncClient(limits=httpx.Limits(max_connections=16, max_keepalive_connections=16)) as client:
-            app.state.predictor.client = client
-            yield
+        yield
+        app.state.predictor.pool.close()
 
     app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.predictor = Predictor(settings)
@@ -266,7 +265,7 @@ def create_app(settings: PredictorSettings) -> FastAPI:
         fetched_before = pred._status_at
         try:
             status, age_s = await pred.status()
-        except (httpx.HTTPError, AstroUserError, ValueError) as exc:
+        except (RpcError, asyncio.TimeoutError, AstroUserError, ValueError) as exc:
             m_fetch.labels("error").inc()
             m_req.labels("engine_unavailable").inc()
             return error_response(503, f"engine status unavailable: {exc}", None, "engine_unavailable")
