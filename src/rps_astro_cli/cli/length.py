@@ -61,7 +61,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
             ("kendall_tau", "Kendall τ", 3), ("bucket_accuracy", "bucket acc", 3),
             ("p50_ms_batch1", "p50 ms b=1", 3), ("p99_ms_batch1", "p99 ms b=1", 3),
             ("p50_ms_batched", f"p50 ms/req b={BATCH_SIZE}", 3)]
-    t.add_column("model")
+    t.add_column("model", no_wrap=True, min_width=max([5] + [len(n) for n in results]))
     t.add_column("n", justify="right")
     for _, head, _ in cols:
         t.add_column(head, justify="right")

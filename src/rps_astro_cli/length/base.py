@@ -86,6 +86,9 @@ class LengthModelMeta:
         known = set(cls.__dataclass_fields__)
         if "model" not in d:
             raise AstroUserError(f"{where}: meta.json has no 'model' field", field="model")
+        for key in ("params", "data", "split", "metrics", "fit", "files", "versions"):
+            if key in d and not isinstance(d[key], dict):
+                raise AstroUserError(f"{where}: field {key!r} must be an object", field="model")
         return cls(**{k: v for k, v in d.items() if k in known})
 
 

@@ -2,7 +2,9 @@
 
 Features of a prompt (truncated as in `length.prompts`):
 - hashed word 1–2-grams and hashed character 3–5-grams inside word boundaries
-  (scikit-learn `HashingVectorizer`, 2^18 columns each), sublinear tf (log1p), idf
+  (scikit-learn `HashingVectorizer`, 2^18 columns each) of the prompt's first
+  NGRAM_HEAD_CHARS and last NGRAM_TAIL_CHARS characters (n-gram analysis is the
+  costly part: this bounds a 30k-character prompt at a few ms), sublinear tf (log1p), idf
   weights fitted on the training prompts, rows L2-normalized. Hashing means the artifact
   holds column indices and weights only — no vocabulary, so no prompt text is stored.
 - eight cheap dense cues, standardized: log characters, log fallback tokens, log lines,
@@ -35,10 +37,21 @@ from rps_astro_cli.tokens import count_tokens_fallback
 N_HASH = 2**18
 N_DENSE = 8
 DENSE_WEIGHT = 0.3
-ALPHAS = (0.3, 1.0, 3.0, 10.0)
+NGRAM_HEAD_CHARS = 3072
+NGRAM_TAIL_CHARS = 1024
+ALPHAS = (1.0, 3.0, 10.0, 30.0, 100.0)
 SHIFTS = np.linspace(-1.0, 1.0, 81)
 _WEIGHTS_FILE = "model.npz"
 _CODE_PUNCT = re.compile(r"[{};=]")
+_DIGIT = re.compile(r"\d")
+
+
+def ngram_window(text: str) -> str:
+    """The part of a prompt whose n-grams are hashed: all of it up to
+    NGRAM_HEAD_CHARS + NGRAM_TAIL_CHARS characters, else its head and tail."""
+    if len(text) <= NGRAM_HEAD_CHARS + NGRAM_TAIL_CHARS:
+        return text
+    return text[:NGRAM_HEAD_CHARS] + "\n" + text[-NGRAM_TAIL_CHARS:]
 
 
 def _vectorizers(n_hash: int) -> tuple[Any, Any]:
@@ -59,9 +72,9 @@ def dense_cues(text: str) -> list[float]:
         np.log1p(text.count("\n")),
         np.log1p(text.count("?")),
         float("```" in text),
-        np.log1p(sum(ch.isdigit() for ch in text)),
+        np.log1p(len(_DIGIT.findall(text))),
         float(_CODE_PUNCT.search(text) is not None),
-        (sum(ord(ch) > 127 for ch in text) / n) if n else 0.0,
+        ((n - len(text.encode("ascii", "ignore"))) / n) if n else 0.0,
     ]
 
 
@@ -87,15 +100,18 @@ class ClassicLengthModel(LengthModel):
     # ---- features
 
     def _text_matrix(self, texts: list[str]) -> sp.csr_matrix:
-        X = sp.hstack([self._word.transform(texts), self._char.transform(texts)], format="csr")
+        win = [ngram_window(t) for t in texts]
+        X = sp.hstack([self._word.transform(win), self._char.transform(win)], format="csr")
         np.log1p(X.data, out=X.data)
         return X
 
     def _weighted(self, X: sp.csr_matrix) -> sp.csr_matrix:
-        X = X.multiply(self.idf).tocsr()
-        norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-        norms[norms == 0] = 1.0
-        return sp.diags(1.0 / norms) @ X
+        """idf-weighted, row-L2-normalized copy of a tf matrix (rows of zeros stay zero)."""
+        from sklearn.preprocessing import normalize
+
+        X = X.copy()
+        X.data *= self.idf[X.indices]
+        return normalize(X, norm="l2", copy=False)
 
     def _dense(self, texts: list[str]) -> np.ndarray:
         return np.array([dense_cues(t) for t in texts], dtype=np.float64).reshape(len(texts), N_DENSE)
@@ -188,6 +204,7 @@ class ClassicLengthModel(LengthModel):
         return {
             "n_hash": self.n_hash, "word_ngrams": [1, 2], "char_wb_ngrams": [3, 5],
             "dense_weight": DENSE_WEIGHT, "alpha": self.alpha, "shift": self.shift,
+            "ngram_window_chars": [NGRAM_HEAD_CHARS, NGRAM_TAIL_CHARS],
             "target": "log(reply tokens)",
         }
 
