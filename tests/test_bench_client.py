@@ -116,6 +116,10 @@ def test_body_carries_true_length_only_when_asked():
     assert body["stream_options"] == {"include_usage": True}
     _, body = build_body(r, ClientOptions("http://x", send_true_lengths=False, endpoint="completions"))
     assert "vllm_xargs" not in body and body["prompt"] == "hello there"
+    _, body = build_body(r, ClientOptions("http://x", max_tokens_mode="none"))
+    assert "max_tokens" not in body
+    _, body = build_body(r, ClientOptions("http://x", max_tokens_mode="64"))
+    assert body["max_tokens"] == 64
 
 
 # -- live run against a fake OpenAI SSE server ---------------------------------------------

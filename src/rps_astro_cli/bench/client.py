@@ -16,7 +16,11 @@ Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: tr
   without `[DONE]` or a `finish_reason` marks the request failed (kept apart).
 
 Request body extras (documented for users of plain vLLM / other servers):
-- `max_tokens` = the workload's reference reply length (as `vllm bench serve` does);
+- `max_tokens` (`ClientOptions.max_tokens_mode`): "reference" = the workload's reference
+  reply length (as `vllm bench serve` does; the default against a plain `--base-url`),
+  "none" = not sent (the default against an astro `--cluster`: astro's scheduler clips its
+  predicted length by `max_tokens`, so sending the true length there would hand the
+  dispatcher an oracle upper bound and flatter prediction-guided policies), or a number;
 - `vllm_xargs.astro_output_tokens` = the same true length, so astro's sim engines
   reproduce the dataset's reply length. vLLM passes `vllm_xargs` into
   `SamplingParams.extra_args` (docs.vllm.ai "Custom Arguments"), where an unknown key is
@@ -159,6 +163,7 @@ class ClientOptions:
     base_url: server root (e.g. http://127.0.0.1:8000). model: `model` field.
     endpoint: "chat" or "completions" (media requests always use chat).
     send_true_lengths: send `vllm_xargs.astro_output_tokens`.
+    max_tokens_mode: "reference", "none" or a number (see module docstring).
     ignore_eos: send `ignore_eos: true`. timeout_s: per-request read timeout.
     api_key: sent as a Bearer token when set. counter: token counter (no-usage fallback).
     """
@@ -171,13 +176,17 @@ class ClientOptions:
     timeout_s: float = 600.0
     api_key: str | None = None
     counter: TokenCounter = count_tokens_fallback
+    max_tokens_mode: str = "reference"
 
 
 def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
     """(path, JSON body) of the request."""
     chat = opts.endpoint == "chat" or bool(req.media)
-    body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True},
-                            "max_tokens": max(1, req.output_tokens)}
+    body: dict[str, Any] = {"stream": True, "stream_options": {"include_usage": True}}
+    if opts.max_tokens_mode == "reference":
+        body["max_tokens"] = max(1, req.output_tokens)
+    elif opts.max_tokens_mode != "none":
+        body["max_tokens"] = int(opts.max_tokens_mode)
     if opts.model:
         body["model"] = opts.model
     text = req.prompt_text()

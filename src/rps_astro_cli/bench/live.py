@@ -103,7 +103,8 @@ class LiveTarget:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
-                             "endpoint": self.cfg.endpoint, "send_true_lengths": self.cfg.send_true_lengths}
+                             "endpoint": self.cfg.endpoint, "send_true_lengths": self.cfg.send_true_lengths,
+                             "max_tokens": self.max_tokens_mode}
         if self.cluster:
             d.update(cluster=str(self.cfg.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
@@ -142,7 +143,16 @@ class LiveTarget:
     def _client_opts(self) -> ClientOptions:
         return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.endpoint,
                              send_true_lengths=self.cfg.send_true_lengths, ignore_eos=self.cfg.ignore_eos,
-                             timeout_s=self.cfg.timeout_s, api_key=self.cfg.api_key, counter=self.counter)
+                             timeout_s=self.cfg.timeout_s, api_key=self.cfg.api_key, counter=self.counter,
+                             max_tokens_mode=self.max_tokens_mode)
+
+    @property
+    def max_tokens_mode(self) -> str:
+        """"auto" → "none" against an astro cluster (no oracle bound for its dispatcher),
+        "reference" against a plain server (as `vllm bench serve`)."""
+        if self.cfg.max_tokens != "auto":
+            return self.cfg.max_tokens
+        return "none" if self.cluster else "reference"
 
     def run(self, requests: list[BenchRequest], times: list[float],
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
@@ -170,7 +180,37 @@ class LiveTarget:
         async with httpx.AsyncClient(timeout=30.0) as c:
             after = await self._scrape_all(c)
             decisions = await scrape.fetch_decisions(c, self._urls()[2], len(requests))
+            await self._tag(c, requests, records)
         return records, self._extras(before, after, decisions)
+
+    async def _tag(self, client: httpx.AsyncClient, requests: list[BenchRequest], records: list[RequestRecord]) -> None:
+        """Length-tagger error: ask the cluster's tagger (`POST /tag`, deterministic) for the
+        length it predicted for each request's exact body, after the run (so it adds no load
+        during it). Sets `predicted_output_tokens` where the response did not carry one."""
+        url = ((self.cluster or {}).get("tagger") or {}).get("url")
+        if not url:
+            return
+        from rps_astro_cli.bench.client import build_body
+
+        sem = asyncio.Semaphore(8)
+        opts = self._client_opts()
+
+        async def one(req: BenchRequest, rec: RequestRecord) -> None:
+            if rec.predicted_output_tokens is not None:
+                return
+            _, body = build_body(req, opts)
+            async with sem:
+                try:
+                    r = await client.post(url.rstrip("/") + "/tag", json=body)
+                    pred = r.json().get("predicted_output_tokens") if r.status_code == 200 else None
+                except (httpx.HTTPError, ValueError):
+                    return
+            if isinstance(pred, int):
+                if isinstance(body.get("max_tokens"), int):  # the scheduler clips by max_tokens
+                    pred = min(pred, body["max_tokens"])
+                rec.predicted_output_tokens = pred
+
+        await asyncio.gather(*(one(q, r) for q, r in zip(requests, records)))
 
     def _extras(self, before: dict[str, Any], after: dict[str, Any], decisions: list[dict]) -> dict[str, Any]:
         wall = after["t"] - before["t"]

@@ -84,6 +84,7 @@ class BenchConfig:
     model: str | None = None
     endpoint: str = "chat"
     send_true_lengths: bool = True
+    max_tokens: str = "auto"
     ignore_eos: bool = False
     timeout_s: float = 600.0
     api_key: str | None = None
@@ -183,6 +184,8 @@ def _check(cfg: BenchConfig) -> None:
                              fix="pass --cluster cluster.json, --base-url URL, or --virtual")
     if cfg.cluster and cfg.base_url:
         raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
+    if cfg.max_tokens not in ("auto", "reference", "none") and not (cfg.max_tokens.isdigit() and int(cfg.max_tokens) > 0):
+        raise AstroUserError(f"got {cfg.max_tokens!r}", field="--max-tokens", fix="use auto, reference, none or a positive integer")
     if cfg.endpoint not in ("chat", "completions"):
         raise AstroUserError(f"unknown endpoint {cfg.endpoint!r}", field="--endpoint", fix="use chat or completions")
     if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
