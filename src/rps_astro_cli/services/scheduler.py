@@ -605,9 +605,10 @@ async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
         return b""
 
 
-def create_app(settings: SchedulerSettings) -> FastAPI:
-    """The scheduler's FastAPI app: /v1/chat/completions, /v1/completions, /v1/models,
-    /health, /metrics, /decisions, /instances."""
+def create_app(settings: SchedulerSettings) -> FastPath:
+    """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics, /decisions, /instances (a `FastPath` over a FastAPI app; the
+    Scheduler is `app.state.scheduler`)."""
     from contextlib import asynccontextmanager
 
     sched = Scheduler(settings)
@@ -660,7 +661,40 @@ def create_app(settings: SchedulerSettings) -> FastAPI:
     async def metrics():
         return metrics_response(sched.m.registry)
 
-    return app
+    return FastPath(app, sched)
+
+
+class FastPath:
+    """ASGI front for the scheduler app: the two completion routes go straight to
+    `Scheduler.handle` (skipping FastAPI's middleware and dependency layers, ~0.15 ms of
+    CPU per request); everything else (lifespan, /metrics, ...) goes to the FastAPI app.
+    Errors keep the same shapes: `HTTPUserError` → its 4xx, anything else → 500 with a
+    request id, logged."""
+
+    ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+
+    def __init__(self, app: FastAPI, sched: Scheduler):
+        self.app = app
+        self.state = app.state
+        self.sched = sched
+
+    async def __call__(self, scope, receive, send) -> None:
+        endpoint = self.ROUTES.get(scope.get("path", "")) if scope["type"] == "http" else None
+        if endpoint is None or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            resp = await self.sched.handle(request, endpoint)
+        except HTTPUserError as exc:
+            resp = error_response(exc.status, exc.message, exc.param, exc.type)
+        except Exception as exc:  # a server fault: 500 with a request id, never a traceback
+            import secrets
+
+            rid = secrets.token_hex(6)
+            log.error("request %s failed (id %s)", scope.get("path"), rid, exc_info=exc)
+            resp = error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
+        await resp(scope, receive, send)
 
 
 def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",
