@@ -69,7 +69,11 @@ def register(app: typer.Typer) -> None:
         params = {}
         if k is not None:
             params["k"] = k
-        dispatch = make_dispatch(policy, **params)
+        try:
+            dispatch = make_dispatch(policy, **params)
+        except TypeError:
+            raise AstroUserError(f"dispatch policy {policy!r} takes no --k", field="--k",
+                                 fix="use --k only with power_of_k") from None
         rng = np.random.default_rng(seed)
         reqs = poisson_workload(read_length_trace(trace), num_requests, rate, cfg.max_model_len, rng)
         res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: make_policy(instance_policy), rng)
