@@ -240,6 +240,17 @@ def test_backend_args_from_options():
         vllm_args_from_options(EngineOptions(), ["--model"])
 
 
+def test_devices_for_instances():
+    from rps_astro_cli.engine.vllm_backend import devices_for
+
+    assert devices_for("engine-2", "") is None
+    assert devices_for("engine-2", "0,1,2,3") == "2"
+    assert devices_for("engine-5", "0,1,2,3") == "1"
+    assert devices_for("engine-1", "0,1;2,3") == "2,3"
+    with pytest.raises(AstroUserError, match="ASTRO_VLLM_DEVICES"):
+        devices_for("main", "0,1")
+
+
 def test_launcher_refuses_reserved_flags_and_bad_python():
     from rps_astro_cli.engine.vllm_launch import launch_vllm_engine, vllm_python
 

@@ -35,6 +35,9 @@ def cluster(
     profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path.")] = None,
     time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="Engine backend of every instance: sim | vllm.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="vllm backend: model path or name (added to the engines' vLLM flags).")] = None,
+    engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="vllm backend: one more vLLM flag or value for every engine (repeat).")] = None,
     host: Annotated[str | None, typer.Option("--host", help="Scheduler bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).")] = None,
     api_key: KeyOpt = None,
@@ -55,7 +58,11 @@ def cluster(
         "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
         "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
+        "engine.backend": backend,
     })
+    if model or engine_arg:
+        extra = list(cfg.engine.extra_args) + (["--model", model] if model else []) + list(engine_arg or [])
+        cfg = with_overrides(cfg, {"engine.extra_args": extra})
     sup = ClusterSupervisor(cfg, run_dir or default_run_dir(), cluster_json,
                             report=lambda line: console.print(line, highlight=False, markup=False))
     console.print(f"starting {cfg.instances} engines + predictors + tagger + scheduler "

@@ -6,9 +6,15 @@ astro's own options map onto vLLM flags: `--instance-policy` → the plugin's po
 `--num-gpu-blocks-override`, `--max-num-seqs`, `--max-num-batched-tokens`,
 `--max-model-len`, `--no-chunked-prefill` → `--no-enable-chunked-prefill`, `--api-key`,
 `--served-model-name`. Everything else astro does not know (including `--model`) goes
-to vLLM untouched. Prints `ready: URL` once `/health` and `/status` answer, like the sim
+to vLLM untouched. vLLM's own output goes to this process's stdout/stderr. Prints
+`ready: URL` once `/health` and `/status` answer, like the sim
 engine, then serves until interrupted (SIGINT/SIGTERM stop the whole vLLM process group).
 The startup wait is `$ASTRO_VLLM_READY_TIMEOUT_S` seconds (default 900).
+
+Several engines on one multi-GPU host (`astro serve --recipe ...` with `instances: N`):
+set `ASTRO_VLLM_DEVICES` to a comma list of device groups separated by `;` or single
+ids separated by `,` (e.g. `0,1,2,3`, or `0,1;2,3` for two TP=2 engines); the engine whose
+instance id ends in `-i` gets `CUDA_VISIBLE_DEVICES` = group `i mod len(groups)`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,23 @@ import sys
 from rps_astro_cli.engine.backends import ENGINE_BACKENDS, EngineOptions
 from rps_astro_cli.engine.vllm_launch import _flag_present, launch_vllm_engine
 from rps_astro_cli.errors import AstroUserError
+
+
+def devices_for(instance_id: str, spec: str) -> str | None:
+    """The `CUDA_VISIBLE_DEVICES` value for `instance_id` under `ASTRO_VLLM_DEVICES=spec`
+    (see module docstring); None when `spec` is empty.
+
+    Raises:
+        AstroUserError: the instance id has no `-<index>` suffix.
+    """
+    if not spec.strip():
+        return None
+    groups = [g.strip() for g in (spec.split(";") if ";" in spec else spec.split(",")) if g.strip()]
+    tail = instance_id.rsplit("-", 1)[-1]
+    if not tail.isdigit():
+        raise AstroUserError(f"instance id {instance_id!r} does not end in -<index>",
+                             field="ASTRO_VLLM_DEVICES", fix="use --instance-id engine-<i> or unset it")
+    return groups[int(tail) % len(groups)]
 
 
 def vllm_args_from_options(opts: EngineOptions, extra_args: list[str]) -> tuple[str, list[str]]:
@@ -72,9 +95,11 @@ def run_vllm(opts: EngineOptions, extra_args: list[str]) -> None:
         RuntimeError: the server died or did not become ready.
     """
     model, args = vllm_args_from_options(opts, extra_args)
+    dev = devices_for(opts.instance_id, os.environ.get("ASTRO_VLLM_DEVICES", ""))
     eng = launch_vllm_engine(model, host=opts.host, port=opts.port, policy=opts.instance_policy,
                              extra_args=args, instance_id=opts.instance_id,
-                             profile_id=opts.profile or "")
+                             profile_id=opts.profile or "", log_path="-",
+                             env={"CUDA_VISIBLE_DEVICES": dev} if dev is not None else None)
     stopping = False
 
     def _stop(signum, frame):  # noqa: ARG001
@@ -87,7 +112,7 @@ def run_vllm(opts: EngineOptions, extra_args: list[str]) -> None:
         timeout = float(os.environ.get("ASTRO_VLLM_READY_TIMEOUT_S", "900"))
         waited = eng.wait_ready(timeout_s=timeout)
         print(f"ready: {eng.base_url}", flush=True)
-        print(f"vLLM ready after {waited:.1f} s (log: {eng.log_path})", file=sys.stderr, flush=True)
+        print(f"vLLM ready after {waited:.1f} s", file=sys.stderr, flush=True)
         if opts.ready_file:
             with open(opts.ready_file, "w") as fh:
                 fh.write(eng.base_url + "\n")

@@ -103,6 +103,8 @@ class VllmEngine:
     _tmpdir: str | None = None
 
     def log_tail(self, n_chars: int = 3000) -> str:
+        if self.log_path == "-":
+            return "(the server's output is above)"
         try:
             return Path(self.log_path).read_text(errors="replace")[-n_chars:]
         except OSError:
@@ -182,7 +184,8 @@ def launch_vllm_engine(
     after importing the modules in `ASTRO_VLLM_POLICY_MODULES`, if any).
     extra_args: vLLM flags passed through (e.g. `--max-model-len 512`,
     `--kv-cache-memory-bytes 8000000`). env: extra environment for the server.
-    log_path: where the server's output goes (default: a file in a private temp dir).
+    log_path: where the server's output goes (default: a file in a private temp dir;
+    "-" = this process's stdout/stderr).
 
     Raises:
         AstroUserError: unknown policy, a reserved flag in `extra_args` (--host, --port,
@@ -213,12 +216,15 @@ def launch_vllm_engine(
     penv[ENV_INSTANCE_ID] = instance_id
     penv[ENV_PROFILE_ID] = profile_id
     policy_from_env(penv)  # fail fast on a bad name/params (and load ASTRO_VLLM_POLICY_MODULES)
-    fh = open(log, "ab")
-    try:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=penv, start_new_session=True)
-    finally:
-        fh.close()
+    if log == "-":
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, env=penv, start_new_session=True)
+    else:
+        fh = open(log, "ab")
+        try:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=penv, start_new_session=True)
+        finally:
+            fh.close()
     url_host = "127.0.0.1" if host in ("0.0.0.0", "") else host
     return VllmEngine(proc=proc, base_url=f"http://{url_host}:{port}", status_socket=sock,
                       log_path=log, cmd=cmd, _tmpdir=tmpdir)

@@ -23,7 +23,9 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
   only publishes status.
 - With `$ASTRO_VLLM_STEP_LOG` set, each step's batch shape (batch size, new tokens,
   decode context tokens, prefill attention pairs; `vllm_bridge.step_shape`) and its
-  duration (start of `schedule()` → end of `update_from_output()`, seconds) are appended
+  duration are appended (seconds: from the start of its `schedule()` to the start of the
+  next one while the engine stays busy, so the engine loop's own per-step work counts;
+  to the end of its `update_from_output()` when the engine then goes idle)
   to that CSV (`{instance}` in the path is replaced by the instance id): the data `engine.vllm_calibrate` fits an `ExecutionProfile` to.
 - After `schedule()`, `update_from_output()` (finished requests removed) and
   `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
@@ -112,7 +114,8 @@ class _AstroMixin:
         self._astro_server = None
         log = os.environ.get(ENV_STEP_LOG)
         self._astro_steplog = StepLog(log.replace("{instance}", instance_id)) if log else None
-        self._astro_pending: deque[tuple[float, tuple]] = deque()
+        self._astro_pending: deque[tuple[int, tuple]] = deque()
+        self._astro_open: tuple[int, tuple] | None = None  # finished step awaiting the next start
         path = os.environ.get(ENV_STATUS_SOCKET)
         if path:
             self._astro_server = StatusSocketServer(path, self._astro_board)
@@ -127,6 +130,10 @@ class _AstroMixin:
 
     def schedule(self, *args: Any, **kwargs: Any):
         t0 = time.perf_counter_ns()
+        if self._astro_open is not None:  # the engine went straight on: step = start → start
+            t_start, shape = self._astro_open
+            self._astro_open = None
+            self._astro_steplog.add(shape, (t0 - t_start) / 1e9)
         now = time.time()
         drv = self._astro_driver
         if drv.reorders_waiting:
@@ -171,7 +178,10 @@ class _AstroMixin:
         out = super().update_from_output(*args, **kwargs)
         if self._astro_pending:
             t_start, shape = self._astro_pending.popleft()
-            self._astro_steplog.add(shape, (time.perf_counter_ns() - t_start) / 1e9)
+            if self.has_requests() and not self._astro_pending:
+                self._astro_open = (t_start, shape)  # closed by the next schedule()
+            else:  # the engine goes idle: the step ends here
+                self._astro_steplog.add(shape, (time.perf_counter_ns() - t_start) / 1e9)
         t0 = time.perf_counter_ns()
         self._astro_publish()
         self._astro_ns += time.perf_counter_ns() - t0

@@ -55,6 +55,7 @@ from rps_astro_cli.services.config import ClusterConfig
 
 CLUSTER_SCHEMA = "astro.cluster/1"
 START_TIMEOUT_S = 60.0
+REAL_ENGINE_START_TIMEOUT_S = 900.0  # vLLM loads weights / compiles: minutes, not seconds
 STOP_GRACE_S = 5.0
 
 
@@ -157,8 +158,10 @@ class ClusterSupervisor:
             argv.append("--no-chunked-prefill")
         return argv + list(e.extra_args)
 
-    def start(self, timeout_s: float = START_TIMEOUT_S) -> dict[str, Any]:
+    def start(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Launch every child, wait until all are healthy, write cluster.json.
+        `timeout_s` bounds each start phase (None: 60 s with sim engines, 900 s with real
+        ones such as vllm).
 
         Returns:
             the cluster.json mapping.
@@ -168,6 +171,8 @@ class ClusterSupervisor:
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         cfg = self.cfg
+        if timeout_s is None:
+            timeout_s = START_TIMEOUT_S if cfg.engine.backend == "sim" else REAL_ENGINE_START_TIMEOUT_S
         try:
             self.engines = [self._child(f"engine-{i}", "engine", self._engine_argv(i)) for i in range(cfg.instances)]
             if cfg.tagger.enabled:
