@@ -229,3 +229,30 @@ def test_predictor_engine_down_is_503(profile_path):
         r = c.post("/predict", json={"prompt_tokens": 10, "predicted_output_tokens": 3})
         assert r.status_code == 503 and "engine status unavailable" in r.json()["error"]["message"]
         assert "Traceback" not in r.text
+
+
+# -- CLI -------------------------------------------------------------------------------
+def test_serve_cli_errors_are_one_line_and_name_the_field(tmp_path):
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    runner = CliRunner()
+    r = runner.invoke(app, ["serve", "--k", "0", "--run-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "scheduler.k" in r.output and "Traceback" not in r.output
+    r = runner.invoke(app, ["serve", "--recipe", str(tmp_path / "missing.yaml")])
+    assert r.exit_code == 2 and "--recipe" in r.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("instances: 2\nscheduler:\n  polcy: random\n")
+    r = runner.invoke(app, ["serve", "--recipe", str(bad)])
+    assert r.exit_code == 2 and "scheduler.polcy" in r.output
+    r = runner.invoke(app, ["serve", "scheduler", "--engine", "http://a", "--predictor", "http://p1",
+                            "--predictor", "http://p2"])
+    assert r.exit_code == 2 and "--predictor" in r.output
+    r = runner.invoke(app, ["serve", "scheduler", "--engine", "http://a", "--policy", "power_of_k"])
+    assert r.exit_code == 2 and "--predictor" in r.output and "power_of_k" in r.output
+    r = runner.invoke(app, ["serve", "predictor", "--engine-url", "http://a", "--status-cache-ms", "-1"])
+    assert r.exit_code == 2 and "--status-cache-ms" in r.output
+    for role in ("predictor", "tagger", "scheduler"):
+        assert runner.invoke(app, ["serve", role, "--help"]).exit_code == 0
+    assert "--instances" in runner.invoke(app, ["serve", "--help"]).output

@@ -183,6 +183,9 @@ def scheduler(
     if preds and len(preds) != len(engine):
         raise AstroUserError(f"{len(preds)} --predictor for {len(engine)} --engine; give one per engine or none",
                              field="--predictor")
+    if policy == "power_of_k" and not preds:
+        raise AstroUserError("power_of_k needs one Predictor per engine", field="--predictor",
+                             fix="give --predictor URL per --engine, or pick another --policy")
     sec = parse_config({"scheduler": {"policy": policy, "k": k, "objective": objective,
                                       "llumnix_variant": llumnix_variant},
                         "predictor": {"enabled": bool(preds) or policy != "power_of_k"}}, "flags").scheduler
