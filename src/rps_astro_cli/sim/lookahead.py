@@ -511,6 +511,7 @@ class _FastLookahead:
         """Charge a fast step's latency and apply its outputs. `sched` lists the explicit
         (non-pooled) requests (request, new tokens, new blocks); `B` pooled decoders ride
         along when `decode_pool`."""
+        bs = self.bs
         dctx = self.S if decode_pool else 0
         pairs = 0.0
         enc = 0.0
@@ -543,16 +544,19 @@ class _FastLookahead:
                 g = r.num_generated_tokens = r.num_generated_tokens + 1
                 if r.first_token_s is None:
                     r.first_token_s = end
-                nondec.remove(r)
                 if g >= r.target_output_tokens:
+                    nondec.remove(r)
                     r.finish_s = end
                     self.running.remove(r)
                     self.free += r.kv_blocks
                     r.kv_blocks = 0
                     if r.request_id == CANDIDATE_ID:
                         done = True
-                else:
+                elif r.kv_blocks == -(-c // bs):
+                    nondec.remove(r)
                     self._join(r)
+                # else: holds more blocks than its tokens need (a snapshot taken with
+                # look-ahead slots): it stays explicit, stepped one token at a time
         if decode_pool and self.heap and self.heap[0][0] < self.G:
             done = self._pop_finished(end) or done
         self._done = done
