@@ -204,25 +204,39 @@ class PolicyDriver:
 
     `reorders_waiting` / `picks_victims` are False for FCFS, whose order and victim
     (the last running request) are vLLM's own, so the plugin then does no work per step.
+    For a policy whose order does not change while time passes (`time_dependent` False:
+    static_class, edf, naive_class), a queue that is still the tail of the last order it
+    produced (only admissions since) is left as is without calling the policy.
+    `max_ranked_victims`: how many victims `rank_victims` orders by the policy (the rest
+    tie, and vLLM then takes the latest arrival first); more than a few preemptions in
+    one step are rare, and ranking all n costs O(n²) policy calls.
     """
 
-    def __init__(self, policy: InstancePolicy):
+    def __init__(self, policy: InstancePolicy, max_ranked_victims: int = 4):
         self.policy = policy
         fcfs = isinstance(policy, FCFSPolicy)
         self.reorders_waiting = not fcfs
         self.picks_victims = not fcfs
+        self.max_ranked_victims = max_ranked_victims
         self.num_reorders = 0  # steps whose waiting order differed from vLLM's
+        self._last_order: list[Any] | None = None
 
     def order_waiting(self, queue: Any, now_s: float) -> bool:
         """Rewrite `queue` (a deque-like FCFS queue of vLLM requests: iterable, `clear`,
         `extend`) in the policy's admission order. Returns True when the order changed."""
         if not self.reorders_waiting or len(queue) < 2:
             return False
+        last = self._last_order
+        if last is not None and not self.policy.time_dependent:
+            k = len(last) - len(queue)
+            if k >= 0 and all(a is b for a, b in zip(queue, last[k:])):
+                return False
         reqs = list(queue)
         ordered = self.policy.order_waiting([view_of(r) for r in reqs], now_s)
         new = [v.req for v in ordered]
         if len(new) != len(reqs):
             raise RuntimeError(f"policy {self.policy.name!r} returned {len(new)} of {len(reqs)} waiting requests")
+        self._last_order = new
         if all(a is b for a, b in zip(new, reqs)):
             return False
         queue.clear()
@@ -230,24 +244,27 @@ class PolicyDriver:
         self.num_reorders += 1
         return True
 
-    def victim_order(self, running: Sequence[Any], now_s: float) -> list[Any]:
+    def victim_order(self, running: Sequence[Any], now_s: float, limit: int | None = None) -> list[Any]:
         """Running requests in the order the policy would preempt them (first = first
         victim): repeated `preemption_victim` on the shrinking set, as the sim instance
-        does when it preempts several requests in one step. O(n²) policy calls."""
+        does when it preempts several requests in one step; at most `limit` of them
+        (None = all). O(limit · n) policy work."""
         views = [view_of(r) for r in running]
         out = []
-        while views:
+        while views and (limit is None or len(out) < limit):
             v = self.policy.preemption_victim(views, now_s)
             views.remove(v)
             out.append(v.req)
         return out
 
     def rank_victims(self, running: Sequence[Any], now_s: float) -> None:
-        """Set `request.priority` of each running request to its preemption rank (first
-        victim = highest), which vLLM's priority-mode preemption (`max` by
+        """Set `request.priority` of the first `max_ranked_victims` victims to their rank
+        (first victim = highest; the others 0), which vLLM's priority-mode preemption (`max` by
         `(priority, arrival_time)`) then follows. Only the running set's priorities are
         touched; vLLM's waiting queue stays FCFS (the plugin orders it itself)."""
-        order = self.victim_order(running, now_s)
+        order = self.victim_order(running, now_s, self.max_ranked_victims)
+        for r in running:
+            r.priority = 0
         n = len(order)
         for i, r in enumerate(order):
             r.priority = n - i
