@@ -4,7 +4,6 @@ the Predictor (against a fake engine `/status` with a hand-made profile)."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -201,16 +200,17 @@ def test_predict_bad_candidate_names_field(body, field):
 def test_predictor_service_caches_status_and_exports_metrics(profile_path):
     fake = FakeEngine(STATUS)
     with ServerThread(fake.app) as eng:
-        settings = pred_mod.PredictorSettings(eng.url, status_cache_s=0.5, profile=profile_path)
-        with TestClient(pred_mod.create_app(settings)) as c:
+        settings = pred_mod.PredictorSettings(eng.url, status_cache_s=30.0, profile=profile_path)
+        app = pred_mod.create_app(settings)
+        with TestClient(app) as c:
             body = {"prompt_tokens": 100, "predicted_output_tokens": 3, "objective": "ttft"}
             r1 = c.post("/predict", json=body).json()
             r2 = c.post("/predict", json=body).json()
-            assert fake.fetches == 1  # second answer came from the 0.5 s cache
+            assert fake.fetches == 1  # second answer came from the 30 s cache
             assert r1["ttft_s"] == pytest.approx(0.0201) and r1["e2e_s"] == pytest.approx(0.0404)
             assert r1["objective_s"] == r1["ttft_s"] and r1["instance_id"] == "e0"
             assert r2["snapshot_age_s"] >= r1["snapshot_age_s"] >= 0
-            time.sleep(0.55)
+            app.state.predictor._status_at -= 31.0  # age the cached status past its 30 s
             c.post("/predict", json=body)
             assert fake.fetches == 2  # cache expired
             r = c.post("/predict", json={"prompt_tokens": 1000, "predicted_output_tokens": 100})
