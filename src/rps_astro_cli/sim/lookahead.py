@@ -739,112 +739,258 @@ class _FastLookahead:
             return _PREEMPTED_ONLY
         return self._apply(t, ents, B, F, ntok, True)
 
-    def _tail_loop(self, t: float, arrival: float, added: bool, cand: _LReq) -> tuple[float, int, bool]:
-        """FCFS chunked prefill with B pooled decoders and one long prefill X (the
-        waiting head, or the running tail): under KV pressure the instance cycles through
-        admit-X-with-a-partial-chunk (A), continue-X's-partial-prefill (C) and
-        preempt-X-and-run-the-decoders (P), with X back at the head of the queue. Run
-        such steps here, O(1) each, while no decoder finishes, X's prefill does not
-        complete, and no step needs anything else (admitting a second request, evicting
-        a decoder); the durations are the same float operations `_apply` does.
-        Returns (time, steps run, candidate added)."""
-        B = self.B
-        room = self.M - B
-        if room <= 0:
-            return t, 0, added
-        run, waiting, nondec = self.running, self.waiting, self.nondec
-        if nondec:
-            if len(nondec) != 1 or len(run) != B + 1 or run[-1] is not nondec[0]:
-                return t, 0, added
-            x = nondec[0]
-            tail = True
-        else:
-            if B >= self.maxs:
-                return t, 0, added
-            x = waiting[0]
-            tail = False
-        nx = x.prompt_tokens + x.num_generated_tokens
-        cx = x.num_computed_tokens
-        if nx - cx <= room:
-            return t, 0, added
-        heap = self.heap
-        while heap and (heap[0][2].pool_seq != heap[0][1] or heap[0][2].pool_g < 0):
-            heapq.heappop(heap)  # stale entries of preempted requests
-        fmin = heap[0][0] if heap else MAX_LOOKAHEAD_STEPS
-        G, bs = self.G, self.bs
-        cnt2, F, S = self.cnt2, self.free, self.S
+    def _fcfs_chunked_loop(self, t: float, arrival: float, added: bool,
+                           cand: _LReq) -> tuple[float, int, int, bool, bool]:
+        """The FCFS chunked-prefill event loop with all state in local variables (the
+        hot path of `predict`). It handles the layout vLLM keeps under FCFS — the B
+        pooled decoders followed by at most one partial prefill X at the tail — and
+        every step that layout produces: jumps over pure decode runs (closed form),
+        steps that continue X and/or admit waiting requests (completed prefills join the
+        pool), and preemption by peeling FCFS victims off the tail (see
+        `_fcfs_preempt_tail`). Anything else returns to `run` for one general step.
+        Float operations per step are those of `_apply`.
+
+        Returns (time, steps, events, candidate added, candidate finished)."""
+        run, waiting, nondec, heap, cnt2 = self.running, self.waiting, self.nondec, self.heap, self.cnt2
+        G, S, B, F = self.G, self.S, self.B, self.free
+        bs, M, maxs = self.bs, self.M, self.maxs
         memo, dec, pre = self.memo, self.dec, self.pre
-        kx = x.kv_blocks
-        encx = x.encoder_s
-        aP = memo.get((B, B))
-        if aP is None:
-            aP = self.latency.shape_s(B, B)
-        was_tail = tail
-        preempts = 0
-        steps = 0
-        while G < fmin:
-            n_t = cnt2[G % bs]
-            if nx - cx <= room:
-                break  # X's prefill would complete: it samples (general path)
-            k = -(-(cx + room) // bs) - kx
-            if k < 0:
-                k = 0
-            if not tail:
-                if n_t > F or k > F - n_t:
-                    break  # decoders run out of blocks, or the head is blocked (jump)
-                a = memo.get((B + 1, B + room))
-                if a is None:
-                    a = self.latency.shape_s(B + 1, B + room)
-                pairs = room * cx + room * (room + 1) / 2
-                enc = 0.0
-                if cx == 0 and encx:
-                    enc += encx
-                t += a + dec * S + pre * pairs + enc
-                F -= n_t + k
-                kx += k
-                cx += room
-                tail = True
-            elif n_t + k <= F:
-                a = memo.get((B + 1, B + room))
-                if a is None:
-                    a = self.latency.shape_s(B + 1, B + room)
-                pairs = room * cx + room * (room + 1) / 2
-                enc = 0.0
-                if cx == 0 and encx:
-                    enc += encx
-                t += a + dec * S + pre * pairs + enc
-                F -= n_t + k
-                kx += k
-                cx += room
-            else:
-                if n_t > F + kx:
-                    break  # evicting X is not enough (general path)
-                t += aP + dec * S + pre * 0.0 + 0.0
-                F += kx - n_t
-                kx = 0
-                cx = 0
-                tail = False
-                preempts += 1
-            S += B
-            G += 1
-            steps += 1
+        shape_s = self.latency.shape_s
+        heappop, heappush = heapq.heappop, heapq.heappush
+        seq = self.seq
+        steps = events = 0
+        done = False
+        while steps <= MAX_LOOKAHEAD_STEPS:
             if not added and t >= arrival:
                 waiting.append(cand)
                 added = True
-        if steps:
-            self.G, self.S, self.free = G, S, F
-            x.num_computed_tokens = cx
-            x.kv_blocks = kx
-            x.num_preemptions += preempts
-            if tail and not was_tail:
-                del waiting[0]
-                run.append(x)
-                nondec.append(x)
-            elif was_tail and not tail:
-                run.pop()
-                nondec.pop()
-                waiting.insert(0, x)
-        return t, steps, added
+            room = M - B
+            if B == 0 or room < 0:
+                break
+            x = None
+            if nondec:
+                if len(nondec) != 1 or len(run) != B + 1:
+                    break
+                x = nondec[0]
+                if run[-1] is not x:
+                    break
+            while True:  # drop stale heap tops (entries of preempted requests)
+                top = heap[0]
+                r = top[2]
+                if r.pool_seq == top[1] and r.pool_g >= 0:
+                    break
+                heappop(heap)
+            n_t = cnt2[G % bs]
+            # ---- jump over a pure decode run while the queue head cannot be admitted ----
+            if x is None:
+                if not waiting or B >= maxs or room == 0:
+                    blocked = True
+                else:
+                    h = waiting[0]
+                    hc = h.num_computed_tokens
+                    hn = h.prompt_tokens + h.num_generated_tokens - hc
+                    if hn > room:
+                        hn = room
+                    hk = -(-(hc + hn) // bs) - h.kv_blocks
+                    blocked = hk > 0 and hk > F - n_t
+                if blocked:
+                    n = top[0] - G + 1
+                    a = memo.get((B, B))
+                    if a is None:
+                        a = shape_s(B, B)
+                    if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
+                        k = self._steps_to_reach(arrival - t, a, dec, S, B)
+                        if k < n:
+                            n = k
+                    r0 = G % bs
+                    q, m = divmod(n, bs)
+                    need = q * B + sum(cnt2[r0:r0 + m])
+                    if need > F:
+                        q = F // B
+                        rem = F - q * B
+                        acc = 0
+                        i = 0
+                        while True:
+                            acc += cnt2[r0 + i]
+                            if acc > rem:
+                                break
+                            i += 1
+                        n = q * bs + i  # steps that fit; step n would preempt
+                        need = q * B + sum(cnt2[r0:r0 + i])
+                    if n > 0:
+                        t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
+                        G += n
+                        S += n * B
+                        F -= need
+                        steps += n
+                        events += 1
+                        if heap[0][0] < G:
+                            self.G, self.S, self.B, self.free = G, S, B, F
+                            done = self._pop_finished(t)
+                            S, B, F = self.S, self.B, self.free
+                            if done:
+                                break
+                        continue
+                    n_t = cnt2[G % bs]
+            # ---- one step: decoders, then X's next chunk ----
+            need = n_t
+            xn = xk = 0
+            if x is not None:
+                xc = x.num_computed_tokens
+                xn = x.prompt_tokens + x.num_generated_tokens - xc
+                if xn > room:
+                    xn = room
+                if xn > 0:
+                    xk = -(-(xc + xn) // bs) - x.kv_blocks
+                    if xk < 0:
+                        xk = 0
+                need += xk
+            if need > F:
+                # out of blocks: FCFS preempts the last running request until the
+                # longest prefix whose needs fit (plus the victims' blocks) remains
+                e = len(run)
+                N = need
+                Fx = F
+                if x is not None:
+                    e -= 1
+                    N -= xk
+                    Fx += x.kv_blocks
+                while N > Fx:
+                    e -= 1
+                    v = run[e]
+                    c = v.num_computed_tokens + G - v.pool_g
+                    if c % bs == 0:
+                        N -= 1
+                    Fx += -(-c // bs)
+                victims = run[e:]
+                del run[e:]
+                for v in victims:
+                    vg = v.pool_g
+                    if vg >= 0:
+                        c_e = v.num_computed_tokens
+                        d = G - vg
+                        rho = (vg - c_e) % bs
+                        cnt2[rho] -= 1
+                        cnt2[rho + bs] -= 1
+                        S -= c_e + d + 1
+                        v.num_generated_tokens += d
+                        v.pool_g = -1
+                    else:
+                        nondec.pop()
+                    v.num_computed_tokens = 0
+                    v.kv_blocks = 0
+                    v.num_preemptions += 1
+                waiting[:0] = victims
+                B = e
+                F = Fx - N
+                events += 1
+                if B == 0:
+                    continue  # only preempted: no time passes
+                a = memo.get((B, B))
+                if a is None:
+                    a = shape_s(B, B)
+                t += a + dec * S + pre * 0.0 + 0.0
+                G += 1
+                S += B
+                steps += 1
+                if heap[0][0] < G:
+                    self.G, self.S, self.B, self.free = G, S, B, F
+                    done = self._pop_finished(t)
+                    S, B, F = self.S, self.B, self.free
+                    if done:
+                        break
+                continue
+            F -= need
+            sched: list[tuple[_LReq, int, int]] = []
+            budget = room
+            if xn > 0:
+                sched.append((x, xn, xk))  # type: ignore[arg-type]
+                budget -= xn
+            if waiting and budget > 0:
+                nrun = len(run)
+                nw = len(waiting)
+                i = 0
+                while i < nw and nrun < maxs and budget > 0:
+                    h = waiting[i]
+                    hc = h.num_computed_tokens
+                    hn = h.prompt_tokens + h.num_generated_tokens - hc
+                    if hn > budget:
+                        hn = budget
+                    hk = -(-(hc + hn) // bs) - h.kv_blocks
+                    if hk > 0:
+                        if hk > F:
+                            break
+                        F -= hk
+                    else:
+                        hk = 0
+                    sched.append((h, hn, hk))
+                    budget -= hn
+                    nrun += 1
+                    i += 1
+                if i:
+                    adm = waiting[:i]
+                    del waiting[:i]
+                    run.extend(adm)
+                    nondec.extend(adm)
+            dctx = S
+            pairs = 0.0
+            enc = 0.0
+            ntok = B
+            for r, n, _k in sched:
+                k0 = r.num_computed_tokens
+                g = r.num_generated_tokens
+                ntok += n
+                if n == 1 and g > 0 and r.prompt_tokens + g - k0 == 1:
+                    dctx += k0 + 1
+                else:
+                    pairs += n * k0 + n * (n + 1) / 2
+                    if k0 == 0 and r.encoder_s:
+                        enc += r.encoder_s
+            bsz = B + len(sched)
+            a = memo.get((bsz, ntok))
+            if a is None:
+                a = shape_s(bsz, ntok)
+            t += a + dec * dctx + pre * pairs + enc
+            G += 1
+            S += B
+            steps += 1
+            events += 1
+            for r, n, k in sched:
+                kv = r.kv_blocks = r.kv_blocks + k
+                c = r.num_computed_tokens = r.num_computed_tokens + n
+                g = r.num_generated_tokens
+                if c >= r.prompt_tokens + g:
+                    g += 1
+                    r.num_generated_tokens = g
+                    if r.first_token_s is None:
+                        r.first_token_s = t
+                    if g >= r.target_output_tokens:
+                        nondec.remove(r)
+                        run.remove(r)
+                        F += kv
+                        r.kv_blocks = 0
+                        r.finish_s = t
+                        if r is cand:
+                            done = True
+                    elif kv == -(-c // bs):
+                        nondec.remove(r)
+                        r.pool_g = G
+                        rho = (G - c) % bs
+                        cnt2[rho] += 1
+                        cnt2[rho + bs] += 1
+                        B += 1
+                        S += c + 1
+                        seq += 1
+                        r.pool_seq = seq
+                        heappush(heap, (G + r.target_output_tokens - g - 1, seq, r))
+            if heap and heap[0][0] < G:
+                self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
+                done = self._pop_finished(t) or done
+                S, B, F = self.S, self.B, self.free
+            if done:
+                break
+        self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
+        return t, steps, events, added, done
 
     # -- the loop -------------------------------------------------------------------
     def run(self, cand: _LReq, t0: float) -> LatencyEstimate:
@@ -855,7 +1001,7 @@ class _FastLookahead:
         maxs = cfg.max_num_seqs
         pbudget = cfg.prefill_budget
         tdep = self.policy.time_dependent
-        fcfs_chunked = fcfs and chunked
+        fcfs_chunked = fcfs and chunked and not tdep
         dec = self.latency.profile.decode_attn_s_per_ctx_token
         shape_s = self.latency.shape_s
         memo = self.memo
@@ -870,6 +1016,16 @@ class _FastLookahead:
             if not added and t >= arrival:
                 self.waiting.append(cand)
                 added = True
+            if fcfs_chunked:
+                t, k, ev, added, done = self._fcfs_chunked_loop(t, arrival, added, cand)
+                if ev:
+                    steps += k
+                    events += ev
+                    if done:
+                        break
+                    if steps > MAX_LOOKAHEAD_STEPS:
+                        raise RuntimeError("look-ahead exceeded MAX_LOOKAHEAD_STEPS")
+                    continue
             B = self.B
             # ---- pure decode run: jump ----
             if B and not self.nondec and (not chunked or B <= max_tok):
@@ -990,16 +1146,6 @@ class _FastLookahead:
                         break
                     continue
                 if n > 0:
-                    continue
-            # ---- FCFS chunked-prefill thrash: admit X's first chunk / preempt X ----
-            nondec = self.nondec
-            if fcfs_chunked and B and (nondec or self.waiting):
-                x = nondec[0] if nondec else self.waiting[0]
-                k = 0
-                if x.prompt_tokens + x.num_generated_tokens - x.num_computed_tokens > max_tok - B:
-                    t, k, added = self._tail_loop(t, arrival, added, cand)
-                if k:
-                    steps += k
                     continue
             # ---- one ordinary step ----
             if chunked:
