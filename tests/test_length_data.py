@@ -195,3 +195,41 @@ def test_real_sharegpt_sample_counts():
     assert len(set(ds.conversation_ids)) == 490
     assert ds.notes == ["dropped 2 pair(s) with an empty prompt"]
     assert ds.targets.min() >= 1
+
+
+def test_hub_without_datasets_is_a_clear_error(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(AstroUserError, match=r"need the 'datasets' package.*rps_astro_cli\[hub\]"):
+        load_length_data("hf:anon/sharegpt")
+
+
+def test_prompt_from_messages():
+    from rps_astro_cli.length.prompts import prompt_from_messages
+
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "answer one"},
+            {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "image_url", "image_url": {}}]}]
+    assert prompt_from_messages(msgs, 0) == "second"
+    assert prompt_from_messages(msgs, 1) == "answer one\n\nsecond"
+    assert prompt_from_messages(msgs, 5) == "first\n\nanswer one\n\nsecond"  # system skipped
+    assert prompt_from_messages(msgs[:2], 1) == "first"
+    with pytest.raises(AstroUserError, match="no user message"):
+        prompt_from_messages([{"role": "assistant", "content": "x"}])
+    with pytest.raises(AstroUserError) as e:
+        prompt_from_messages([{"content": "x"}])
+    assert e.value.field == "messages[0]"
+
+
+def test_prompt_from_messages_matches_training_pairs(tmp_path):
+    """A chat request rebuilt from the same turns gives exactly the training prompt."""
+    from rps_astro_cli.length.prompts import prompt_from_messages
+
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps(TINY_SHAREGPT), encoding="utf-8")
+    ds = load_length_data(p, context_turns=1)
+    roles = {"human": "user", "gpt": "assistant"}
+    conv = TINY_SHAREGPT[0]["conversations"][:3]
+    msgs = [{"role": roles[t["from"]], "content": t["value"]} for t in conv]
+    assert prompt_from_messages(msgs, 1) == ds.samples[1].prompt

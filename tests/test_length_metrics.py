@@ -86,6 +86,6 @@ def test_report_files(tmp_path):
     assert [p.name for p in paths] == ["metrics.json", "metrics.md", "scatter.png", "error_cdf.png"]
     assert json.loads(paths[0].read_text())["a"]["mae"] == 57.5
     md = paths[1].read_text()
-    assert md.startswith("hdr") and "| a | 4 | 57.5 |" in md and "| b | 4 | n/a |" in md
+    assert md.startswith("hdr") and "| a | 0 | 4 | 57.5 |" in md and "| b | 0 | 4 | n/a |" in md
     assert paths[2].read_bytes()[:4] == b"\x89PNG" and paths[3].stat().st_size > 1000
     assert markdown_table(results).count("\n") == 4

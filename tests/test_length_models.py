@@ -168,6 +168,11 @@ def test_default_artifact_predicts():
     assert len(huge) > MAX_PROMPT_CHARS
     with pytest.raises(AstroUserError, match=r"prompts\[0\]"):
         m.predict([{"role": "user"}])
+    # chat requests: the prompt gets the artifact's one turn of context, as in training
+    assert m.context_turns == 1
+    chat = [{"role": "user", "content": "Write a poem"}, {"role": "assistant", "content": "Roses are red."},
+            {"role": "user", "content": "Another one"}]
+    assert m.predict_chats([chat]).tolist() == m.predict(["Roses are red.\n\nAnother one"]).tolist()
 
 
 def test_default_artifact_holds_no_text():

@@ -116,3 +116,15 @@ def test_minilm_backbone_loads_offline(monkeypatch):
     m._setup(m.backbone)
     assert m._net.config.hidden_size == 384 and m._net.config.num_hidden_layers == 6
     assert m.hp["max_length"] == 256
+
+
+def test_targets_counted_with_a_local_tokenizer(tiny_roberta, tmp_path):
+    from rps_astro_cli.length.data import load_length_data
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(tiny_roberta), local_files_only=True)
+    reply = "Write a long detailed essay about rivers and bridges"
+    p = tmp_path / "p.jsonl"
+    p.write_text(json.dumps({"prompt": "q", "response": reply}) + "\n", encoding="utf-8")
+    ds = load_length_data(p, tokenizer=str(tiny_roberta))
+    assert ds.tokenizer == str(tiny_roberta)
+    assert ds.samples[0].response_tokens == len(tok(reply, add_special_tokens=False)["input_ids"])

@@ -29,8 +29,7 @@ ContextOpt = Annotated[Optional[int], typer.Option("--context-turns", help="Earl
 
 def _default_data(data: Path | None) -> str:
     if data is not None:
-        s = str(data)
-        return s if s.startswith("hf:") else s
+        return str(data)
     from rps_astro_cli.data_paths import data_dir
 
     d = data_dir()
@@ -62,6 +61,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
             ("p50_ms_batch1", "p50 ms b=1", 3), ("p99_ms_batch1", "p99 ms b=1", 3),
             ("p50_ms_batched", f"p50 ms/req b={BATCH_SIZE}", 3)]
     t.add_column("model", no_wrap=True, min_width=max([5] + [len(n) for n in results]))
+    t.add_column("ctx", justify="right")
     t.add_column("n", justify="right")
     for _, head, _ in cols:
         t.add_column(head, justify="right")
@@ -70,7 +70,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
         for key, _, nd in cols:
             v = r.get(key)
             cells.append("–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{nd}f}")
-        t.add_row(name, str(r.get("n", "")), *cells)
+        t.add_row(name, str(r.get("context_turns", 0)), str(r.get("n", "")), *cells)
     console.print(t)
 
 

@@ -5,11 +5,21 @@ Stable interface for the tagger service:
     model = load_length_model("classic")          # a name under artifacts/length/ or a folder
     tokens = model.predict(["Write a poem", ...])  # numpy int64 array, shape (n,), every value ≥ 1
     model = default_length_model()                 # artifacts/length/classic, loaded once
+    tokens = model.predict_chats([messages, ...])  # OpenAI chat messages → same, using the
+                                                   # artifact's context_turns (see below)
 
 `predict` takes strings or OpenAI content-part lists (see `length.prompts`), truncates
 prompts longer than MAX_PROMPT_CHARS, and returns predicted reply lengths in tokens of
 the artifact's target model (`model.meta.target_model`, counted with
-`model.meta.tokenizer`). Notes about truncation/ignored parts are on `last_notes`.
+`model.meta.tokenizer`). Notes about truncation/ignored parts of the latest call are on
+`last_notes` (per instance, so not meaningful across threads: concurrent callers that
+need the notes call `length.prompts.prepare_prompts` themselves). `predict` itself keeps
+no other state and is safe to call from several threads.
+
+Models may be trained with earlier turns prepended to the prompt (`context_turns`, in
+meta.data; the shipped classic uses 1: the previous turn helps a lot on ShareGPT).
+`predict_chats` builds each prompt from a chat history the same way as training did;
+`predict` on the bare last user message still works, a little less accurately.
 
 An artifact is a folder: `meta.json` (format version, model name, params, data hash,
 split, tokenizer, target model, metrics, library versions, and the SHA-256 of every
@@ -34,7 +44,7 @@ import numpy as np
 from rps_astro_cli.data_paths import ARTIFACTS_DIR
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.data import LengthDataset
-from rps_astro_cli.length.prompts import prepare_prompts
+from rps_astro_cli.length.prompts import prepare_prompts, prompt_from_messages
 from rps_astro_cli.registry import Registry
 
 FORMAT_VERSION = 1
@@ -133,6 +143,20 @@ class LengthModel(abc.ABC):
     def params(self) -> dict[str, Any]:
         """Hyper-parameters recorded in meta.json."""
         return {}
+
+    @property
+    def context_turns(self) -> int:
+        """Earlier turns the model was trained to see before the user message (meta.data)."""
+        return int(self.meta.data.get("context_turns", 0) or 0)
+
+    def predict_chats(self, chats: Sequence[Sequence[Any]]) -> np.ndarray:
+        """`predict` for chat requests: each item is an OpenAI `messages` list; its prompt
+        is built by `prompt_from_messages(messages, self.context_turns)`.
+
+        Raises:
+            AstroUserError: a chat has no user message or malformed messages.
+        """
+        return self.predict([prompt_from_messages(m, self.context_turns) for m in chats])
 
     def predict(self, prompts: Sequence[Any]) -> np.ndarray:
         """Predicted output tokens, numpy int64 shape (len(prompts),), each in

@@ -148,15 +148,16 @@ def _fmt(v: Any, nd: int = 1) -> str:
 
 
 def markdown_table(results: Mapping[str, Mapping[str, Any]]) -> str:
-    """One Markdown table, a row per model (keys of `results`)."""
+    """One Markdown table, a row per model (keys of `results`); ctx = context turns read."""
     cols = [("mae", "MAE (tok)", 1), ("mape", "MAPE %", 1), ("median_ae", "median AE", 1),
             ("kendall_tau", "Kendall τ", 3), ("bucket_accuracy", "bucket acc", 3),
             ("p50_ms_batch1", "p50 ms b=1", 3), ("p99_ms_batch1", "p99 ms b=1", 3),
             ("p50_ms_batched", f"p50 ms/req b={BATCH_SIZE}", 3)]
-    lines = ["| model | n | " + " | ".join(c[1] for c in cols) + " |",
-             "| --- | ---: | " + " | ".join("---:" for _ in cols) + " |"]
+    lines = ["| model | ctx | n | " + " | ".join(c[1] for c in cols) + " |",
+             "| --- | ---: | ---: | " + " | ".join("---:" for _ in cols) + " |"]
     for name, r in results.items():
-        lines.append(f"| {name} | {r.get('n', '')} | " + " | ".join(_fmt(r.get(k, float('nan')), nd) for k, _, nd in cols) + " |")
+        lines.append(f"| {name} | {r.get('context_turns', 0)} | {r.get('n', '')} | "
+                     + " | ".join(_fmt(r.get(k, float('nan')), nd) for k, _, nd in cols) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -162,7 +162,9 @@ def evaluate_length_models(
 ) -> EvalResult:
     """Evaluate saved models (names or folders; default every shipped artifact) and the
     baselines on one test split of `data`. Split settings default to the first model's
-    recorded ones, else 0.2 / 0.1 / seed 0. Baselines are fitted on train + val.
+    recorded ones, else 0.2 / 0.1 / seed 0. Each model reads prompts built with its own
+    recorded `context_turns` unless `context_turns` is given; baselines read the bare
+    prompt and are fitted on train + val.
 
     Raises:
         AstroUserError: bad data/options, an artifact that fails to load, an empty test split.
@@ -179,41 +181,59 @@ def evaluate_length_models(
     test_frac = rec.get("test_frac", DEFAULT_TEST_FRAC) if test_frac is None else test_frac
     val_frac = rec.get("val_frac", DEFAULT_VAL_FRAC) if val_frac is None else val_frac
     seed = rec.get("seed", 0) if seed is None else seed
-    if context_turns is None:
-        context_turns = loaded[0][1].meta.data.get("context_turns", 0) if loaded else 0
-    ds = load_length_data(data, tokenizer=tokenizer, context_turns=context_turns)
-    split = make_split(ds, test_frac=test_frac, val_frac=val_frac, seed=seed)
-    if len(split.test) == 0:
+    split_info = {"seed": seed, "test_frac": test_frac, "val_frac": val_frac}
+
+    # One dataset per context setting: the pairs, their order, targets and split are the
+    # same for every setting; only the prompt text differs.
+    splits: dict[int, tuple[LengthDataset, DataSplit]] = {}
+
+    def split_for(ct: int) -> DataSplit:
+        if ct not in splits:
+            ds_ct = load_length_data(data, tokenizer=tokenizer, context_turns=ct)
+            splits[ct] = (ds_ct, make_split(ds_ct, test_frac=test_frac, val_frac=val_frac, seed=seed))
+        return splits[ct][1]
+
+    base_split = split_for(0 if context_turns is None else context_turns)
+    ds = splits[0 if context_turns is None else context_turns][0]
+    if len(base_split.test) == 0:
         raise AstroUserError("the split left no test rows", field="--test-split")
     notes = list(ds.notes)
-    split_info = {"seed": seed, "test_frac": test_frac, "val_frac": val_frac}
-    data_hash = ds.sha256()
+    data_hashes = {ds.sha256()}
+    plan: list[tuple[str, LengthModel, DataSplit]] = []
     for label, m in loaded:
+        ct = m.context_turns if context_turns is None else context_turns
+        sp_m = split_for(ct)
+        data_hashes.add(splits[ct][0].sha256())
         if m.meta.tokenizer != ds.tokenizer:
             notes.append(f"{label}: trained on targets counted with {m.meta.tokenizer!r}, "
                          f"evaluated with {ds.tokenizer!r}")
-        same_data = m.meta.data.get("sha256") == data_hash
+        same_data = m.meta.data.get("sha256") in data_hashes
         same_split = all(m.meta.split.get(k) == v for k, v in split_info.items())
         if same_data and not same_split:
             notes.append(f"{label}: trained on another split of this data; its test rows may include training rows")
-    models_all: list[tuple[str, LengthModel]] = list(loaded)
+        if ct != m.context_turns:
+            notes.append(f"{label}: trained with context_turns={m.context_turns}, evaluated with {ct}")
+        plan.append((label, m, sp_m))
     if baselines:
-        fit_on = LengthDataset(split.train.samples + split.val.samples)
+        fit_on = LengthDataset(base_split.train.samples + base_split.val.samples)
         if len(fit_on) == 0:
             notes.append("baselines skipped: the split leaves no rows to fit them on")
         else:
             for b in BASELINES:
                 bm = LENGTH_MODELS.get(b)()
                 bm.fit(fit_on, None, rng=fit_rng(seed))
-                models_all.append((b, bm))
+                plan.append((b, bm, base_split))
     results: dict[str, dict[str, Any]] = {}
     preds: dict[str, np.ndarray] = {}
-    for label, m in models_all:
+    for label, m, sp_m in plan:
+        assert np.array_equal(sp_m.test.targets, base_split.test.targets), "context changed the pairs"
         results[label], preds[label], model_notes = evaluate_model(
-            m, split.test.prompts, split.test.targets, latency=latency, max_latency_calls=max_latency_calls
+            m, sp_m.test.prompts, sp_m.test.targets, latency=latency, max_latency_calls=max_latency_calls
         )
+        results[label]["context_turns"] = m.context_turns if label not in BASELINES else 0
         for note in model_notes:
             notes.append(f"{label}: {note}")
+    split = base_split
     res = EvalResult(results, preds, split.test.targets, len(split.test), split_info, notes)
     if out_dir:
         header = (f"Length models on {Path(str(data)).name}: test split {test_frac} by conversation, "

@@ -118,3 +118,30 @@ def prepare_prompts(prompts: Sequence[Any]) -> PreparedPrompts:
     if n_ignored:
         notes.append(f"{n_ignored} non-text content part(s) were ignored (length is predicted from text)")
     return PreparedPrompts(texts=texts, notes=notes)
+
+
+def prompt_from_messages(messages: Sequence[Any], context_turns: int = 0) -> str:
+    """The prompt text a length model trained with `context_turns` reads for a chat request.
+
+    Mirrors the training pairs (`length.data`): the last `user` message's text, preceded
+    by the `context_turns` non-system messages right before it, joined by blank lines.
+    System messages are skipped (ShareGPT training data has none).
+
+    Raises:
+        AstroUserError: `messages` is not a list of {role, content} objects or has no user
+            message.
+    """
+    if not isinstance(messages, (list, tuple)):
+        raise AstroUserError("expected a list of chat messages", field="messages")
+    turns: list[tuple[str, str]] = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or "role" not in msg:
+            raise AstroUserError("each message needs a 'role'", field=f"messages[{i}]")
+        if msg["role"] == "system":
+            continue
+        turns.append((msg["role"], text_from_content(msg.get("content"), where=f"messages[{i}].content")[0]))
+    users = [k for k, (role, _) in enumerate(turns) if role == "user"]
+    if not users:
+        raise AstroUserError("no user message to predict a reply for", field="messages")
+    j = users[-1]
+    return "\n\n".join(text for _, text in turns[max(0, j - max(0, context_turns)) : j + 1])
