@@ -204,10 +204,18 @@ def predict_stepwise(
 # growing by B per step), an arithmetic series. Events that end a jump: the first finish,
 # the step whose block allocation would fail (found from the per-residue counts), the
 # candidate's arrival (after preprocessing). Steps that prefill, admit or preempt are run
-# with the ordinary step logic: a fast path for chunks at the tail of the running list and
-# admissions; any step that needs a preemption (or a state the fast path does not cover)
-# is handed to `InstanceSim.step` itself on materialized requests, so both look-aheads
-# share one definition of a step.
+# one at a time with the ordinary step logic, O(requests touched) each:
+# - FCFS + chunked prefill (vLLM's default; the hot path): `_fcfs_chunked_loop` keeps all
+#   state in local variables; it covers the layout FCFS keeps (pooled decoders, then at
+#   most one partial prefill at the tail), admissions, and preemption, where the FCFS
+#   victims are a suffix of the running list found by peeling it from the end;
+# - other policies / prioritized prefill: `_fast_step_*` for steps without preemption
+#   (FCFS preemption: `_fcfs_preempt_*`);
+# - anything else (a preemption under another policy, an unusual running order) is
+#   handed to `InstanceSim.step` itself on materialized requests (`_careful_step`), so
+#   both look-aheads share one definition of a step.
+# Cost: O(events), not O(steps); under KV pressure most steps are events (admit, preempt,
+# readmit), which bounds the gain there (benchmarks/lookahead_speed.py).
 
 
 @dataclass(slots=True, eq=False)
