@@ -21,11 +21,10 @@ come from a generator seeded by (seed, rate), so policies see identical traffic.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,7 @@ from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
 from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloSpec, isolated_e2e_s, parse_slo
-from rps_astro_cli.bench.workloads import BenchRequest, Workload, WorkloadOptions, load_workload
+from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_workload
 from rps_astro_cli.errors import AstroUserError
 
 Progress = Callable[..., None]
@@ -360,9 +359,4 @@ def isolated_for(records: list[RequestRecord], profile, prompt_of: dict[str, int
             r.isolated_e2e_s = isolated_e2e_s(profile, p, n)
 
 
-def asyncio_run(coro):
-    """Run `coro` in a fresh event loop (the CLI is synchronous)."""
-    return asyncio.run(coro)
-
-
-__all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench", "replace", "BenchRequest"]
+__all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench"]

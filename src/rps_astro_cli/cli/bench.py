@@ -5,7 +5,6 @@ virtual cluster, print a Rich summary and write the report folder (library:
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -185,4 +184,4 @@ def register(app: typer.Typer) -> None:
     app.command("bench", help="Benchmark a cluster (live) or the virtual cluster and write a report.")(bench)
 
 
-__all__ = ["bench", "register", "print_summary", "Path"]
+__all__ = ["bench", "register", "print_summary"]
