@@ -277,3 +277,34 @@ def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
             while httpx.get(eng.url + "/status").json()["running"]:
                 assert time.monotonic() < deadline + 5, "engine kept generating for a gone client"
                 time.sleep(0.02)
+
+
+def test_external_tagger_and_its_deadline(length_model):
+    from rps_astro_cli.services.tagger import TaggerSettings
+    from rps_astro_cli.services.tagger import create_app as tagger_app
+
+    slow = FastAPI()
+
+    @slow.post("/tag")
+    async def _slow_tag():
+        await asyncio.sleep(1.0)
+        return {"predicted_output_tokens": 7, "prompt_tokens": 5}
+
+    with ExitStack() as st:
+        eng = start(st, engine_app(0))
+        tagger = start(st, tagger_app(TaggerSettings(length_model=length_model)))
+        slow_srv = start(st, slow)
+        body = chat(max_tokens=300)
+        s = scheduler(st, [eng.url], policy="round_robin", tagger_url=tagger.url, tag_deadline_s=0.5)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            assert c.post("/v1/chat/completions", json=body).status_code == 200
+            assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 40  # the tagger's model
+            assert metric(c.get("/metrics").text, "astro_tag_rpcs_total", outcome="ok") == 1
+        s2 = scheduler(st, [eng.url], policy="round_robin", tagger_url=slow_srv.url, tag_deadline_s=0.05,
+                       default_output_tokens=256)
+        with httpx.Client(base_url=s2.url, timeout=10) as c:
+            t0 = time.perf_counter()
+            assert c.post("/v1/chat/completions", json=body).status_code == 200
+            assert time.perf_counter() - t0 < 0.9  # did not wait for the 1 s tagger
+            assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 256  # the default
+            assert metric(c.get("/metrics").text, "astro_tag_rpcs_total", outcome="timeout") == 1

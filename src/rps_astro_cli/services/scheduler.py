@@ -314,20 +314,26 @@ class Scheduler:
                 log.exception("health loop")
 
     # -- tagging -----------------------------------------------------------------------
-    async def tag(self, raw: bytes) -> dict[str, Any] | None:
-        """The tagger's answer for `raw`, or None if it failed or missed the deadline."""
+    def start_tag(self, raw: bytes) -> asyncio.Future | None:
+        """Send the tag RPC for `raw` now (None when tagging in-process)."""
         if self._tagger is not None:
+            return None
+        assert self.s.tagger_url is not None
+        return asyncio.ensure_future(self._post(self.s.tagger_url, "/tag", raw))
+
+    async def finish_tag(self, task: asyncio.Future | None, raw: bytes) -> dict[str, Any] | None:
+        """The tagger's answer, or None if it failed or missed `tag_deadline_s` (a late
+        RPC is left to finish in the background)."""
+        if task is None:  # in-process tagger
             try:
-                out = self._tagger.tag(json.loads(raw))
+                out = self._tagger.tag(json.loads(raw))  # type: ignore[union-attr]
             except Exception:
                 self.m.tag_rpcs.labels("error").inc()
                 return None
             self.m.tag_rpcs.labels("ok").inc()
             return out
-        assert self.s.tagger_url is not None
-        task = asyncio.ensure_future(self._post(self.s.tagger_url, "/tag", raw))
         done, _ = await asyncio.wait({task}, timeout=self.s.tag_deadline_s)
-        if not done:  # late: ignored, left to finish in the background
+        if not done:
             task.add_done_callback(_swallow)
             self.m.tag_rpcs.labels("timeout").inc()
             return None
@@ -347,7 +353,8 @@ class Scheduler:
         """A JSON POST on the lean client. The RPC may outlive its caller's deadline
         (bounded by RPC_BOUND_S): a late answer is ignored rather than cancelled, so its
         keep-alive connection is not torn down."""
-        return await asyncio.wait_for(self.pool(base_url).post_json(path, payload), RPC_BOUND_S)
+        async with asyncio.timeout(RPC_BOUND_S):  # no extra task, unlike wait_for
+            return await self.pool(base_url).post_json(path, payload)
 
     async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate:
         status, body = await self._post(url, "/predict", payload)
@@ -415,7 +422,9 @@ class Scheduler:
         t0 = time.perf_counter()
         check_api_key(request, self.s.api_key)
         raw = await read_body(request, self.s.max_body_bytes)
-        tag_task = asyncio.ensure_future(self.tag(raw))  # in parallel with parsing
+        tag_task = self.start_tag(raw)  # in parallel with parsing:
+        if tag_task is not None:
+            await asyncio.sleep(0)  # let the tag RPC go out before we parse
         try:
             body = oa.decode_json_body(raw)
             if endpoint == "chat":
@@ -424,12 +433,13 @@ class Scheduler:
                 parsed = oa.parse_completion_request(body)
             self.check_model(parsed)
         except (oa.ApiError, HTTPUserError) as exc:
-            tag_task.cancel()
+            if tag_task is not None:
+                tag_task.add_done_callback(_swallow)  # not cancelled: keeps its connection
             self.m.requests.labels(endpoint, "client_error").inc()
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
-        tag = await tag_task
+        tag = await self.finish_tag(tag_task, raw)
         if tag is not None:
             pred_tokens = int(tag["predicted_output_tokens"])
             cand = {"prompt_tokens": int(tag["prompt_tokens"]), "predicted_output_tokens": pred_tokens,
