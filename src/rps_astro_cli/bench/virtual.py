@@ -91,14 +91,14 @@ class VirtualTarget:
                                  field="--profile", fix="use a multimodal profile, e.g. llava-onevision-7b-a100")
         self.policy: str = "round_robin"
         self.k: str | None = None
-        self.length_model_name = "oracle" if cfg.oracle_lengths else (cfg.length_model or "baseline")
+        self.length_model_name = "oracle"
         self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
         self._predicted = [self._predicted_len(r) for r in wl.requests]
 
     def _load_length_model(self):
         from rps_astro_cli.services.tagger import load_length_model
 
-        _, fn = load_length_model(self.cfg.length_model)
+        self.length_model_name, fn = load_length_model(self.cfg.length_model)
         return fn
 
     def _predicted_len(self, r: BenchRequest) -> int:
