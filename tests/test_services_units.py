@@ -4,6 +4,7 @@ the Predictor (against a fake engine `/status` with a hand-made profile)."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -219,6 +220,26 @@ def test_predictor_service_caches_status_and_exports_metrics(profile_path):
             assert 'astro_predictor_requests_total{outcome="ok"} 3.0' in m
             assert "astro_predictor_cpu_seconds_total" in m and "astro_predictor_predict_seconds_count 3.0" in m
             assert "process_cpu_seconds_total" in m
+
+
+def test_predictor_uses_stale_status_while_refreshing(profile_path):
+    fake = FakeEngine(STATUS)
+    with ServerThread(fake.app) as eng:
+        settings = pred_mod.PredictorSettings(eng.url, status_cache_s=30.0, status_max_age_s=100.0,
+                                              profile=profile_path)
+        app = pred_mod.create_app(settings)
+        with TestClient(app) as c:
+            body = {"prompt_tokens": 100, "predicted_output_tokens": 3}
+            c.post("/predict", json=body)
+            app.state.predictor._status_at -= 40.0  # stale (> 30 s) but under the 100 s bound
+            r = c.post("/predict", json=body).json()
+            assert r["snapshot_age_s"] >= 40.0  # answered from the stale status, without waiting
+            deadline = time.monotonic() + 5
+            while fake.fetches < 2:  # ... while one background fetch refreshed it
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+            assert c.post("/predict", json=body).json()["snapshot_age_s"] < 5.0
+            assert fake.fetches == 2
 
 
 def test_predictor_engine_down_is_503(profile_path):

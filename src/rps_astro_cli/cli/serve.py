@@ -106,6 +106,7 @@ def predictor(
     engine_url: Annotated[str, typer.Option("--engine-url", help="Base URL of the engine to predict for.")],
     profile: Annotated[str | None, typer.Option("--profile", help="Execution profile (default: the engine's).")] = None,
     status_cache_ms: Annotated[float, typer.Option("--status-cache-ms", help="Reuse an engine /status this long (ms).")] = 20.0,
+    status_max_age_ms: Annotated[float, typer.Option("--status-max-age-ms", help="Use a stale status up to this age while refreshing it in the background (ms).")] = 250.0,
     extension_tokens: Annotated[int, typer.Option("--extension-tokens", help="Auto-extension (tokens).")] = 10,
     default_output_tokens: Annotated[int, typer.Option("--default-output-tokens", help="Length assumed when unknown.")] = 256,
     host: HostOpt = "127.0.0.1",
@@ -123,7 +124,8 @@ def predictor(
     if extension_tokens < 0 or default_output_tokens < 1:
         raise AstroUserError("--extension-tokens must be ≥ 0 and --default-output-tokens ≥ 1",
                              field="--extension-tokens")
-    settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000, profile=profile,
+    settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000,
+                                 status_max_age_s=status_max_age_ms / 1000, profile=profile,
                                  extension_tokens=extension_tokens, default_output_tokens=default_output_tokens,
                                  api_key=api_key or None)
     run_predictor(settings, host, port, log_level, ready_file)

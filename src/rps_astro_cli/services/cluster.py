@@ -190,7 +190,8 @@ class ClusterSupervisor:
                 self.predictors = [
                     self._child(f"predictor-{i}", "predictor", [
                         "--engine-url", e.url or "", "--profile", cfg.engine.profile,
-                        "--status-cache-ms", repr(p.status_cache_ms), "--extension-tokens", str(p.extension_tokens),
+                        "--status-cache-ms", repr(p.status_cache_ms), "--status-max-age-ms", repr(p.status_max_age_ms),
+                        "--extension-tokens", str(p.extension_tokens),
                         "--default-output-tokens", str(p.default_output_tokens)])
                     for i, e in enumerate(self.engines)]
                 for c in self.predictors:

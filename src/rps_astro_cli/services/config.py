@@ -12,7 +12,8 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     engine:    {backend, profile, instance_policy, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
                 served_model_name, extra_args}
-    predictor: {enabled, status_cache_ms, extension_tokens, default_output_tokens}
+    predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
+                default_output_tokens}
     tagger:    {enabled, length_model}
     scheduler: {policy, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
@@ -55,6 +56,8 @@ class PredictorSection(_Strict):
 
     enabled: bool = True
     status_cache_ms: float = Field(20.0, ge=0, description="reuse an engine /status this long (ms)")
+    status_max_age_ms: float = Field(250.0, ge=0, description="use a stale status up to this age while "
+                                     "refreshing it in the background (ms)")
     extension_tokens: int = Field(10, ge=0, description="auto-extension (tokens)")
     default_output_tokens: int = Field(256, ge=1, description="length assumed when none is known")
 

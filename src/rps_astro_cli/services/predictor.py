@@ -13,7 +13,8 @@ predictor's engine:
               "lookahead_us": look-ahead time (µs), "instance_id": str}
 
 It reads the engine's `GET /status` on demand and caches it for `status_cache_s`
-(default 20 ms; concurrent queries share one fetch), rebuilds the engine's own
+(default 20 ms; concurrent queries share one fetch; a status up to `status_max_age_s`
+old is still used while a background fetch refreshes it), rebuilds the engine's own
 instance policy from the snapshot's `policy` field, and runs the fast look-ahead
 (`sim.lookahead.predict` when present, else the reference `predict_stepwise`) with
 auto-extension (`extension_tokens`, default 10). The latency model is kept per profile
@@ -37,6 +38,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -78,6 +80,8 @@ class PredictorSettings:
 
     engine_url: base URL of the engine it predicts for (its `/status`).
     status_cache_s: reuse a fetched status for this long (seconds; 0 = always fetch).
+    status_max_age_s: up to this age a stale status is still used while a background
+        fetch refreshes it (seconds; ≤ status_cache_s disables that).
     status_timeout_s: deadline of one `/status` fetch (seconds).
     profile: execution profile id/path; None = the profile id the engine reports.
     extension_tokens: auto-extension (tokens past the predicted length a request is
@@ -88,6 +92,7 @@ class PredictorSettings:
 
     engine_url: str
     status_cache_s: float = 0.02
+    status_max_age_s: float = 0.25
     status_timeout_s: float = 1.0
     profile: str | None = None
     extension_tokens: int = 10
@@ -141,8 +146,9 @@ def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
 class Predictor:
     """Status cache + look-ahead for one engine (see module docstring)."""
 
-    def __init__(self, settings: PredictorSettings):
+    def __init__(self, settings: PredictorSettings, on_fetch: Callable[[str], None] = lambda outcome: None):
         self.settings = settings
+        self.on_fetch = on_fetch  # called with "ok" / "error" after each /status fetch
         self.pool = HostPool(settings.engine_url)  # lean keep-alive client (see services/rpc.py)
         self._status: InstanceStatus | None = None
         self._status_at = 0.0  # time.monotonic() of the fetch
@@ -154,22 +160,29 @@ class Predictor:
 
     # -- engine status -----------------------------------------------------------------
     async def status(self) -> tuple[InstanceStatus, float]:
-        """The engine's status and its age in seconds (cached for `status_cache_s`).
+        """The engine's status and its age in seconds.
+
+        Fresh (age ≤ `status_cache_s`): used as is. Stale but ≤ `status_max_age_s`: used
+        as is while one background fetch refreshes it (stale-while-revalidate: under load
+        a predict never waits on the engine). Older or absent: wait for a fetch.
+        Concurrent callers share one fetch.
 
         Raises:
             RpcError / TimeoutError / AstroUserError: the engine did not answer / answered junk.
         """
         now = time.monotonic()
-        if self._status is not None and now - self._status_at <= self.settings.status_cache_s:
-            return self._status, now - self._status_at
+        if self._status is not None:
+            age = now - self._status_at
+            if age <= self.settings.status_cache_s:
+                return self._status, age
+            if age <= self.settings.status_max_age_s:
+                if self._inflight is None:
+                    self._inflight = asyncio.ensure_future(self._fetch())
+                    self._inflight.add_done_callback(_swallow)
+                return self._status, age
         if self._inflight is None:
             self._inflight = asyncio.ensure_future(self._fetch())
-        fut = self._inflight
-        try:
-            st = await asyncio.shield(fut)
-        finally:
-            if self._inflight is fut and fut.done():
-                self._inflight = None
+        st = await asyncio.shield(self._inflight)
         return st, time.monotonic() - self._status_at
 
     async def _fetch(self) -> InstanceStatus:
@@ -179,9 +192,13 @@ class Predictor:
             if resp.status != 200:
                 raise RpcError(f"engine /status answered {resp.status}")
             st = InstanceStatus.from_dict(json.loads(body))
+        except BaseException:
+            self.on_fetch("error")
+            raise
         finally:
             self._inflight = None
         self._status, self._status_at = st, time.monotonic()
+        self.on_fetch("ok")
         return st
 
     # -- model -------------------------------------------------------------------------
@@ -219,6 +236,11 @@ class Predictor:
         )
 
 
+def _swallow(t: asyncio.Future) -> None:
+    if not t.cancelled():
+        t.exception()
+
+
 def create_app(settings: PredictorSettings) -> FastAPI:
     """The Predictor's FastAPI app (routes: /predict, /health, /metrics)."""
     from contextlib import asynccontextmanager
@@ -240,7 +262,7 @@ def create_app(settings: PredictorSettings) -> FastAPI:
         app.state.predictor.pool.close()
 
     app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.predictor = Predictor(settings)
+    app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
 
     @app.get("/health")
@@ -262,15 +284,11 @@ def create_app(settings: PredictorSettings) -> FastAPI:
             m_req.labels("bad_request").inc()
             raise
         pred: Predictor = app.state.predictor
-        fetched_before = pred._status_at
         try:
             status, age_s = await pred.status()
         except (RpcError, asyncio.TimeoutError, AstroUserError, ValueError) as exc:
-            m_fetch.labels("error").inc()
             m_req.labels("engine_unavailable").inc()
             return error_response(503, f"engine status unavailable: {exc}", None, "engine_unavailable")
-        if pred._status_at != fetched_before:
-            m_fetch.labels("ok").inc()
         c0 = time.process_time()
         t1 = time.perf_counter()
         try:
