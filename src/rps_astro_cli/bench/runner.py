@@ -53,7 +53,8 @@ class BenchConfig:
     cluster / base_url / model / endpoint / send_true_lengths / ignore_eos / timeout_s /
     api_key: live target (see `client`). virtual: use the virtual cluster instead.
     instances / profile / instance_policy / policies / ks / oracle_lengths /
-    prediction_noise / length_model / max_num_seqs: virtual cluster (policies also live).
+    prediction_noise / prediction_noise_fraction / length_model / max_num_seqs: virtual
+    cluster (policies also live).
     slo / slo_scale: SLO (see `slo`). capacity: search SLO capacity on `capacity_metric`
     at `capacity_percentile` against `capacity_threshold_s` (default: the `--slo` value
     of that metric, else 10 s as in Astrolabe). capacity_* bound the search.
@@ -95,6 +96,7 @@ class BenchConfig:
     ks: list[str] | None = None
     oracle_lengths: bool = False
     prediction_noise: float = 0.0
+    prediction_noise_fraction: float = 1.0
     length_model: str | None = None
     max_num_seqs: int | None = None
     slo: list[str] | None = None
@@ -198,6 +200,8 @@ def _check(cfg: BenchConfig) -> None:
                              fix="choose ttft, tpot, e2el or nlat")
     if cfg.prediction_noise < 0:
         raise AstroUserError("must be ≥ 0", field="--prediction-noise")
+    if not 0 <= cfg.prediction_noise_fraction <= 1:
+        raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
     if cfg.fail_under is not None and not (0 <= cfg.fail_under <= 1):
         raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
     if cfg.fail_under is not None and not cfg.slo and cfg.slo_scale is None:

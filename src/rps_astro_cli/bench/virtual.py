@@ -11,7 +11,8 @@ profile's `max_model_len` fails (as a live engine would answer 400).
 
 `--prediction-noise σ`: the dispatch policy is wrapped (`NoisyDispatch`) so that each
 latency prediction it sees is multiplied by max(0, 1 + σ·z), z ~ N(0, 1) drawn
-independently per prediction from the run's generator.
+independently per prediction from the run's generator; `--prediction-noise-fraction f`
+noises each prediction only with probability f.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from rps_astro_cli.tokens import TokenCounter
 
 
 class NoisyDispatch(DispatchPolicy):
-    """Wraps a policy; multiplies every latency prediction by max(0, 1 + σ·z)."""
+    """Wraps a policy; multiplies a latency prediction by max(0, 1 + σ·z), z ~ N(0, 1) —
+    every prediction when `fraction` = 1, else each with probability `fraction` (the
+    Astrolabe robustness grid is (noise level, share of predictions noised))."""
 
-    def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator):
-        self.inner, self.sigma, self.rng = inner, sigma, rng
+    def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator, fraction: float = 1.0):
+        self.inner, self.sigma, self.rng, self.fraction = inner, sigma, rng, fraction
         self.name = inner.name
         self.needs_predictions = inner.needs_predictions
         self.needs_status = inner.needs_status
@@ -46,11 +49,14 @@ class NoisyDispatch(DispatchPolicy):
         noisy = {}
         for i, est in predictions.items():
             f1, f2 = (max(0.0, 1.0 + self.sigma * z) for z in self.rng.standard_normal(2))
+            if self.fraction < 1.0 and self.rng.random() >= self.fraction:
+                noisy[i] = est
+                continue
             noisy[i] = replace(est, ttft_s=est.ttft_s * f1, e2e_s=est.e2e_s * f2)
         return self.inner.choose(loads, candidates, noisy, rng)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma}
+        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma, "prediction_noise_fraction": self.fraction}
 
     def __getattr__(self, item: str) -> Any:  # e.g. k, objective
         return getattr(self.inner, item)
@@ -115,7 +121,8 @@ class VirtualTarget:
     def describe(self) -> dict[str, Any]:
         return {"mode": "virtual", "instances": self.cfg.instances, "profile": self.profile.profile_id,
                 "instance_policy": self.cfg.instance_policy, "length_model": self.length_model_name,
-                "prediction_noise_sigma": self.cfg.prediction_noise, "max_num_seqs": self.cfg.max_num_seqs}
+                "prediction_noise_sigma": self.cfg.prediction_noise,
+                "prediction_noise_fraction": self.cfg.prediction_noise_fraction, "max_num_seqs": self.cfg.max_num_seqs}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"
@@ -129,7 +136,7 @@ class VirtualTarget:
             params["k"] = self.k if self.k == "all" else int(self.k)
         pol = make_dispatch(self.policy, **params)
         if self.cfg.prediction_noise > 0:
-            pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng)
+            pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng, self.cfg.prediction_noise_fraction)
         return pol
 
     def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
