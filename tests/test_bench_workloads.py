@@ -201,3 +201,10 @@ def test_rate_and_burstiness_rejected_at_parse_time():
     assert parse_rates("20,10,15,10") == [10.0, 15.0, 20.0]
     with pytest.raises(AstroUserError):
         parse_rates("10,0")
+
+
+def test_no_data_anywhere_falls_back_to_synthetic_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASTRO_DATA_DIR", str(tmp_path))  # an empty data folder
+    wl = load_workload("sharegpt", WorkloadOptions(num_requests=5), RNG(0))
+    assert len(wl.requests) == 5 and wl.name == "sharegpt"
+    assert "synthetic" in wl.source and "SYNTHETIC" in wl.warnings[0]
