@@ -118,11 +118,13 @@ def main() -> int:
     ap.add_argument("--time-scale", type=float, default=0.01, help="sim engines' wall s per engine s")
     ap.add_argument("--length-model", default="baseline",
                     help="tagger model (default: the baseline, so the figure is the scheduler's, not the tagger's)")
+    ap.add_argument("--tagger-in-process", action="store_true",
+                    help="tag inside the scheduler (recipe tagger.enabled: false) instead of the tagger service")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
     cfg = parse_config({"name": "dispatch-overhead", "instances": a.instances, "restart_crashed": 0,
-                        "engine": {"time_scale": a.time_scale}, "tagger": {"length_model": a.length_model},
+                        "engine": {"time_scale": a.time_scale}, "tagger": {"length_model": a.length_model, "enabled": not a.tagger_in_process},
                         "scheduler": {"policy": a.policy, "k": a.k, "decisions_kept": 100_000}})
     with tempfile.TemporaryDirectory() as d, ClusterSupervisor(cfg, d, report=lambda s: print(s, file=sys.stderr)) as sup:
         url = sup.scheduler.url
@@ -136,6 +138,7 @@ def main() -> int:
         decs = httpx.get(url + "/decisions?n=100000").json()[n0:]
         over_ms = [d["overhead_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
         decide_ms = [d["decide_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
+        tag_ms = [d["tag_wait_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
         m = httpx.get(url + "/metrics").text
         rpcs = sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines() if line.startswith("astro_predict_rpcs_total"))
         q = mp.get_context("spawn").Queue()
@@ -154,6 +157,7 @@ def main() -> int:
         "requests_measured": len(over_ms),
         "overhead_p50_ms": pct(over_ms, 50), "overhead_p99_ms": pct(over_ms, 99),
         "decide_p50_ms": pct(decide_ms, 50), "decide_p99_ms": pct(decide_ms, 99),
+        "tag_wait_p50_ms": pct(tag_ms, 50), "tag_wait_p99_ms": pct(tag_ms, 99),
         "client_latency_p50_ms": pct([x * 1000 for x in lat], 50),
         "client_latency_p99_ms": pct([x * 1000 for x in lat], 99),
         "predict_rpcs_total": rpcs,
@@ -168,6 +172,7 @@ def main() -> int:
         print(f"    scheduler overhead p50 {res['overhead_p50_ms']:.2f} ms   p99 {res['overhead_p99_ms']:.2f} ms"
               f"   (goal p99 <= 5 ms)")
         print(f"    of which decision   p50 {res['decide_p50_ms']:.2f} ms   p99 {res['decide_p99_ms']:.2f} ms")
+        print(f"    of which tag wait   p50 {res['tag_wait_p50_ms']:.2f} ms   p99 {res['tag_wait_p99_ms']:.2f} ms")
         print(f"    scheduler CPU       {res['scheduler_cpu_ms_per_request']:.2f} ms per request "
               f"(=> ~{1000 / max(res['scheduler_cpu_ms_per_request'], 1e-9):.0f} req/s on one free core)")
         print(f"    client latency      p50 {res['client_latency_p50_ms']:.2f} ms   p99 {res['client_latency_p99_ms']:.2f} ms")

@@ -205,6 +205,8 @@ class ClusterSupervisor:
                 argv += ["--predictor", pr.url or ""]
             if self.tagger:
                 argv += ["--tagger", self.tagger.url or ""]
+            elif cfg.tagger.length_model:  # no tagger service: the scheduler tags in-process
+                argv += ["--length-model", cfg.tagger.length_model]
             argv += ["--policy", s.policy, "--k", str(s.k), "--objective", s.objective,
                      "--llumnix-variant", s.llumnix_variant, "--predict-deadline-ms", repr(s.predict_deadline_ms),
                      "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),

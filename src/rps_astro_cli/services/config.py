@@ -63,7 +63,8 @@ class PredictorSection(_Strict):
 
 
 class TaggerSection(_Strict):
-    """The length tagger service."""
+    """The length tagger service (`enabled: false`: no service; the scheduler tags
+    in-process with the same model, saving one RPC hop per request)."""
 
     enabled: bool = True
     length_model: str | None = Field(None, description="artifact path/name; null = the baseline")

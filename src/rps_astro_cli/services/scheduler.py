@@ -44,7 +44,8 @@ Metrics (`GET /metrics`):
   `astro_instance_healthy{instance}`, `astro_instance_outstanding_requests{instance}`,
   `astro_instance_dispatched_total{instance}`, `astro_breaker_trips_total{instance}`.
 - `GET /decisions?n=100`: the last decisions as JSON (`DispatchDecision.to_dict()` plus
-  request facts: prompt/predicted tokens, instance, retries, overhead and the latencies
+  request facts: prompt/predicted tokens, instance, retries, overhead, `tag_wait_us` (time
+  waiting for the tagger after parsing), and the latencies
   the scheduler saw: `observed_ttft_s` = forward → first response chunk,
   `observed_e2e_s` = forward → end), for predictor-error analysis.
 """
@@ -439,7 +440,9 @@ class Scheduler:
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
+        t_tag = time.perf_counter()
         tag = await self.finish_tag(tag_task, raw)
+        tag_wait_us = (time.perf_counter() - t_tag) * 1e6
         if tag is not None:
             pred_tokens = int(tag["predicted_output_tokens"])
             cand = {"prompt_tokens": int(tag["prompt_tokens"]), "predicted_output_tokens": pred_tokens,
@@ -463,7 +466,7 @@ class Scheduler:
         path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
         self._n += 1
         rec: dict[str, Any] = {"request": self._n, "endpoint": endpoint, "prompt_tokens": cand["prompt_tokens"],
-                               "predicted_output_tokens": pred_tokens, "retries": 0}
+                               "predicted_output_tokens": pred_tokens, "retries": 0, "tag_wait_us": tag_wait_us}
         return await self._forward(endpoint, path, payload, parsed.stream, cand, rec, t0)
 
     async def _forward(self, endpoint: str, path: str, payload: bytes, stream: bool,
