@@ -95,6 +95,7 @@ def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
                 (c.post("/v1/chat/completions", json={**chat(), "model": "gpt-9"}), 404, "model"),
                 (c.post("/v1/chat/completions", json=chat("word " * 1000)), 413, "body"),
                 (httpx.post(s.url + "/v1/chat/completions", json=chat()), 401, "authorization"),
+                (httpx.get(s.url + "/decisions"), 401, "authorization"),
             ]
             for r, status, param in cases:
                 assert r.status_code == status, r.text

@@ -43,7 +43,7 @@ Metrics (`GET /metrics`):
   `astro_tag_rpcs_total{outcome}`, `astro_scheduler_retries_total`,
   `astro_instance_healthy{instance}`, `astro_instance_outstanding_requests{instance}`,
   `astro_instance_dispatched_total{instance}`, `astro_breaker_trips_total{instance}`.
-- `GET /decisions?n=100`: the last decisions as JSON (`DispatchDecision.to_dict()` plus
+- `GET /decisions?n=100` (API key when set): the last decisions as JSON (`DispatchDecision.to_dict()` plus
   request facts: prompt/predicted tokens, instance, retries, overhead, `tag_wait_us` (time
   waiting for the tagger after parsing), and the latencies
   the scheduler saw: `observed_ttft_s` = forward → first response chunk,
@@ -660,13 +660,15 @@ def create_app(settings: SchedulerSettings) -> FastPath:
         return JSONResponse(body, status_code=200 if n else 503)
 
     @app.get("/instances")
-    async def instances():
+    async def instances(request: Request):
+        check_api_key(request, settings.api_key)
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
                  "healthy": st.healthy, "outstanding_requests": st.outstanding, "dispatched": st.dispatched}
                 for st in sched.instances]
 
     @app.get("/decisions")
-    async def decisions(n: int = 100):
+    async def decisions(request: Request, n: int = 100):
+        check_api_key(request, settings.api_key)
         n = max(0, min(n, len(sched.decisions)))
         return list(sched.decisions)[len(sched.decisions) - n:] if n else []
 
