@@ -90,8 +90,8 @@ def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int]
             except (ValueError, AttributeError):
                 kind = None
             if kind == "bin_median":
-                m = BinMedianLengthModel.load(cand)
-                return str(spec), lambda _text, ntok: m.predict_tokens(ntok)
+                found = BinMedianLengthModel.load(cand)
+                return str(spec), lambda _text, ntok: found.predict_tokens(ntok)
     try:
         from rps_astro_cli.length import load_length_model as load_pkg_model
     except ImportError:
