@@ -83,21 +83,28 @@ def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int]
         m = BinMedianLengthModel.load(BASELINE_PATH)
         return "baseline", lambda _text, ntok: m.predict_tokens(ntok)
     p = Path(str(spec))
-    for cand in (p, p / "model.json"):
-        if cand.is_file() and cand.suffix == ".json":
-            try:
-                kind = json.loads(cand.read_text()).get("kind")
-            except (ValueError, AttributeError):
-                kind = None
-            if kind == "bin_median":
-                found = BinMedianLengthModel.load(cand)
-                return str(spec), lambda _text, ntok: found.predict_tokens(ntok)
+    baseline_file = next((c for c in (p, p / "model.json") if _is_bin_median(c)), None)
+    if baseline_file is not None:
+        found = BinMedianLengthModel.load(baseline_file)
+        return str(spec), lambda _text, ntok: found.predict_tokens(ntok)
     try:
         from rps_astro_cli.length import load_length_model as load_pkg_model
     except ImportError:
         raise AstroUserError(f"cannot load length model {spec!r}: the length package is unavailable",
                              field="length_model", fix="omit it to use the baseline") from None
     return str(spec), _wrap(load_pkg_model(str(spec)))
+
+
+def _is_bin_median(path: Path) -> bool:
+    """Whether `path` is a JSON file of the baseline's kind."""
+    import json
+
+    if not (path.is_file() and path.suffix == ".json"):
+        return False
+    try:
+        return json.loads(path.read_text()).get("kind") == "bin_median"
+    except (ValueError, AttributeError, OSError):
+        return False
 
 
 def _wrap(model: Any) -> Callable[[str, int], int]:
