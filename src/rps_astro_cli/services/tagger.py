@@ -68,8 +68,6 @@ def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int]
     Raises:
         AstroUserError: the artifact is missing or cannot be loaded (names it).
     """
-    import json
-
     if spec in (None, "", "auto"):
         try:
             from rps_astro_cli.length import default_length_model
