@@ -5,8 +5,10 @@ and a dispatch policy, in simulated seconds.
 Per request the simulation gets: arrival (s), prompt tokens = text tokens + vision tokens
 (images × `vision.tokens_per_image` + frames × `vision.tokens_per_frame` of the
 profile), the true output length, the dispatcher's predicted output length (the length
-model's, or the true one with `--oracle-lengths`), modality, class by modality, and the
-vision encoder / preprocessing seconds of the profile. A request longer than the
+model's, or the true one with `--oracle-lengths`), modality, and the
+vision encoder / preprocessing seconds of the profile; no class, so the instance policy
+classifies it (RPS's smart classifier, or by modality) and the bench reports the class the
+policy used (`class_source = "engine"`). A request longer than the
 profile's `max_model_len` fails (as a live engine would answer 400).
 
 `--prediction-noise σ`: the dispatch policy is wrapped (`NoisyDispatch`) so that each
@@ -189,16 +191,19 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
 
     make_policy(cfg.instance_policy)  # unknown name → AstroUserError listing the valid ones
     icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.max_num_seqs)
+    # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
-                          v.preprocess_s, v.req_class) for v in vreqs]
+                          v.preprocess_s, None) for v in vreqs]
     res = simulate_cluster(timed, cfg.instances, dispatch, profile, icfg,
                            lambda: make_policy(cfg.instance_policy), rng)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None
+        engine_cls = r.req_class if r.req_class in ("sand", "pebbles", "rocks") else None
         out.append(RequestRecord(
-            request_id=r.request_id, modality=v.modality, req_class=v.req_class, class_source="modality",
+            request_id=r.request_id, modality=v.modality, req_class=engine_cls or v.req_class,
+            class_source="engine" if engine_cls else "modality",
             prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens if ok else 0,
             output_tokens_source="simulated", expected_output_tokens=v.output_tokens,
             predicted_output_tokens=r.predicted_output_tokens, scheduled_s=r.arrival_s, sent_s=r.arrival_s,

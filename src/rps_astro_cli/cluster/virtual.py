@@ -268,6 +268,7 @@ def simulate_cluster(
                     rec.first_token_s = sr.first_token_s
                     rec.finish_s = sr.finish_s
                     rec.num_preemptions = sr.num_preemptions
+                    rec.req_class = sr.req_class  # the class the instance policy used
                 makespan = now
             pending_finished[i] = []
             start_step(i, now)
