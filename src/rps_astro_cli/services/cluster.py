@@ -11,7 +11,8 @@ each phase waits until every child answers `GET /health`. Internal services bind
 code, log path and its last lines) and restarted on the same port up to
 `cfg.restart_crashed` times; the scheduler's health checks take the instance out and
 readmit it. SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
-Children run in their own sessions so a terminal's Ctrl-C reaches them only through us.
+Children run in their own sessions so a terminal's Ctrl-C reaches them only through us,
+and (on Linux) get SIGTERM if the supervisor itself dies, so no orphan outlives it.
 
 `cluster.json` — what `astro bench` (live mode) and scripts read (schema "astro.cluster/1"):
 
@@ -59,6 +60,21 @@ REAL_ENGINE_START_TIMEOUT_S = 900.0  # vLLM loads weights / compiles: minutes, n
 STOP_GRACE_S = 5.0
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the supervisor dies, so a
+    killed `astro serve` never leaves orphans (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # pragma: no cover - not Linux
+        pass
+
+
+def _interrupt(signum, _frame) -> None:
+    raise KeyboardInterrupt
+
+
 class ClusterError(RuntimeError):
     """A child failed to start or the cluster cannot go on."""
 
@@ -95,7 +111,7 @@ class Child:
         env = {k: v for k, v in os.environ.items() if k != "ASTRO_API_KEY"}  # only where asked
         env.update(self.env)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True)
+                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
         log.close()
         self.started_at = time.monotonic()
 
@@ -173,6 +189,11 @@ class ClusterSupervisor:
         cfg = self.cfg
         if timeout_s is None:
             timeout_s = START_TIMEOUT_S if cfg.engine.backend == "sim" else REAL_ENGINE_START_TIMEOUT_S
+        import threading
+
+        old_term = None
+        if threading.current_thread() is threading.main_thread():  # SIGTERM while starting: stop all
+            old_term = signal.signal(signal.SIGTERM, _interrupt)
         try:
             self.engines = [self._child(f"engine-{i}", "engine", self._engine_argv(i)) for i in range(cfg.instances)]
             if cfg.tagger.enabled:
@@ -221,6 +242,9 @@ class ClusterSupervisor:
         except BaseException:
             self.stop()
             raise
+        finally:
+            if old_term is not None:
+                signal.signal(signal.SIGTERM, old_term)
         info = self.describe()
         text = json.dumps(info, indent=1) + "\n"
         (self.run_dir / "cluster.json").write_text(text)
