@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -193,3 +194,45 @@ def test_candidate_too_long_is_a_user_error() -> None:
     status = InstanceStatus("i", 0.0, cfg, 16)
     with pytest.raises(AstroUserError, match="max_model_len"):
         predict(status, CandidateRequest(200, 100), LatencyModel(HAND), FCFSPolicy())
+
+
+def _seeded_scenario(g: np.random.Generator):
+    """A snapshot under KV pressure: small pools, budgets smaller than many prompts."""
+    prof = ExecutionProfile(
+        profile_id="sweep", model="m", gpu="g", tp=1,
+        base_s=float(g.uniform(0.005, 0.02)), per_seq_s=float(g.choice([0.0, 1e-4])),
+        token_knots=(0, 128, 512, 4096), token_s=(0.0, 0.002, 0.01, 0.08),
+        decode_attn_s_per_ctx_token=float(g.choice([0.0, 1e-7, 3e-7])),
+        prefill_attn_s_per_token_pair=float(g.choice([0.0, 1e-9])),
+    )
+    bs = int(g.choice([4, 16]))
+    max_len = 512
+    blocks = int(g.integers(max_len // bs, 4 * max_len // bs + 1))
+    cfg = InstanceConfig(block_size=bs, num_gpu_blocks=blocks, max_num_seqs=int(g.integers(2, 13)),
+                         max_num_batched_tokens=int(g.choice([16, 24, 64, 128])), max_model_len=max_len)
+    running, used = [], 0
+    for i in range(int(g.integers(0, cfg.max_num_seqs + 1))):
+        p = int(g.integers(1, 200))
+        gen = int(g.integers(1, 100))
+        c = p + gen - 1
+        kv = -(-c // bs)
+        if used + kv > blocks:
+            break
+        used += kv
+        running.append(RequestStatus(f"r{i}", 0.0, p, c, gen, int(g.integers(1, 150)), kv_blocks=kv))
+    waiting = tuple(RequestStatus(f"w{i}", 0.0, int(g.integers(1, 300)), 0, 0, int(g.integers(1, 150)),
+                                  encoder_s=float(g.choice([0.0, 0.0, 0.02])))
+                    for i in range(int(g.integers(0, 16))))
+    status = InstanceStatus("i", 1.0, cfg, blocks - used, tuple(running), waiting)
+    cand = CandidateRequest(int(g.integers(1, 200)), int(g.integers(1, 150)),
+                            preprocess_s=float(g.choice([0.0, 0.2])) + float(g.uniform(0, 1e-3)))
+    return LatencyModel(prof), status, cand
+
+
+def test_jump_equals_stepwise_seeded_sweep() -> None:
+    # A deterministic sweep of the KV-pressure regime (admit / continue / preempt cycles),
+    # where boundary conditions of the fast paths are exercised most.
+    g = np.random.default_rng(2024)
+    for _ in range(400):
+        lat, status, cand = _seeded_scenario(g)
+        _same(predict_stepwise(status, cand, lat, FCFSPolicy()), predict(status, cand, lat, FCFSPolicy()))
