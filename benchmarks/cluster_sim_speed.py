@@ -4,7 +4,8 @@ the Astrolabe ShareGPT/Llama-2 length trace
 arrivals, `llama-2-7b-a30` profile, FCFS instances, oracle lengths.
 
 Goal (issue 2): ≤ 20 s wall on one core for round_robin. Also runs power_of_k (k=2,
-jump look-ahead per candidate) when that policy is registered.
+jump look-ahead per candidate) when that policy is registered. Prints wall and process
+CPU seconds (the machine may be shared).
 
     .venv/bin/python benchmarks/cluster_sim_speed.py [--requests 10000] [--rate 30]
         [--instances 12] [--policies round_robin,power_of_k]
@@ -13,6 +14,7 @@ jump look-ahead per candidate) when that policy is registered.
 from __future__ import annotations
 
 import argparse
+import time
 
 import numpy as np
 
@@ -51,12 +53,14 @@ def main() -> None:
         if name not in DISPATCH_POLICIES._items:
             print(f"{name}: not registered, skipped")
             continue
+        c0 = time.process_time()
         res = simulate_cluster(reqs, args.instances, make_dispatch(name), LatencyModel(prof), cfg,
                                None, np.random.default_rng(args.seed))
+        cpu_s = time.process_time() - c0
         ttft = np.array([r.ttft_s for r in res.records])
         e2e = np.array([r.e2e_s for r in res.records])
         dec = np.array([r.decide_us for r in res.records])
-        print(f"{name:>12}: wall {res.wall_s:6.2f} s (goal ≤ 20 s for round_robin) | "
+        print(f"{name:>12}: wall {res.wall_s:6.2f} s, CPU {cpu_s:6.2f} s (goal ≤ 20 s for round_robin) | "
               f"steps {sum(res.steps_per_instance)} | preemptions {res.num_preemptions} | "
               f"mean TTFT {ttft.mean():.3f} s, P99 TTFT {np.percentile(ttft, 99):.3f} s, "
               f"mean E2E {e2e.mean():.2f} s | decision median {np.median(dec):.0f} µs", flush=True)
