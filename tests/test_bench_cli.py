@@ -39,6 +39,9 @@ def files(tmp_path):
     (["-w", "burstgpt", "--path", "/nonexistent.csv"], "no such file"),
     (["--slo", "ttft"], "--slo"),
     (["--fail-under", "0.9"], "needs an SLO"),
+    (["--arrival", "trace"], "no timestamps"),
+    (["--arrival", "sometimes"], "unknown arrival process"),
+    (["--max-tokens", "lots"], "--max-tokens"),
 ])
 def test_bad_arguments_one_line_exit_2(args, needle):
     res = runner.invoke(app, ["bench", "--virtual", "--no-report", *args])

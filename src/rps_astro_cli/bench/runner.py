@@ -273,6 +273,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         max_frames=config.max_frames, counter=counter)
     wl = load_workload(config.workload, opts, np.random.default_rng(config.seed))
     prog("workload", workload=wl)
+    if config.arrival == "trace" and not wl.has_timestamps:
+        raise AstroUserError(f"workload {wl.name} has no timestamps to replay", field="--arrival",
+                             fix="use burstgpt/azure for replay, or --arrival poisson/gamma/constant")
 
     if config.virtual:
         from rps_astro_cli.bench.virtual import VirtualTarget
