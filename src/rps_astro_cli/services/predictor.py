@@ -23,12 +23,12 @@ id so its (batch size, token count) memo lives across queries.
 Metrics (`GET /metrics`, Prometheus):
 - `astro_predictor_predict_seconds` histogram: wall time per /predict, incl. any status fetch.
 - `astro_predictor_lookahead_seconds` histogram: look-ahead time alone.
-- `astro_predictor_cpu_seconds_total`: CPU seconds (process time) spent on /predict work
-  (status parse + look-ahead); ÷ `astro_predictor_requests_total` = CPU per query, the
-  Astrolabe paper's Po2-vs-fanout CPU figure.
+- `astro_predictor_cpu_seconds_total`: CPU seconds (process time) spent in the look-ahead.
+- `process_cpu_seconds_total`: the whole process (HTTP, status fetches, look-ahead);
+  its increase ÷ the increase of `astro_predictor_requests_total` = CPU per query, the
+  Astrolabe paper's Po2-vs-fanout predictor CPU figure.
 - `astro_predictor_requests_total{outcome}`: ok | bad_request | engine_unavailable.
 - `astro_predictor_status_fetches_total{outcome}`: ok | error.
-- `process_cpu_seconds_total`: the whole process.
 """
 
 from __future__ import annotations
@@ -251,7 +251,7 @@ def create_app(settings: PredictorSettings) -> FastAPI:
     buckets = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
     m_predict = Histogram("astro_predictor_predict_seconds", "Wall time per /predict (s)", buckets=buckets, registry=reg)
     m_look = Histogram("astro_predictor_lookahead_seconds", "Look-ahead time per /predict (s)", buckets=buckets, registry=reg)
-    m_cpu = Counter("astro_predictor_cpu_seconds", "CPU seconds spent on /predict work", registry=reg)
+    m_cpu = Counter("astro_predictor_cpu_seconds", "CPU seconds spent in the look-ahead", registry=reg)
     m_req = Counter("astro_predictor_requests", "/predict requests by outcome", ["outcome"], registry=reg)
     m_fetch = Counter("astro_predictor_status_fetches", "Engine /status fetches by outcome", ["outcome"], registry=reg)
     m_age = Histogram("astro_predictor_snapshot_age_seconds", "Age of the status used (s)", buckets=buckets, registry=reg)
