@@ -64,6 +64,36 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
 
 
+class FastRoutes:
+    """ASGI front for a FastAPI app: the hot `routes` ({(method, path): async handler
+    (Request) → Response}) are called directly, skipping FastAPI's middleware and
+    dependency layers (~0.1–0.15 ms of CPU per request on the dev machine); everything else
+    (lifespan, /metrics, /health, ...) goes to `app`. Errors keep the same shapes:
+    `HTTPUserError` → its 4xx; anything else → 500 with a request id, logged. `state` is
+    the app's state."""
+
+    def __init__(self, app: FastAPI, routes: dict[tuple[str, str], Any]):
+        self.app = app
+        self.state = app.state
+        self.routes = routes
+
+    async def __call__(self, scope, receive, send) -> None:
+        handler = self.routes.get((scope.get("method", ""), scope.get("path", ""))) if scope["type"] == "http" else None
+        if handler is None:
+            await self.app(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        try:
+            resp = await handler(request)
+        except HTTPUserError as exc:
+            resp = error_response(exc.status, exc.message, exc.param, exc.type)
+        except Exception as exc:  # a server fault: 500 with a request id, never a traceback
+            rid = secrets.token_hex(6)
+            log.error("request %s %s failed (id %s)", scope.get("method"), scope.get("path"), rid, exc_info=exc)
+            resp = error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
+        await resp(scope, receive, send)
+
+
 def check_api_key(request: Request, api_key: str | None) -> None:
     """Raise 401 unless `api_key` is unset or the request carries it."""
     if not api_key:

@@ -49,6 +49,7 @@ from rps_astro_cli.policies import make_policy
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
+    FastRoutes,
     HTTPUserError,
     check_api_key,
     error_response,
@@ -241,8 +242,9 @@ def _swallow(t: asyncio.Future) -> None:
         t.exception()
 
 
-def create_app(settings: PredictorSettings) -> FastAPI:
-    """The Predictor's FastAPI app (routes: /predict, /health, /metrics)."""
+def create_app(settings: PredictorSettings) -> FastRoutes:
+    """The Predictor's ASGI app (routes: /predict, /health, /metrics); `app.state.predictor`
+    is its `Predictor`."""
     from contextlib import asynccontextmanager
 
     from prometheus_client import Counter, Histogram
@@ -273,7 +275,6 @@ def create_app(settings: PredictorSettings) -> FastAPI:
     async def metrics():
         return metrics_response(reg)
 
-    @app.post("/predict")
     async def predict(request: Request):
         t0 = time.perf_counter()
         check_api_key(request, settings.api_key)
@@ -312,7 +313,8 @@ def create_app(settings: PredictorSettings) -> FastAPI:
         m_predict.observe(time.perf_counter() - t0)
         return JSONResponse(out)
 
-    return app
+    app.add_api_route("/predict", predict, methods=["POST"])
+    return FastRoutes(app, {("POST", "/predict"): predict})
 
 
 def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning",

@@ -72,6 +72,7 @@ from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
+    FastRoutes,
     HTTPUserError,
     check_api_key,
     error_body,
@@ -618,9 +619,9 @@ async def _first_chunk(it: AsyncIterator[bytes]) -> bytes:
         return b""
 
 
-def create_app(settings: SchedulerSettings) -> FastPath:
+def create_app(settings: SchedulerSettings) -> FastRoutes:
     """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models,
-    /health, /metrics, /decisions, /instances (a `FastPath` over a FastAPI app; the
+    /health, /metrics, /decisions, /instances (a `FastRoutes` over a FastAPI app; the
     Scheduler is `app.state.scheduler`)."""
     from contextlib import asynccontextmanager
 
@@ -638,13 +639,14 @@ def create_app(settings: SchedulerSettings) -> FastPath:
     app.state.scheduler = sched
     install_error_handlers(app)
 
-    @app.post("/v1/chat/completions")
     async def chat(request: Request):
         return await sched.handle(request, "chat")
 
-    @app.post("/v1/completions")
     async def completions(request: Request):
         return await sched.handle(request, "completions")
+
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])  # reached via FastRoutes only
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
 
     @app.get("/v1/models")
     async def models(request: Request):
@@ -676,40 +678,7 @@ def create_app(settings: SchedulerSettings) -> FastPath:
     async def metrics():
         return metrics_response(sched.m.registry)
 
-    return FastPath(app, sched)
-
-
-class FastPath:
-    """ASGI front for the scheduler app: the two completion routes go straight to
-    `Scheduler.handle` (skipping FastAPI's middleware and dependency layers, ~0.15 ms of
-    CPU per request); everything else (lifespan, /metrics, ...) goes to the FastAPI app.
-    Errors keep the same shapes: `HTTPUserError` → its 4xx, anything else → 500 with a
-    request id, logged."""
-
-    ROUTES = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-
-    def __init__(self, app: FastAPI, sched: Scheduler):
-        self.app = app
-        self.state = app.state
-        self.sched = sched
-
-    async def __call__(self, scope, receive, send) -> None:
-        endpoint = self.ROUTES.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if endpoint is None or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        request = Request(scope, receive)
-        try:
-            resp = await self.sched.handle(request, endpoint)
-        except HTTPUserError as exc:
-            resp = error_response(exc.status, exc.message, exc.param, exc.type)
-        except Exception as exc:  # a server fault: 500 with a request id, never a traceback
-            import secrets
-
-            rid = secrets.token_hex(6)
-            log.error("request %s failed (id %s)", scope.get("path"), rid, exc_info=exc)
-            resp = error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
-        await resp(scope, receive, send)
+    return FastRoutes(app, {("POST", "/v1/chat/completions"): chat, ("POST", "/v1/completions"): completions})
 
 
 def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",

@@ -39,6 +39,7 @@ from rps_astro_cli.engine import openai_api as oa
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
+    FastRoutes,
     HTTPUserError,
     check_api_key,
     install_error_handlers,
@@ -175,7 +176,7 @@ class Tagger:
         }
 
 
-def create_app(settings: TaggerSettings) -> FastAPI:
+def create_app(settings: TaggerSettings) -> FastRoutes:
     """The tagger's FastAPI app (routes: /tag, /health, /metrics)."""
     from prometheus_client import Counter, Histogram
 
@@ -195,7 +196,6 @@ def create_app(settings: TaggerSettings) -> FastAPI:
     async def metrics():
         return metrics_response(reg)
 
-    @app.post("/tag")
     async def tag(request: Request):
         t0 = time.perf_counter()
         check_api_key(request, settings.api_key)
@@ -209,7 +209,8 @@ def create_app(settings: TaggerSettings) -> FastAPI:
         m_tag.observe(time.perf_counter() - t0)
         return JSONResponse(out)
 
-    return app
+    app.add_api_route("/tag", tag, methods=["POST"])
+    return FastRoutes(app, {("POST", "/tag"): tag})
 
 
 def run_tagger(settings: TaggerSettings, host: str, port: int, log_level: str = "warning",
