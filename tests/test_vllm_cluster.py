@@ -7,7 +7,9 @@ KV cache) with their Predictors and the power-of-2 scheduler, started by the sam
 1. calibrate: a calibration load straight to both engines with the plugin's step log on,
    `vllm_calibrate.fit_step_log` → a profile; the Predictors are restarted on it;
 2. 30 requests through the scheduler's OpenAI front door (10 rocks, then 10 pebbles, then
-   10 sand, by `vllm_xargs.astro_class`, 20 ms apart, token-id prompts, `ignore_eos`);
+   10 sand, by `vllm_xargs.astro_class`, 5 ms apart, token-id prompts, `ignore_eos`;
+   32-96 output tokens for rocks and pebbles, 8-16 for sand; 4 batch slots per engine, so
+   queues form and RPS has sand to move ahead);
 3. check: every request completes with its `max_tokens`; the plugin is active (`rps` in
    `/status`, waiting queues reordered); `/status` agrees with `/metrics` on each engine
    (idle counts, KV usage, preemptions, completions); and print the calibrated
@@ -42,7 +44,7 @@ def _initial_profile(path) -> None:
         profile_id="vllm-tiny-uncalibrated", model="tiny", gpu="cpu", tp=1, base_s=0.0,
         per_seq_s=0.0, token_knots=(1, 1024), token_s=(0.01, 0.05),
         decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
-        block_size=128, num_gpu_blocks=16, max_num_seqs=8, max_num_batched_tokens=2048,
+        block_size=128, num_gpu_blocks=16, max_num_seqs=4, max_num_batched_tokens=2048,
         max_model_len=1024)
     path.write_text(json.dumps(prof.to_dict()))
 
@@ -79,7 +81,7 @@ def cluster(tmp_path_factory):
     cfg = parse_config({
         "name": "vllm-ci", "instances": 2,
         "engine": {"backend": "vllm", "profile": str(prof), "instance_policy": "rps",
-                   "max_num_seqs": 8, "max_model_len": 1024, "served_model_name": "tiny",
+                   "max_num_seqs": 4, "max_model_len": 1024, "served_model_name": "tiny",
                    "extra_args": ["--model", model, "--kv-cache-memory-bytes", str(17 * BLOCK_BYTES),
                                   "--max-num-batched-tokens", "2048"]},
         "tagger": {"enabled": False},
@@ -154,10 +156,10 @@ def test_cluster_power_of_k_rps(cluster):
     threads = []
     for i, cls in enumerate(classes):
         plen = int(rng.integers(16, 257))
-        olen = int(rng.integers(8, 49))
+        olen = int(rng.integers(8, 17)) if cls == "sand" else int(rng.integers(32, 97))
         threads.append(threading.Thread(target=send, args=(i, cls, plen, olen)))
         threads[-1].start()
-        time.sleep(0.02)
+        time.sleep(0.005)
     for t in threads:
         t.join(600)
     wall = time.monotonic() - t0

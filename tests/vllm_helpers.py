@@ -36,7 +36,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
     return str(out)
 
 
-_METRIC = re.compile(r"^(vllm:[a-z_]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
+_METRIC = re.compile(r"^(vllm:[A-Za-z0-9_:]+)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)$")
 
 
 def parse_metrics(text: str) -> dict[str, float]:
