@@ -152,7 +152,8 @@ def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, 
         slow_srv = start(st, slow)
         dead = f"http://127.0.0.1:{free_port()}"
         s = scheduler(st, [e.url for e in engs], [dead, slow_srv.url, live.url], policy="power_of_k",
-                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=0.05)
+                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=0.05,
+                      predictor_breaker_failures=100)
         with httpx.Client(base_url=s.url, timeout=10) as c:
             c.post("/v1/chat/completions", json=chat())  # warm: connections, profile load
             time.sleep(1.0)  # let the slow predictor's late answer drain
@@ -309,3 +310,41 @@ def test_external_tagger_and_its_deadline(length_model):
             assert time.perf_counter() - t0 < 0.9  # did not wait for the 1 s tagger
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 256  # the default
             assert metric(c.get("/metrics").text, "astro_tag_rpcs_total", outcome="timeout") == 1
+
+
+def test_predictor_breaker_skips_a_hung_predictor(length_model, profile_path):
+    hung = FastAPI()
+
+    @hung.post("/predict")
+    async def _hung():
+        await asyncio.sleep(1.0)
+        return {"ttft_s": 0.0, "e2e_s": 0.0}
+
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(2)]
+        live = start(st, pred_mod.create_app(pred_mod.PredictorSettings(engs[1].url, profile=profile_path)))
+        h = start(st, hung)
+        s = scheduler(st, [e.url for e in engs], [h.url, live.url], policy="power_of_k", policy_params={"k": "all"},
+                      length_model=length_model, predict_deadline_s=0.05, predictor_breaker_failures=2,
+                      predictor_breaker_s=30.0)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            for _ in range(4):
+                assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+            m = c.get("/metrics").text
+            # two misses in a row open the breaker: the next two requests do not ask it
+            assert metric(m, "astro_predict_rpcs_total", outcome="timeout") == 2
+            assert metric(m, "astro_predict_rpcs_total", outcome="skipped") == 2
+            assert metric(m, "astro_predict_rpcs_total") == 8  # still k = N = 2 per request
+
+
+def test_oracle_lengths_use_the_true_length(length_model):
+    with ExitStack() as st:
+        eng = start(st, engine_app(0))
+        s = scheduler(st, [eng.url], policy="round_robin", length_model=length_model, oracle_lengths=True)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            body = chat(max_tokens=300, vllm_xargs={"astro_output_tokens": 123})
+            r = c.post("/v1/chat/completions", json=body)
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 123
+            assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 123  # not the tagger's 40
+            c.post("/v1/chat/completions", json=chat(max_tokens=300))
+            assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 40  # no true length: tagger

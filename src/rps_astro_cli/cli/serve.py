@@ -42,6 +42,7 @@ def cluster(
     port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).")] = None,
     api_key: KeyOpt = None,
     restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child.")] = None,
+    oracle_lengths: Annotated[bool | None, typer.Option("--oracle-lengths/--no-oracle-lengths", help="Scheduler uses the true lengths the bench sends (ablation).")] = None,
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder (default runs/serve-<time>).")] = None,
 ) -> None:
@@ -58,6 +59,7 @@ def cluster(
         "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
         "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
+        "scheduler.oracle_lengths": oracle_lengths,
         "engine.backend": backend,
     })
     if model or engine_arg:
@@ -169,6 +171,7 @@ def scheduler(
     length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the dispatch Generator.")] = 0,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
+    oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
@@ -198,7 +201,7 @@ def scheduler(
         tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
         served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed,
-        decisions_kept=max(1, decisions_kept))
+        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths)
     run_scheduler(settings, host, port, log_level, ready_file)
 
 

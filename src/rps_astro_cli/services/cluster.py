@@ -233,7 +233,7 @@ class ClusterSupervisor:
                      "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
-                     "--decisions-kept", str(s.decisions_kept)]
+                     "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
             self.scheduler = self._child("scheduler", "scheduler", argv, host=cfg.host, env=env)
             self.scheduler.port = s.port

@@ -17,7 +17,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     tagger:    {enabled, length_model}
     scheduler: {policy, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed, decisions_kept}
+                port, seed, decisions_kept, oracle_lengths}
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ class SchedulerSection(_Strict):
     port: int = Field(0, ge=0, le=65535, description="front-door port (0 = any free port)")
     seed: int = Field(0, ge=0)
     decisions_kept: int = Field(1000, ge=1, description="decisions kept for GET /decisions")
+    oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
 
     @field_validator("k")
     @classmethod

@@ -17,7 +17,8 @@ Per request to `/v1/chat/completions` or `/v1/completions`:
 
 Clients: the hot path (tag, predict, forward) runs on `services/rpc.py`'s lean
 keep-alive HTTP/1.1 pools (one per destination; httpx costs ~20x more CPU per call, see
-that module); health checks and status polls use pooled `httpx.AsyncClient`s. A tag or
+that module), and so do llumnix's status polls; health checks and model discovery use
+pooled `httpx.AsyncClient`s. A tag or
 predict RPC that misses its deadline is skipped but not cancelled (it finishes in the
 background, bounded by RPC_BOUND_S), so no keep-alive connection is torn down.
 
@@ -39,7 +40,8 @@ Metrics (`GET /metrics`):
   midstream_error | no_instance | client_disconnected.
 - `astro_dispatch_decisions_total{policy,reason}`, `astro_dispatch_decide_seconds{policy}`
   (decision time incl. predict RPCs), `astro_predict_rpcs_total{policy,outcome}`
-  (ok | timeout | error; per request exactly k for power_of_k, N for k=all),
+  (ok | timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
+  "skipped" = not sent, the Predictor's breaker is open),
   `astro_tag_rpcs_total{outcome}`, `astro_scheduler_retries_total`,
   `astro_instance_healthy{instance}`, `astro_instance_outstanding_requests{instance}`,
   `astro_instance_dispatched_total{instance}`, `astro_breaker_trips_total{instance}`.
@@ -117,6 +119,11 @@ class SchedulerSettings:
     served_models: model names accepted (empty = learn them from the engines).
     api_key: bearer token required on /v1/* when set. seed: the dispatch Generator's seed.
     upstream_timeout_s: read timeout towards engines. decisions_kept: ring size.
+    predictor_breaker_failures / predictor_breaker_s: after that many consecutive
+    late/failed predict RPCs a Predictor is not asked for that long (then probed again).
+    oracle_lengths: use the request's true length (`vllm_xargs.astro_output_tokens`, which
+    the bench sends) as the predicted length when present — the Astrolabe "oracle"
+    ablation; the tagger is still called for the modality facts.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -137,12 +144,16 @@ class SchedulerSettings:
     seed: int = 0
     upstream_timeout_s: float = 600.0
     decisions_kept: int = 1000
+    predictor_breaker_failures: int = 3
+    predictor_breaker_s: float = 1.0
+    oracle_lengths: bool = False
 
 
 class InstanceState:
     """What the scheduler tracks per instance (mutable, event-loop only)."""
 
-    __slots__ = ("index", "ep", "healthy", "outstanding", "load_fields", "dispatched")
+    __slots__ = ("index", "ep", "healthy", "outstanding", "load_fields", "dispatched",
+                 "predictor_failures", "predictor_skip_until")
 
     def __init__(self, index: int, ep: InstanceEndpoint):
         self.index = index
@@ -151,6 +162,8 @@ class InstanceState:
         self.outstanding = 0
         self.dispatched = 0
         self.load_fields: dict[str, int] = {}
+        self.predictor_failures = 0  # consecutive late/failed predict RPCs
+        self.predictor_skip_until = 0.0  # time.monotonic() until which it is not asked
 
     def load(self, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
         return InstanceLoad(self.index, self.healthy and self.index not in excluded, self.outstanding,
@@ -277,10 +290,13 @@ class Scheduler:
         """One health check of `st` (status poll for status-based policies)."""
         c = self.client(st.ep.engine_url)
         try:
-            if self.policy.needs_status:
-                r = await c.get("/status", timeout=1.0)
-                r.raise_for_status()
-                st.load_fields = load_fields_from_status(r.json())
+            if self.policy.needs_status:  # polled every status_interval_s: the lean client
+                async with asyncio.timeout(1.0):
+                    resp = await self.pool(st.ep.engine_url).request("GET", "/status")
+                    body = await resp.read()
+                if resp.status != 200:
+                    raise ValueError(f"/status answered {resp.status}")
+                st.load_fields = load_fields_from_status(json.loads(body))
             else:
                 r = await c.get("/health", timeout=1.0)
                 r.raise_for_status()
@@ -288,7 +304,7 @@ class Scheduler:
                 r = await c.get("/v1/models", timeout=1.0)
                 if r.status_code == 200:
                     self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        except (httpx.HTTPError, RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
             self.mark_failed(st, f"health check: {exc!r}")
             return
         self.mark_ok(st)
@@ -367,13 +383,21 @@ class Scheduler:
 
     async def predict_many(self, candidates: list[int], candidate: dict[str, Any]) -> dict[int, LatencyEstimate]:
         """Predictions of the candidate on each instance whose Predictor answers within
-        the deadline; late ones are cancelled, failed ones skipped."""
+        the deadline; late ones are left to finish in the background, failed ones
+        skipped. A Predictor that missed `predictor_breaker_failures` RPCs in a row is not
+        asked for `predictor_breaker_s` (outcome "skipped"), so a hung sidecar does not
+        cost every request the full deadline; then it is probed again."""
         payload = json.dumps(candidate).encode()
         tasks: dict[asyncio.Task, int] = {}
+        now = time.monotonic()
         for i in candidates:
-            url = self.instances[i].ep.predictor_url
-            if url:
-                tasks[asyncio.ensure_future(self._predict_one(url, payload))] = i
+            st = self.instances[i]
+            if not st.ep.predictor_url:
+                continue
+            if st.predictor_skip_until > now:
+                self.m.predict_rpcs.labels(self.policy_name, "skipped").inc()
+                continue
+            tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, payload))] = i
         if not tasks:
             return {}
         done, pending = await asyncio.wait(tasks, timeout=self.s.predict_deadline_s)
@@ -381,15 +405,26 @@ class Scheduler:
         for t in pending:  # late: skipped; left to finish in the background
             t.add_done_callback(_swallow)
             self.m.predict_rpcs.labels(self.policy_name, "timeout").inc()
+            self._predictor_failed(self.instances[tasks[t]])
         for t in done:
             exc = t.exception()
             if exc is None:
                 out[tasks[t]] = t.result()
                 self.m.predict_rpcs.labels(self.policy_name, "ok").inc()
+                self.instances[tasks[t]].predictor_failures = 0
             else:
-                outcome = "timeout" if isinstance(exc, httpx.TimeoutException) else "error"
+                outcome = "timeout" if isinstance(exc, asyncio.TimeoutError) else "error"
                 self.m.predict_rpcs.labels(self.policy_name, outcome).inc()
+                self._predictor_failed(self.instances[tasks[t]])
         return out
+
+    def _predictor_failed(self, st: InstanceState) -> None:
+        st.predictor_failures += 1
+        if st.predictor_failures >= self.s.predictor_breaker_failures:
+            st.predictor_failures = 0
+            st.predictor_skip_until = time.monotonic() + self.s.predictor_breaker_s
+            log.warning("predictor of %s missed %d RPCs in a row; not asked for %.1f s", st.ep.name,
+                        self.s.predictor_breaker_failures, self.s.predictor_breaker_s)
 
     async def dispatch(self, candidate: dict[str, Any], excluded: frozenset[int]) -> DispatchDecision | None:
         """Choose an instance (None when every instance is excluded)."""
@@ -453,6 +488,8 @@ class Scheduler:
             pred_tokens = self.s.default_output_tokens
             cand = {"prompt_tokens": max(1, parsed.text_tokens), "predicted_output_tokens": pred_tokens,
                     "modality": parsed.modality}
+        if self.s.oracle_lengths and parsed.output_tokens is not None:
+            cand["predicted_output_tokens"] = pred_tokens = parsed.output_tokens
         if parsed.max_tokens is not None:
             cand["predicted_output_tokens"] = pred_tokens = max(1, min(pred_tokens, parsed.max_tokens))
         if parsed.req_class:
