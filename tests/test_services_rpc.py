@@ -1,0 +1,115 @@
+"""The scheduler's lean HTTP/1.1 client against hand-written raw servers."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rps_astro_cli.services.http_common import free_port
+from rps_astro_cli.services.rpc import HostPool, RpcError
+
+
+class RawServer:
+    """Answers each request on a connection with the next canned response from
+    `responses`; `close_after` closes a connection after that many responses."""
+
+    def __init__(self, responses: list[bytes], close_after: int | None = None):
+        self.responses = list(responses)
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        served = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                cl = 0
+                for line in head.split(b"\r\n"):
+                    if line.lower().startswith(b"content-length:"):
+                        cl = int(line.split(b":")[1])
+                self.requests.append(head + await reader.readexactly(cl))
+                writer.write(self.responses.pop(0))
+                await writer.drain()
+                served += 1
+                if self.close_after is not None and served >= self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError, IndexError):
+            pass
+        writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc) -> None:
+        self.server.close()
+
+
+def ok(body: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def test_keep_alive_reuses_one_connection():
+    async def main():
+        srv = RawServer([ok(b'{"a": %d}' % i) for i in range(3)])
+        async with srv as url:
+            pool = HostPool(url)
+            got = [await pool.post_json("/x", b'{"q": 1}') for _ in range(3)]
+            pool.close()
+        assert got == [(200, b'{"a": 0}'), (200, b'{"a": 1}'), (200, b'{"a": 2}')]
+        assert srv.connections == 1
+        assert srv.requests[0].startswith(b"POST /x HTTP/1.1\r\n") and srv.requests[0].endswith(b'{"q": 1}')
+
+    asyncio.run(main())
+
+
+def test_chunked_body_is_decoded_chunk_by_chunk():
+    async def main():
+        resp = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                b"4\r\nabcd\r\n3\r\nefg\r\n0\r\n\r\n")
+        async with RawServer([resp, ok(b"next")]) as url:
+            pool = HostPool(url)
+            r = await pool.request("GET", "/s")
+            chunks = [c async for c in r.chunks()]
+            await r.aclose()
+            assert (r.status, chunks) == (200, [b"abcd", b"efg"])
+            assert await pool.post_json("/y", b"") == (200, b"next")  # same connection, still in sync
+            pool.close()
+
+    asyncio.run(main())
+
+
+def test_idle_connection_closed_by_server_is_retried_once():
+    async def main():
+        srv = RawServer([ok(b"one"), ok(b"two")], close_after=1)
+        async with srv as url:
+            pool = HostPool(url)
+            assert await pool.post_json("/a", b"{}") == (200, b"one")
+            await asyncio.sleep(0.05)  # the server has closed the idle connection by now
+            assert await pool.post_json("/a", b"{}") == (200, b"two")
+            pool.close()
+        assert srv.connections == 2
+
+    asyncio.run(main())
+
+
+def test_refused_and_broken_connections_raise_rpc_error():
+    async def main():
+        with pytest.raises(RpcError, match="cannot connect"):
+            await HostPool(f"http://127.0.0.1:{free_port()}").post_json("/p", b"{}")
+        cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nonly-part"
+        async with RawServer([cut], close_after=1) as url:
+            r = await HostPool(url).request("POST", "/p", b"{}")
+            with pytest.raises(RpcError, match="body broken"):
+                async for _ in r.chunks():
+                    pass
+
+    asyncio.run(main())
+
+
+def test_only_plain_http_urls():
+    with pytest.raises(ValueError, match="http://"):
+        HostPool("https://example.com")
