@@ -561,9 +561,7 @@ class Scheduler:
             rec["observed_e2e_s"] = t1 - t_send
             outcome = "ok" if resp.status < 400 else "client_error" if resp.status < 500 else "engine_error"
             self.m.requests.labels(endpoint, outcome).inc()
-            headers = {"x-astro-instance": st.ep.name}
-            out = Response(data, status_code=resp.status,
-                           media_type=resp.headers.get("content-type", "application/json"), headers=headers)
+            out = Response(data, status_code=resp.status, headers=_relay_headers(resp, st.ep.name))
             overhead += time.perf_counter() - t1
             self._finish(rec, overhead, outcome)
             return out
@@ -623,9 +621,7 @@ class Scheduler:
             finally:
                 await cleanup()
 
-        headers = {"x-astro-instance": st.ep.name, "cache-control": "no-cache"}
-        return _RelayResponse(relay(), cleanup, status_code=resp.status,
-                              media_type=resp.headers.get("content-type", "text/event-stream"), headers=headers)
+        return _RelayResponse(relay(), cleanup, status_code=resp.status, headers=_relay_headers(resp, st.ep.name))
 
 
 class _RelayResponse(StreamingResponse):
@@ -642,6 +638,18 @@ class _RelayResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             await self._cleanup()
+
+
+_HOP_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "date", "server",
+                          "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"))
+
+
+def _relay_headers(resp: RawResponse, instance: str) -> dict[str, str]:
+    """The engine's response headers minus hop-by-hop ones, plus `x-astro-instance`."""
+    out = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS}
+    out.setdefault("content-type", "application/json")
+    out["x-astro-instance"] = instance
+    return out
 
 
 def _swallow(t: asyncio.Future) -> None:
