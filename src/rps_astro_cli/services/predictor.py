@@ -219,7 +219,9 @@ class Predictor:
             name = str(spec.pop("name", "fcfs"))
             try:
                 pol = make_policy(name, **spec)
-            except (TypeError, AstroUserError):
+            except (TypeError, ValueError, OSError) as exc:  # AstroUserError is a ValueError
+                log.warning("engine policy %s%r not rebuilt with its parameters (%s); using its defaults",
+                            name, spec, exc)
                 try:
                     pol = make_policy(name)
                 except AstroUserError:
