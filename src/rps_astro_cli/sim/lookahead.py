@@ -460,7 +460,7 @@ class _FastLookahead:
             return False
         free = self.free - (self.cnt2[self.G % bs] if B else 0)
         if free < 0:
-            return self._fcfs_preempt_step(t, True) if fcfs else False
+            return self._fcfs_preempt_step(t, True) if fcfs else self._policy_preempt_chunked(t)
         sched: list[tuple[_LReq, int, int]] = []
         for r in nondec:
             if budget <= 0:
@@ -472,14 +472,14 @@ class _FastLookahead:
             nb = -(-(c + n) // bs) - r.kv_blocks
             if nb > 0:
                 if nb > free:
-                    return self._fcfs_preempt_step(t, True) if fcfs else False
+                    return self._fcfs_preempt_step(t, True) if fcfs else self._policy_preempt_chunked(t)
                 free -= nb
             else:
                 nb = 0
             sched.append((r, n, nb))
             budget -= n
         waiting = self.waiting
-        if waiting and budget > 0:
+        if waiting and budget > 0 and len(running) < cfg.max_num_seqs:  # else no admission
             nrun = len(running)
             maxs = cfg.max_num_seqs
             order = waiting if fcfs else self.policy.order_waiting(waiting, t)
@@ -575,7 +575,7 @@ class _FastLookahead:
         waiting, running = self.waiting, self.running
         free = self.free
         sched: list[tuple[_LReq, int, int]] = []
-        if waiting:
+        if waiting and len(running) < cfg.max_num_seqs:  # else no admission
             budget = cfg.prefill_budget
             nrun = len(running)
             maxs = cfg.max_num_seqs
@@ -616,6 +616,115 @@ class _FastLookahead:
         if free < 0:
             return self._fcfs_preempt_step(t, False) if fcfs else False
         return self._apply(t, sched, B, free, B, True)
+
+    def _policy_preempt_chunked(self, t: float) -> float | None:
+        """A chunked-prefill step whose running pass runs out of KV blocks, for any
+        policy: the pass of `InstanceSim._schedule_chunked` (the policy names each victim;
+        a victim already scheduled in this step is taken out of it again) on the
+        look-ahead's own state. Pooled requests are first re-based to the current tick,
+        so the policy sees current fields; one the pass leaves unscheduled (it stopped
+        at a request that preempted itself) is paused: re-based to the next tick with
+        its tokens unchanged. No admissions follow a preemption.
+        Returns the duration, or `_PREEMPTED_ONLY`."""
+        run, G, bs, cnt2 = self.running, self.G, self.bs, self.cnt2
+        policy = self.policy
+        for r in run:
+            pg = r.pool_g
+            if pg >= 0:
+                if pg != G:
+                    d = G - pg
+                    r.num_computed_tokens += d
+                    r.num_generated_tokens += d
+                    r.pool_g = G
+                r.kv_blocks = -(-r.num_computed_tokens // bs)
+        F = self.free
+        budget = self.M
+        sched: list[tuple[_LReq, int, int]] = []
+        waiting, nondec = self.waiting, self.nondec
+        preempted = False
+        i = 0
+        while i < len(run) and budget > 0:
+            r = run[i]
+            c = r.num_computed_tokens
+            n = r.prompt_tokens + r.num_generated_tokens - c
+            if n > budget:
+                n = budget
+            nb = -(-(c + n) // bs) - r.kv_blocks
+            if nb < 0:
+                nb = 0
+            self_victim = False
+            while nb > F:
+                victim = policy.preemption_victim(run, t)
+                vidx = run.index(victim)
+                if vidx < i:  # already in this step: undo it (vLLM V1 does too)
+                    for j, e in enumerate(sched):
+                        if e[0] is victim:
+                            budget += e[1]
+                            del sched[j]
+                            break
+                    i -= 1
+                del run[vidx]
+                F += victim.kv_blocks
+                if victim.pool_g >= 0:
+                    vc = victim.num_computed_tokens
+                    rho = (G - vc) % bs
+                    cnt2[rho] -= 1
+                    cnt2[rho + bs] -= 1
+                    self.B -= 1
+                    self.S -= vc + 1
+                    victim.pool_g = -1  # its heap entry is now stale
+                else:
+                    nondec.remove(victim)
+                victim.kv_blocks = 0
+                victim.num_computed_tokens = 0
+                victim.num_preemptions += 1
+                waiting.insert(0, victim)
+                preempted = True
+                if victim is r:
+                    self_victim = True
+                    break
+            if self_victim:
+                break
+            r.kv_blocks += nb
+            F -= nb
+            sched.append((r, n, nb))
+            budget -= n
+            i += 1
+        assert preempted, "called without a failing allocation"
+        scheduled = {id(e[0]) for e in sched}
+        paused_ctx = 0
+        for r in run:
+            if r.pool_g >= 0 and id(r) not in scheduled:  # pause: same tokens at G + 1
+                c = r.num_computed_tokens
+                rho = (G - c) % bs
+                cnt2[rho] -= 1
+                cnt2[rho + bs] -= 1
+                rho = (G + 1 - c) % bs
+                cnt2[rho] += 1
+                cnt2[rho + bs] += 1
+                r.pool_g = G + 1
+                self.seq += 1
+                r.pool_seq = self.seq
+                heapq.heappush(self.heap, (G + 1 + r.target_output_tokens - r.num_generated_tokens - 1,
+                                           self.seq, r))
+                paused_ctx += c + 1
+        if not sched:
+            self.free = F
+            self.G = G + 1  # paused members were re-based to G + 1; nothing ran
+            return _PREEMPTED_ONLY
+        pooled = 0
+        explicit: list[tuple[_LReq, int, int]] = []
+        ntok = 0
+        for r, n, _nb in sched:
+            ntok += n
+            if r.pool_g >= 0:
+                pooled += 1
+            else:
+                explicit.append((r, n, 0))  # blocks already added
+        self.S -= paused_ctx
+        dur = self._apply(t, explicit, pooled, F, ntok, True)
+        self.S += paused_ctx
+        return dur
 
     def _fcfs_preempt_step(self, t: float, chunked: bool) -> float | bool:
         """A step whose running pass runs out of KV blocks, under FCFS (victim = the last
