@@ -431,8 +431,31 @@ class _FastLookahead:
         chunked = cfg.chunked_prefill
         if chunked and cfg.max_num_batched_tokens - self.B <= 0:
             return True
-        if self.policy.time_dependent:
-            return False
+        bs = self.bs
+        if chunked:
+            room = cfg.max_num_batched_tokens - self.B
+            free_after = self.free - self.cnt2[self.G % bs]
+        else:
+            room = cfg.prefill_budget
+            free_after = self.free
+        if self.policy.time_dependent or not fcfs:
+            # whatever order the policy picks, the head is blocked if every waiting
+            # request is (its first chunk needs more blocks than are free, or in
+            # prioritized mode its prompt exceeds the prefill budget)
+            for w in waiting:
+                c = w.num_computed_tokens
+                n = w.prompt_tokens + w.num_generated_tokens - c
+                if n > room:
+                    if not chunked:
+                        continue
+                    n = room
+                nb = -(-(c + n) // bs) - w.kv_blocks
+                if nb <= 0 or nb <= free_after:
+                    break
+            else:
+                return True
+            if self.policy.time_dependent:
+                return False
         head = waiting[0] if fcfs else self.policy.order_waiting(waiting, t)[0]
         c = head.num_computed_tokens
         n = head.prompt_tokens + head.num_generated_tokens - c
