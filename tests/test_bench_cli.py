@@ -97,3 +97,15 @@ def test_virtual_sweep_capacity_and_fail_under(files, tmp_path):
     # an impossible SLO with --fail-under → exit 1
     res = runner.invoke(app, base + ["--request-rate", "50", "--slo", "ttft:0.0001", "--fail-under", "0.99"])
     assert res.exit_code == 1 and "fail:" in res.output
+
+
+def test_json_output(files):
+    prof, trace = files
+    res = runner.invoke(app, ["bench", "--virtual", "--instances", "2", "--profile", str(prof), "-w", "length-trace",
+                              "--path", str(trace), "--request-rate", "1", "--arrival", "constant", "--oracle-lengths",
+                              "--no-report", "--json"])
+    assert res.exit_code == 0, res.output
+    line = [x for x in res.output.splitlines() if x.startswith("{")][0]
+    rep = json.loads(line)
+    assert rep["schema"] == "astro.bench/1"
+    assert rep["runs"][0]["metrics"]["overall"]["ttft_s"]["mean"] == pytest.approx(0.020)

@@ -71,6 +71,7 @@ def bench(
     fail_under: Annotated[Optional[float], typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
     out: Annotated[Optional[str], typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
 ) -> None:
     """Benchmark a cluster (live) or the virtual cluster: workloads, arrivals, honest metrics,
     SLO capacity and a report folder."""
@@ -100,9 +101,17 @@ def bench(
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
         out_dir=out_dir)
     result = _run_with_progress(cfg, run_bench)
-    print_summary(result)
+    if as_json:
+        import json
+
+        from rps_astro_cli.bench.report import report_dict
+
+        typer.echo(json.dumps(report_dict(result)))
+    else:
+        print_summary(result)
     if result.out_dir:
-        console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl")
+        err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl",
+                          highlight=False, soft_wrap=True)
     for reason in result.exit_reasons:
         err_console.print(f"[bold red]fail:[/] {reason}", highlight=False)
     if result.exit_code:
