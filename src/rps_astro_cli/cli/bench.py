@@ -74,7 +74,17 @@ def bench(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
 ) -> None:
     """Benchmark a cluster (live) or the virtual cluster: workloads, arrivals, honest metrics,
-    SLO capacity and a report folder."""
+    SLO capacity and a report folder (metric formulas: docs/metrics.md).
+
+    Examples:
+
+      astro bench --cluster cluster.json -w sharegpt -n 200 --request-rate 5 --slo ttft:10
+
+      astro bench --base-url http://127.0.0.1:8000 -w burstgpt --arrival trace --time-scale 0.1
+
+      astro bench --virtual --instances 12 -w length-trace -n 5000 --max-total-tokens 4096
+      --policies round_robin,llumnix,power_of_k --k 2,all --oracle-lengths --capacity
+    """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.runner import BenchConfig, run_bench
 
@@ -192,7 +202,7 @@ def print_summary(result) -> None:
 
 def register(app: typer.Typer) -> None:
     """Add `astro bench` to the root app."""
-    app.command("bench", help="Benchmark a cluster (live) or the virtual cluster and write a report.")(bench)
+    app.command("bench")(bench)
 
 
 __all__ = ["bench", "register", "print_summary"]
