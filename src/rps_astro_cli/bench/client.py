@@ -92,7 +92,8 @@ class StreamTimer:
 
     first_content_s / last_content_s: arrival of the first / last content event.
     chunk_times_s: arrival of every content event. text: the content received.
-    usage: the last `usage` object seen. done: `[DONE]` seen. finished: a
+    usage: the last `usage` object seen. response_id: the first event's `id` (astro's
+    engines use it as the request id in `/status`). done: `[DONE]` seen. finished: a
     `finish_reason` seen. error: an error event's message.
     """
 
@@ -102,6 +103,7 @@ class StreamTimer:
     chunk_times_s: list[float] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
+    response_id: str | None = None
     done: bool = False
     finished: bool = False
     error: str | None = None
@@ -131,6 +133,8 @@ class StreamTimer:
             return
         if not isinstance(obj, dict):
             return
+        if self.response_id is None and isinstance(obj.get("id"), str):
+            self.response_id = obj["id"]
         if obj.get("error"):
             err = obj["error"]
             self.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
@@ -253,6 +257,7 @@ def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: Token
     elif not (timer.done or timer.finished):
         rec.error = "stream ended early: no [DONE] and no finish_reason"
     rec.success = rec.error is None
+    rec.server_request_id = timer.response_id
     rec.first_token_s = timer.first_content_s
     rec.finish_s = timer.last_content_s if timer.last_content_s is not None else end_s
     rec.itl_s = [b - a for a, b in zip(timer.chunk_times_s, timer.chunk_times_s[1:])]

@@ -176,12 +176,47 @@ class LiveTarget:
     async def _run(self, requests, times, on_done):
         async with httpx.AsyncClient(timeout=10.0) as c:
             before = await self._scrape_all(c)
-        records = await run_requests(requests, times, self._client_opts(), self.cfg.max_concurrency, on_done)
+        classes: dict[str, str] = {}
+        stop = asyncio.Event()
+        poller = asyncio.create_task(self._poll_classes(classes, stop))
+        try:
+            records = await run_requests(requests, times, self._client_opts(), self.cfg.max_concurrency, on_done)
+        finally:
+            stop.set()
+            await poller
+        for r in records:
+            if r.class_source != "engine" and r.server_request_id in classes:
+                r.req_class, r.class_source = classes[r.server_request_id], "engine"
         async with httpx.AsyncClient(timeout=30.0) as c:
             after = await self._scrape_all(c)
             decisions = await scrape.fetch_decisions(c, self._urls()[2], len(requests))
             await self._tag(c, requests, records)
         return records, self._extras(before, after, decisions)
+
+    async def _poll_classes(self, classes: dict[str, str], stop: asyncio.Event, every_s: float = 0.25) -> None:
+        """Engine-reported classes: poll each engine's `/status` while the run lasts and
+        remember request id → `req_class` (set by class-aware instance policies). An
+        engine without `/status` (e.g. plain vLLM) is dropped after its first failure."""
+        engines = self._urls()[0]
+        alive = list(engines)
+        async with httpx.AsyncClient(timeout=2.0) as c:
+            while alive and not stop.is_set():
+                for u in list(alive):
+                    try:
+                        r = await c.get(u.rstrip("/") + "/status")
+                        d = r.json() if r.status_code == 200 else None
+                    except (httpx.HTTPError, ValueError):
+                        d = None
+                    if not isinstance(d, dict):
+                        alive.remove(u)
+                        continue
+                    for q in (d.get("running") or []) + (d.get("waiting") or []):
+                        if isinstance(q, dict) and q.get("req_class") in ("sand", "pebbles", "rocks"):
+                            classes[str(q.get("request_id"))] = q["req_class"]
+                try:
+                    await asyncio.wait_for(stop.wait(), every_s)
+                except asyncio.TimeoutError:
+                    pass
 
     async def _tag(self, client: httpx.AsyncClient, requests: list[BenchRequest], records: list[RequestRecord]) -> None:
         """Length-tagger error: ask the cluster's tagger (`POST /tag`, deterministic) for the

@@ -16,9 +16,11 @@ class RequestRecord:
     """What happened to one request.
 
     request_id / modality: from the workload.
-    req_class: class used for per-class metrics: the engine-reported class when the
-        response said one (`class_source = "engine"`), else by modality (text → sand,
-        image → pebbles, video → rocks; `class_source = "modality"`).
+    req_class: class used for per-class metrics: the engine-reported class when known
+        (`class_source = "engine"`: an `x-astro-class` response header, the class astro's
+        engines show for the request in `/status` while it runs, or the class the virtual
+        cluster's instance policy used), else by modality (text → sand, image → pebbles,
+        video → rocks; `class_source = "modality"`).
     prompt_tokens: prompt tokens (the server's `usage.prompt_tokens` when reported, else
         the bench's count; includes vision tokens in virtual runs).
     output_tokens: tokens actually received (`usage.completion_tokens` when reported,
@@ -32,6 +34,7 @@ class RequestRecord:
     itl_s: gaps between consecutive content chunks (s); empty when unknown (virtual runs).
     success / error: failed requests keep their error text and are kept apart in metrics.
     instance: the instance that served it (`x-astro-instance`), when known.
+    server_request_id: the response's `id` (the engine's request id), when sent.
     preemptions: times it was preempted (virtual runs; None when unknown).
     predicted_ttft_s / predicted_e2e_s: the dispatcher's prediction for the chosen
         instance, when known (for the predictor-error metric).
@@ -55,6 +58,7 @@ class RequestRecord:
     success: bool = False
     error: str | None = None
     instance: str | None = None
+    server_request_id: str | None = None
     preemptions: int | None = None
     predicted_ttft_s: float | None = None
     predicted_e2e_s: float | None = None
