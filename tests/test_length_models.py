@@ -39,6 +39,16 @@ def test_registry_names():
         LENGTH_MODELS.get("bert")
 
 
+def test_missing_torch_is_a_clear_error(monkeypatch):
+    import sys
+
+    from rps_astro_cli.length.transformer import _require
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(AstroUserError, match=r"need torch and transformers.*rps_astro_cli\[transformers\]"):
+        _require()
+
+
 def test_median_baseline():
     ds = LengthDataset([LengthSample(f"p{i}", t, f"c{i}") for i, t in enumerate([10, 20, 30, 40, 1000])])
     m = MedianBaseline()

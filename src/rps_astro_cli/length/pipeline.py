@@ -106,6 +106,8 @@ def train_length_model(
     out = Path(out_dir) if out_dir else LENGTH_ARTIFACTS_DIR / model_name
     if model_name in ("roberta", "minilm"):
         hp.setdefault("checkpoint_dir", str(out / "checkpoint"))
+        if context_turns > 0:  # the current message is at the end: cut long prompts from the left
+            hp.setdefault("truncation_side", "left")
     model = build_model(model_name, hp)
     t0 = time.perf_counter()
     info = model.fit(split.train, split.val, rng=fit_rng(seed), progress=progress)

