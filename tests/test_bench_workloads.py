@@ -208,3 +208,12 @@ def test_no_data_anywhere_falls_back_to_synthetic_and_says_so(tmp_path, monkeypa
     wl = load_workload("sharegpt", WorkloadOptions(num_requests=5), RNG(0))
     assert len(wl.requests) == 5 and wl.name == "sharegpt"
     assert "synthetic" in wl.source and "SYNTHETIC" in wl.warnings[0]
+
+
+def test_mix_without_data_is_synthetic_with_stand_ins(tmp_path, monkeypatch):
+    monkeypatch.setenv("ASTRO_DATA_DIR", str(tmp_path))
+    wl = load_workload("mix-ml", WorkloadOptions(num_requests=20, max_frames=2), RNG(0))
+    mods = [r.modality for r in wl.requests]
+    assert (mods.count("text"), mods.count("image"), mods.count("video")) == (16, 3, 1)  # 80/15/5 % of 20
+    assert any("SYNTHETIC" in w for w in wl.warnings)
+    assert all(m.stand_in for r in wl.requests for m in r.media)
