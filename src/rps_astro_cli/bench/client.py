@@ -238,7 +238,7 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                 rec.finish_s = clock()
                 rec.error = f"HTTP {resp.status_code}: {_error_text(data)}"
                 return rec
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.aiter_bytes():  # bytes after content-encoding, before text decoding
                 timer.feed(chunk, clock())
             timer.close(clock())
     except (httpx.HTTPError, OSError) as exc:
