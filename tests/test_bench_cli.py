@@ -53,6 +53,8 @@ def test_bad_arguments_one_line_exit_2(args, needle):
 def test_no_target_is_a_user_error():
     res = runner.invoke(app, ["bench", "--no-report"])
     assert res.exit_code == 2 and "--cluster" in res.output
+    res = runner.invoke(app, ["bench", "--no-report", "--base-url", "http://127.0.0.1:9", "--oracle-lengths"])
+    assert res.exit_code == 2 and "only apply to --virtual" in res.output
 
 
 def test_wrong_csv_columns(tmp_path):

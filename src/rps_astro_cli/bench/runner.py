@@ -183,6 +183,13 @@ def _check(cfg: BenchConfig) -> None:
     if not cfg.virtual and not cfg.cluster and not cfg.base_url:
         raise AstroUserError("no target", field="--cluster",
                              fix="pass --cluster cluster.json, --base-url URL, or --virtual")
+    if not cfg.virtual:
+        flags = [f for f, on in (("--oracle-lengths", cfg.oracle_lengths), ("--prediction-noise", cfg.prediction_noise > 0),
+                                 ("--length-model", cfg.length_model is not None),
+                                 ("--max-num-seqs", cfg.max_num_seqs is not None)) if on]
+        if flags:
+            raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
+                                 fix="add --virtual, or set them in the cluster's recipe for astro serve")
     if cfg.cluster and cfg.base_url:
         raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
     if cfg.max_tokens not in ("auto", "reference", "none") and not (cfg.max_tokens.isdigit() and int(cfg.max_tokens) > 0):
