@@ -65,3 +65,23 @@ def test_prediction_noise_multiplies_each_prediction():
     assert inner.seen[0].ttft_s == pytest.approx(1.0 * f[0]) and inner.seen[0].e2e_s == pytest.approx(10.0 * f[1])
     assert inner.seen[1].ttft_s == pytest.approx(2.0 * f[2]) and inner.seen[1].e2e_s == pytest.approx(20.0 * f[3])
     assert pol.needs_predictions and pol.describe()["prediction_noise_sigma"] == 0.5
+
+
+def test_report_folder_for_a_multimodal_sweep(tmp_path):
+    from rps_astro_cli.bench.runner import run_bench
+
+    prof = hand_profile(tmp_path)
+    out = tmp_path / "rep"
+    res = run_bench(BenchConfig(virtual=True, profile=str(prof), instances=2, workload="mix-mh", num_requests=20,
+                                max_frames=2, rates=[1.0, 2.0], policies=["round_robin"], oracle_lengths=True,
+                                slo_scale=5.0, out_dir=str(out)))
+    assert res.exit_code == 0 and len(res.runs) == 2
+    groups = set(res.runs[0].metrics)
+    assert groups == {"overall", "sand", "pebbles", "rocks"}
+    md = (out / "report.md").read_text()
+    assert "| round_robin @ poisson 1 req/s | rocks |" in md
+    html = (out / "report.html").read_text()
+    for title in ("Latency CDFs", "Latency vs request rate", "Per-class latency"):
+        assert f"<h2>{title}</h2>" in html
+    rows = (out / "requests.jsonl").read_text().splitlines()
+    assert len(rows) == 40  # 20 requests × 2 runs
