@@ -1,0 +1,302 @@
+"""Conversation workloads: ShareGPT, LLaVA-Instruct (+ images), LLaVA-Video (+ videos) and
+RPS-Serve's TO / ML / MH mixes of them (registry and data resolution: `workloads`)."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.bench.media import MediaItem, duration_bucket_s, set_sample_images
+from rps_astro_cli.bench.workloads import (
+    WORKLOADS,
+    BenchRequest,
+    Loader,
+    Workload,
+    WorkloadOptions,
+    _first_pair,
+    _length_ok,
+    _read_json_records,
+    _resolve,
+    _take,
+)
+from rps_astro_cli.bench.workloads_traces import load_synthetic
+from rps_astro_cli.data_paths import data_dir
+from rps_astro_cli.errors import AstroUserError
+
+# -- ShareGPT --------------------------------------------------------------------------------
+
+SHAREGPT_FILES = ("ShareGPT_V3_unfiltered_cleaned_split.json", "sharegpt/ShareGPT_V3_unfiltered_cleaned_split.json",
+                  "sharegpt/sharegpt_v3_sample500.json")
+
+
+@WORKLOADS.register("sharegpt")
+def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """ShareGPT conversations, vLLM-compatible.
+
+    Per entry: the first human turn followed by a gpt turn is the (prompt, reference reply)
+    pair. vLLM uses turns 0 and 1 whatever their roles; we take the first human→gpt pair,
+    so an entry that starts with a gpt turn (a third of ShareGPT V3) is kept and counted
+    in `notes["leading_gpt_turn"]`. Skipped and counted: `empty`, `single_turn`,
+    `no_human_gpt_pair`, `empty_turn`, and vLLM's length filter (`_length_ok`). Pairs are
+    shuffled with `rng` before the length filter, which runs until `num_requests` pass.
+    """
+    path, source = _resolve(opts, SHAREGPT_FILES, "ShareGPT JSON")
+    if path is None:
+        recs = _sharegpt_from_hub()
+        if recs is None:
+            wl = load_synthetic(opts, rng)
+            wl.name = "sharegpt"
+            wl.warnings.insert(0, "no ShareGPT file found (no --path, no data folder, no hub): "
+                                  "using SYNTHETIC ShareGPT-like lengths instead")
+            return wl
+        source = "Hugging Face hub (datasets): anon8231489123/ShareGPT_Vicuna_unfiltered"
+    else:
+        recs = _read_json_records(path)
+    skipped: Counter = Counter()
+    notes: Counter = Counter()
+    pairs: list[tuple[str, str, str]] = []
+    for i, entry in enumerate(recs):
+        got = _first_pair(entry.get("conversations") or [])
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        if got[2] > 0:
+            notes["leading_gpt_turn"] += 1
+        pairs.append((got[0], got[1], str(entry.get("id", i))))
+    order = rng.permutation(len(pairs))
+    out: list[BenchRequest] = []
+    for j in order:
+        if len(out) >= opts.num_requests:
+            break
+        prompt, reply, sid = pairs[j]
+        p, o = opts.counter(prompt), opts.counter(reply)
+        if _length_ok(p, o, opts, True, skipped):
+            out.append(BenchRequest(f"sharegpt-{len(out)}", prompt, p, o, source_id=sid))
+    warnings: list[str] = []
+    return Workload("sharegpt", _take(out, opts.num_requests, warnings, "sharegpt"), source,
+                    dict(skipped), dict(notes), warnings)
+
+
+def _sharegpt_from_hub() -> list[dict[str, Any]] | None:
+    """ShareGPT records from the hub via `datasets`, or None when not installed/offline."""
+    try:
+        import datasets  # optional extra "hub"
+    except ImportError:
+        return None
+    try:  # pragma: no cover - needs network
+        ds = datasets.load_dataset("anon8231489123/ShareGPT_Vicuna_unfiltered",
+                                   data_files="ShareGPT_V3_unfiltered_cleaned_split.json", split="train")
+        return [dict(r) for r in ds]
+    except Exception:  # pragma: no cover - offline
+        return None
+
+
+# -- LLaVA -----------------------------------------------------------------------------------
+
+LLAVA_FILES = ("llava/llava_instruct_150k.json", "llava_instruct_150k.json", "llava/llava_instruct_150k_subset100.json")
+LLAVA_VIDEO_FILES = ("llava_video/llava_video_178k.json", "llava/llava_video_178k.json")
+
+
+def _media_dir(given: Path | None, default_rel: str) -> tuple[Path | None, bool]:
+    """(folder, exists)."""
+    if given is not None:
+        p = Path(given).expanduser()
+        return p, p.is_dir()
+    d = data_dir()
+    if d is None:
+        return None, False
+    p = d / default_rel
+    return p, p.is_dir()
+
+
+def _use_sample_jpegs() -> int:
+    d = data_dir()
+    jpgs = sorted((d / "llava").glob("*.jpg")) if d is not None and (d / "llava").is_dir() else []
+    set_sample_images(jpgs)
+    return len(jpgs)
+
+
+@WORKLOADS.register("llava-instruct")
+def load_llava_instruct(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """LLaVA-Instruct-150K records with their images (`--image-dir`, default
+    `<data>/llava/images`). The `<image>` tag is removed from the prompt wherever it sits.
+    Absent folder or file → a stand-in image (`media` module), a loud warning, and
+    `notes["image_stand_in"]`; the image is never dropped. No records at all → synthetic
+    image requests (`LLAVA_SYNTHETIC_STATS`), said loudly."""
+    path, source = _resolve(opts, LLAVA_FILES, "LLaVA-Instruct JSON")
+    if path is None:
+        return _synthetic_llava(opts, rng)
+    img_dir, img_ok = _media_dir(opts.image_dir, "llava/images")
+    warnings: list[str] = []
+    if not img_ok:
+        n = _use_sample_jpegs()
+        what = f"{n} real sample JPEG(s) from the data folder" if n else "generated 640×480 JPEGs"
+        warnings.append(f"IMAGE FOLDER ABSENT ({img_dir or 'none given'}): every image request gets a "
+                        f"STAND-IN image ({what}); pass --image-dir with the COCO train2017 images")
+    skipped: Counter = Counter()
+    notes: Counter = Counter()
+    pool = []
+    recs = _read_json_records(path)
+    for i in rng.permutation(len(recs)):
+        if len(pool) >= opts.num_requests:
+            break
+        e = recs[i]
+        got = _first_pair(e.get("conversations") or [])
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        prompt = re.sub(r"\s*<image>\s*", " ", got[0]).strip()
+        p, o = opts.counter(prompt), opts.counter(got[1])
+        if not _length_ok(p, o, opts, False, skipped):
+            continue
+        img = e.get("image")
+        f = img_dir / img if (img_ok and isinstance(img, str) and img_dir) else None
+        if f is not None and not f.is_file():
+            f = None
+        if f is None:
+            notes["image_stand_in"] += 1
+        media = (MediaItem("image", f, stand_in=f is None, seed=int(i)),)
+        pool.append(BenchRequest(f"llava-{len(pool)}", prompt, p, o, "image", media, source_id=str(e.get("id", i))))
+    if img_ok and notes["image_stand_in"]:
+        _use_sample_jpegs()
+        warnings.append(f"{notes['image_stand_in']} image file(s) missing from {img_dir}: STAND-IN images used")
+    return Workload("llava-instruct", _take(pool, opts.num_requests, warnings, "llava-instruct"), source,
+                    dict(skipped), dict(notes), warnings)
+
+
+LLAVA_SYNTHETIC_STATS = {"prompt_log_mu": 2.584, "prompt_log_sigma": 0.178,
+                         "output_log_mu": 3.059, "output_log_sigma": 0.503}
+"""Lognormal fits (mean and std of ln tokens, fallback counter) to the first (question,
+answer) pair of the 100 LLaVA-Instruct-150K records in `../shared/data/llava/`
+(hiyouga/LLaMA-Factory @ 175b56bc data/llava_instruct_100.json): questions 9–23 tokens
+(median 13), answers 8–63 tokens (median 19.5)."""
+
+
+def _synthetic_llava(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """Image requests with lengths from `LLAVA_SYNTHETIC_STATS` and stand-in images, for
+    machines without LLaVA-Instruct records (said loudly)."""
+    s = LLAVA_SYNTHETIC_STATS
+    n_img = _use_sample_jpegs()
+    out = []
+    for k in range(opts.num_requests):
+        p = max(1, int(round(rng.lognormal(s["prompt_log_mu"], s["prompt_log_sigma"]))))
+        o = max(1, int(round(rng.lognormal(s["output_log_mu"], s["output_log_sigma"]))))
+        out.append(BenchRequest(f"llava-{k}", "", p, o, "image", (MediaItem("image", None, True, seed=k),)))
+    what = f"{n_img} real sample JPEG(s)" if n_img else "generated 640×480 JPEGs"
+    return Workload("llava-instruct", out, "synthetic LLaVA-Instruct-like lengths (see LLAVA_SYNTHETIC_STATS)",
+                    {}, {"image_stand_in": len(out)},
+                    [f"no LLaVA-Instruct file found (no --path, no data folder): SYNTHETIC image requests with "
+                     f"STAND-IN images ({what})"])
+
+
+@WORKLOADS.register("llava-video")
+def load_llava_video(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """LLaVA-Video-178K records `{id, video, conversations, data_source}` with their videos
+    (`--video-dir`, default `<data>/llava_video`); each request asks for `--max-frames`
+    frames. Absent folder/file → a stand-in MJPEG video of the record's duration bucket
+    (`media.duration_bucket_s`), a loud warning and `notes["video_stand_in"]`."""
+    path, source = _resolve(opts, LLAVA_VIDEO_FILES, "LLaVA-Video JSON")
+    if path is None:
+        raise AstroUserError("no LLaVA-Video file found", field="--path",
+                             fix="pass --path with LLaVA-Video-178K records (JSON list)")
+    vdir, v_ok = _media_dir(opts.video_dir, "llava_video")
+    warnings: list[str] = []
+    if not v_ok:
+        warnings.append(f"VIDEO FOLDER ABSENT ({vdir or 'none given'}): every video request gets a STAND-IN "
+                        f"MJPEG video of its duration bucket with {opts.max_frames} frames; pass --video-dir")
+    skipped: Counter = Counter()
+    notes: Counter = Counter()
+    pool = []
+    recs = _read_json_records(path)
+    for i in rng.permutation(len(recs)):
+        if len(pool) >= opts.num_requests:
+            break
+        e = recs[i]
+        got = _first_pair(e.get("conversations") or [])
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        prompt = re.sub(r"\s*<video>\s*|\s*<image>\s*", " ", got[0]).strip()
+        p, o = opts.counter(prompt), opts.counter(got[1])
+        if not _length_ok(p, o, opts, False, skipped):
+            continue
+        vid = e.get("video")
+        f = vdir / vid if (v_ok and isinstance(vid, str) and vdir) else None
+        if f is not None and not f.is_file():
+            f = None
+        if f is None:
+            notes["video_stand_in"] += 1
+        dur = duration_bucket_s(f"{e.get('data_source', '')} {vid or ''}")
+        media = (MediaItem("video", f, stand_in=f is None, num_frames=opts.max_frames, duration_s=dur),)
+        pool.append(BenchRequest(f"video-{len(pool)}", prompt, p, o, "video", media, source_id=str(e.get("id", i))))
+    if v_ok and notes["video_stand_in"]:
+        warnings.append(f"{notes['video_stand_in']} video file(s) missing from {vdir}: STAND-IN videos used")
+    return Workload("llava-video", _take(pool, opts.num_requests, warnings, "llava-video"), source,
+                    dict(skipped), dict(notes), warnings)
+
+
+# -- RPS-Serve mixes -------------------------------------------------------------------------
+
+MIXES = {"mix-to": (1.0, 0.0, 0.0), "mix-ml": (0.80, 0.15, 0.05), "mix-mh": (0.40, 0.40, 0.20)}
+"""(text, image, video) shares of the RPS-Serve workload mixes. The paper gives no numbers:
+TO is text only, ML "introduces a small fraction of image and video requests", MH "a
+significantly higher share". Our choices: ML = 80/15/5 keeps text dominant, as production
+multimodal traffic is (ServeGen, Xiang et al. 2025: most requests to multimodal models
+carry no image); MH = 40/40/20 makes media the majority while videos, the heaviest
+(rocks), stay the smallest share. Counts are exact (rounded, remainder to text) and the
+order is a seeded shuffle."""
+
+
+def _mix(name: str) -> Loader:
+    def load(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+        t, i, v = MIXES[name]
+        n = opts.num_requests
+        n_img, n_vid = round(n * i), round(n * v)
+        n_txt = n - n_img - n_vid
+        parts: list[Workload] = []
+        text_opts = replace(opts, path=None, num_requests=max(n_txt, 1))
+        if n_txt:
+            parts.append(load_sharegpt(text_opts, rng))
+        if n_img:
+            parts.append(load_llava_instruct(replace(opts, path=None, num_requests=n_img), rng))
+        if n_vid:
+            parts.append(_video_for_mix(replace(opts, path=None, num_requests=n_vid), rng))
+        reqs = [r for w in parts for r in w.requests]
+        reqs = [reqs[j] for j in rng.permutation(len(reqs))]
+        reqs = [replace(r, request_id=f"{name}-{k}-{r.modality}") for k, r in enumerate(reqs)]
+        skipped: Counter = Counter()
+        notes: Counter = Counter()
+        for w in parts:
+            skipped.update({f"{w.name}:{k}": c for k, c in w.skipped.items()})
+            notes.update({f"{w.name}:{k}": c for k, c in w.notes.items()})
+        src = "; ".join(f"{w.name} ← {w.source}" for w in parts)
+        warns = [x for w in parts for x in w.warnings]
+        return Workload(name, reqs, f"{name} text/image/video = {t:.0%}/{i:.0%}/{v:.0%}: {src}",
+                        dict(skipped), dict(notes), warns)
+
+    load.__doc__ = f"RPS-Serve mix {name} (see MIXES)."
+    return load
+
+
+def _video_for_mix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """LLaVA-Video records when a file is found, else stand-in video requests that reuse
+    LLaVA-Instruct's real prompts and reply lengths with a stand-in 0–30 s video."""
+    path, _ = _resolve(opts, LLAVA_VIDEO_FILES, "LLaVA-Video JSON")
+    if path is not None:
+        return load_llava_video(opts, rng)
+    base = load_llava_instruct(opts, rng)
+    reqs = [replace(r, request_id=f"video-{k}", modality="video",
+                    media=(MediaItem("video", None, True, opts.max_frames, 15.0),)) for k, r in enumerate(base.requests)]
+    return Workload("llava-video", reqs, f"STAND-IN videos on LLaVA-Instruct prompts ({base.source})",
+                    base.skipped, {"video_stand_in": len(reqs)},
+                    ["NO LLaVA-Video records found: video requests are LLaVA-Instruct prompts with STAND-IN "
+                     f"MJPEG videos ({opts.max_frames} frames, 0–30 s bucket)"])
+
+
+for _name in MIXES:
+    WORKLOADS.register(_name)(_mix(_name))

@@ -1,0 +1,182 @@
+"""Lengths(+timestamps) workloads: BurstGPT v1/v3, the Azure LLM trace, Astrolabe length
+traces, and synthetic ShareGPT-like lengths (registry and data resolution: `workloads`)."""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from rps_astro_cli.bench.workloads import (
+    WORKLOADS,
+    BenchRequest,
+    Workload,
+    WorkloadOptions,
+    _length_ok,
+    _resolve,
+)
+from rps_astro_cli.errors import AstroUserError
+
+# -- CSV traces ------------------------------------------------------------------------------
+
+def _read_csv(path: Path, required: tuple[str, ...], what: str) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        cols = [c.strip() for c in (reader.fieldnames or [])]
+        missing = [c for c in required if c not in cols]
+        if missing:
+            raise AstroUserError(f"{path} lacks column(s) {', '.join(missing)} (has: {', '.join(cols) or 'none'})",
+                                 field="--path", fix=f"give a {what} CSV with a header row")
+        return [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+
+
+def _int(v: str) -> int | None:
+    try:
+        f = float(v)
+    except ValueError:
+        return None
+    return int(f) if f == int(f) else None
+
+
+def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | None]],
+           opts: WorkloadOptions, source: str, skipped: Counter, prompt_first: bool = False) -> Workload:
+    """Build a lengths(+timestamps) workload from (row id, prompt, output, timestamp) rows, in
+    file order; the first `num_requests` valid rows are kept, timestamps made relative."""
+    out: list[BenchRequest] = []
+    t0: float | None = None
+    for rid, p, o, ts in rows:
+        if len(out) >= opts.num_requests:
+            break
+        if p is None or o is None:
+            skipped["malformed"] += 1
+            continue
+        if not _length_ok(p, o, opts, False, skipped):
+            continue
+        if ts is not None and t0 is None:
+            t0 = ts
+        arr = None if ts is None or t0 is None else ts - t0
+        out.append(BenchRequest(f"{name}-{len(out)}", "", p, o, arrival_s=arr, source_id=rid))
+    has_ts = bool(out) and all(r.arrival_s is not None for r in out)
+    if has_ts and any(b.arrival_s < a.arrival_s for a, b in zip(out, out[1:])):  # type: ignore[operator]
+        out.sort(key=lambda r: r.arrival_s)  # type: ignore[arg-type,return-value]
+    warnings: list[str] = []
+    if len(out) < opts.num_requests:
+        warnings.append(f"{name}: only {len(out)} usable rows for {opts.num_requests} requests "
+                        f"(a trace is not repeated)")
+    return Workload(name, out, source, dict(skipped), {}, warnings, has_ts)
+
+
+BURSTGPT_FILES = ("burstgpt/BurstGPT_1.csv", "BurstGPT_1.csv", "burstgpt/BurstGPT_1_first400.csv")
+
+
+@WORKLOADS.register("burstgpt")
+def load_burstgpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """BurstGPT v1 (`Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type`)
+    or v3 (two more columns, `Session ID` and `Elapsed time`), read by column name.
+    Failed requests (`Response tokens` = 0, BurstGPT's failure marker) are skipped and
+    counted as `failed_in_trace`; unparsable rows as `malformed`. Timestamps are seconds.
+    Cite: Wang et al., BurstGPT, KDD'25 (CC-BY-4.0)."""
+    path, source = _resolve(opts, BURSTGPT_FILES, "BurstGPT")
+    if path is None:
+        raise AstroUserError("no BurstGPT CSV found", field="--path", fix="pass --path BurstGPT_1.csv")
+    rows = _read_csv(path, ("Timestamp", "Request tokens", "Response tokens"), "BurstGPT")
+    skipped: Counter = Counter()
+    version = "v3" if rows and "Session ID" in rows[0] else "v1"
+
+    def gen() -> Iterable[tuple[str, int | None, int | None, float | None]]:
+        for i, r in enumerate(rows):
+            o = _int(r["Response tokens"])
+            if o == 0:
+                skipped["failed_in_trace"] += 1
+                continue
+            try:
+                ts: float | None = float(r["Timestamp"])
+            except ValueError:
+                ts = None
+            p = _int(r["Request tokens"])
+            yield str(i), p, (o if ts is not None else None), ts
+
+    wl = _trace("burstgpt", gen(), opts, f"{source} (BurstGPT {version})", skipped)
+    return wl
+
+
+AZURE_FILES = ("traces/AzureLLMInferenceTrace_conv_2023.csv", "AzureLLMInferenceTrace_conv.csv",
+               "traces/AzureLLMInferenceTrace_code_2023.csv")
+
+
+def _azure_ts(s: str) -> float | None:
+    m = re.match(r"(\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d)(?:\.(\d+))?", s)
+    if not m:
+        return None
+    base = datetime.fromisoformat(m.group(1).replace("T", " ")).timestamp()
+    frac = m.group(2) or "0"
+    return base + int(frac) / 10 ** len(frac)
+
+
+@WORKLOADS.register("azure")
+def load_azure(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """Azure LLM inference trace CSV (`TIMESTAMP,ContextTokens,GeneratedTokens`,
+    Azure/AzurePublicDataset, CC-BY-4.0): prompt = ContextTokens, reply = GeneratedTokens,
+    timestamps with sub-second digits."""
+    path, source = _resolve(opts, AZURE_FILES, "Azure trace")
+    if path is None:
+        raise AstroUserError("no Azure trace CSV found", field="--path", fix="pass --path AzureLLMInferenceTrace_conv.csv")
+    rows = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "Azure LLM trace")
+    skipped: Counter = Counter()
+    gen = ((str(i), _int(r["ContextTokens"]), _int(r["GeneratedTokens"]), _azure_ts(r["TIMESTAMP"]))
+           for i, r in enumerate(rows))
+    return _trace("azure", gen, opts, source, skipped)
+
+
+LENGTH_TRACE_FILES = ("traces/astrolabe_sharegpt_val_10k_llama2.csv",)
+
+
+@WORKLOADS.register("length-trace")
+def load_length_trace(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """Astrolabe-style length trace (`num_prefill_tokens,num_decode_tokens,...`, e.g.
+    AKafakA/Astrolabe `sharegpt_val_10k_llama2.csv`): lengths only, file order."""
+    path, source = _resolve(opts, LENGTH_TRACE_FILES, "length-trace")
+    if path is None:
+        raise AstroUserError("no length trace found", field="--path",
+                             fix="pass --path astrolabe_sharegpt_val_10k_llama2.csv")
+    rows = _read_csv(path, ("num_prefill_tokens", "num_decode_tokens"), "length trace")
+    skipped: Counter = Counter()
+    gen = ((str(i), _int(r["num_prefill_tokens"]), _int(r["num_decode_tokens"]), None) for i, r in enumerate(rows))
+    return _trace("length-trace", gen, opts, source, skipped)
+
+
+# -- synthetic -------------------------------------------------------------------------------
+
+SYNTHETIC_STATS = {
+    "prompt_log_mu": 3.961, "prompt_log_sigma": 1.670, "prompt_max": 3973,
+    "output_log_mu": 5.389, "output_log_sigma": 1.067, "output_max": 1734,
+}
+"""Lognormal fits (mean and std of ln tokens) to the 10,000 ShareGPT requests of the
+Astrolabe paper's length trace (AKafakA/Astrolabe @ 2e5fad6f,
+data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv, Llama-2 tokenizer): prompts mean
+245.8 / median 35 / max 3973 tokens; outputs mean 325.6 / median 286 / max 1734 tokens;
+prompt and output log-lengths are nearly uncorrelated (r = 0.10), so they are drawn
+independently."""
+
+
+@WORKLOADS.register("synthetic")
+def load_synthetic(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """ShareGPT-like lengths drawn from `SYNTHETIC_STATS` (lognormal, clipped to [1, max]);
+    pairs over `max_total_tokens` are redrawn (bounded: 20 × num_requests draws)."""
+    s = SYNTHETIC_STATS
+    out: list[BenchRequest] = []
+    skipped: Counter = Counter()
+    for _ in range(20 * opts.num_requests):
+        if len(out) >= opts.num_requests:
+            break
+        p = int(np.clip(round(rng.lognormal(s["prompt_log_mu"], s["prompt_log_sigma"])), 1, s["prompt_max"]))
+        o = int(np.clip(round(rng.lognormal(s["output_log_mu"], s["output_log_sigma"])), 1, s["output_max"]))
+        if _length_ok(p, o, opts, False, skipped):
+            out.append(BenchRequest(f"synthetic-{len(out)}", "", p, o))
+    return Workload("synthetic", out, "synthetic ShareGPT-like lengths (lognormal fit to the Astrolabe "
+                    "ShareGPT trace; see SYNTHETIC_STATS)", dict(skipped))
