@@ -4,12 +4,13 @@ Two engines (`backend: vllm`, in-instance policy `rps`, tiny random-weight Llama
 KV cache) with their Predictors and the power-of-2 scheduler, started by the same
 `ClusterSupervisor` behind `astro serve`. Steps:
 
-1. calibrate: a calibration load straight to both engines with the plugin's step log on,
+1. calibrate: a calibration load through the scheduler with the plugin's step log on,
    `vllm_calibrate.fit_step_log` → a profile; the Predictors are restarted on it;
 2. 30 requests through the scheduler's OpenAI front door (10 rocks, then 10 pebbles, then
    10 sand, by `vllm_xargs.astro_class`, 5 ms apart, token-id prompts, `ignore_eos`;
-   32-96 output tokens for rocks and pebbles, 8-16 for sand; 4 batch slots per engine, so
-   queues form and RPS has sand to move ahead);
+   200-400 output tokens for rocks and pebbles, 8-16 for sand; 4 batch slots and 16 KV
+   blocks of 128 tokens per engine, so queues form, RPS has sand to move ahead, and KV
+   pressure can force preemptions);
 3. check: every request completes with its `max_tokens`; the plugin is active (`rps` in
    `/status`, waiting queues reordered); `/status` agrees with `/metrics` on each engine
    (idle counts, KV usage, preemptions, completions); and print the calibrated
@@ -107,26 +108,30 @@ def cluster(tmp_path_factory):
 
 
 def test_cluster_power_of_k_rps(cluster):
+    sup = cluster[0]
+    try:
+        _check_cluster(*cluster)
+    except BaseException:
+        for c in sup.children:  # the run dir is temporary: show what the services said
+            print(f"--- {c.name} ({c.log_path}) ---\n{c.log_tail(25)}")
+        raise
+
+
+def _check_cluster(sup, info, run, prof_path):
     from rps_astro_cli.engine import vllm_calibrate as vc
 
-    sup, info, run, prof_path = cluster
     engines = [inst["engine_url"] for inst in info["instances"]]
     for url in engines:
         st = httpx.get(url + "/status").json()
         assert st["policy"]["name"] == "rps" and st["kv_blocks_total"] == 16
 
-    # 1. calibrate on both engines at once, fit, restart the Predictors on the profile.
+    # 1. calibrate through the scheduler (so the Predictors, the scheduler and the client
+    #    load the CPU as in the measured run), fit, restart the Predictors on the profile.
     t0 = time.monotonic()
-    rngs = np.random.default_rng(1).spawn(2)
-    done = []
-    ths = [threading.Thread(target=lambda u=u, r=r: done.append(vc.calibration_load(
-        u, "tiny", r, n_requests=15, max_prompt_tokens=384, max_output_tokens=48, max_concurrency=8)))
-        for u, r in zip(engines, rngs)]
-    for t in ths:
-        t.start()
-    for t in ths:
-        t.join(600)
-    assert sum(done) == 30
+    front = info["scheduler"]["url"]
+    n_ok = vc.calibration_load(front, "tiny", np.random.default_rng(1), n_requests=40, max_prompt_tokens=256,
+                               max_output_tokens=256, max_concurrency=8)
+    assert n_ok == 40
     time.sleep(1.0)
     steps = np.vstack([vc.read_step_log(run / f"steps-engine-{i}.csv") for i in range(2)])
     limits = httpx.get(engines[0] + "/status").json()["limits"]
@@ -135,13 +140,17 @@ def test_cluster_power_of_k_rps(cluster):
     for p in sup.predictors:
         _restart(p)
     print(f"calibrated in {time.monotonic() - t0:.1f} s: {prof.fit}")
+    from rps_astro_cli.sim.latency import LatencyModel
+
+    lm = LatencyModel(prof)
+    print("fitted step (s): decode B=1 ctx 300: %.4f; decode B=4 ctx 1200: %.4f; prefill 256 tokens: %.4f"
+          % (lm.step_s(1, 1, 300, 0), lm.step_s(4, 4, 1200, 0), lm.step_s(1, 256, 0, 256 * 257 / 2)))
 
     before = [parse_metrics(httpx.get(u + "/metrics").text) for u in engines]
     plug0 = [httpx.get(u + "/status").json()["plugin"] for u in engines]
 
     # 2. 30 requests through the scheduler.
     rng = np.random.default_rng(7)
-    front = info["scheduler"]["url"]
     classes = ["rocks"] * 10 + ["pebbles"] * 10 + ["sand"] * 10
     results: dict[int, tuple] = {}
 
@@ -156,13 +165,14 @@ def test_cluster_power_of_k_rps(cluster):
     threads = []
     for i, cls in enumerate(classes):
         plen = int(rng.integers(16, 257))
-        olen = int(rng.integers(8, 17)) if cls == "sand" else int(rng.integers(32, 97))
+        olen = int(rng.integers(8, 17)) if cls == "sand" else int(rng.integers(200, 401))
         threads.append(threading.Thread(target=send, args=(i, cls, plen, olen)))
         threads[-1].start()
         time.sleep(0.005)
     for t in threads:
         t.join(600)
     wall = time.monotonic() - t0
+    print(f"30 requests through the scheduler in {wall:.1f} s")
 
     # 3a. every request completes with its max_tokens.
     assert len(results) == N_REQ
@@ -189,7 +199,6 @@ def test_cluster_power_of_k_rps(cluster):
         print(f"engine-{k}: {per_inst[f'engine-{k}']} requests, preemptions {st['num_preemptions_total']}, "
               f"plugin {st['plugin']['us_per_step']} µs/step, reordered steps "
               f"{st['plugin']['reordered_steps'] - plug0[k]['reordered_steps']}")
-    assert reordered >= 1  # sand overtook queued rocks/pebbles somewhere
 
     # 3c. the calibrated Predictor's error (chosen instance's prediction vs observed E2E).
     decs = httpx.get(front + "/decisions", params={"n": N_REQ}).json()
@@ -211,8 +220,12 @@ def test_cluster_power_of_k_rps(cluster):
         if n and p:
             print(f"engine-{k}: vLLM-measured mean E2E {tot / n:.3f} s over {n:.0f} requests; "
                   f"mean predicted {np.mean(p):.3f} s")
+    for d in decs[:6]:
+        print({k: d.get(k) for k in ("instance", "prompt_tokens", "predicted_output_tokens", "predictions",
+                                     "observed_ttft_s", "observed_e2e_s")})
     assert len(errs) >= N_REQ // 2
     e = np.asarray(errs) * 100
     print(f"30 requests in {wall:.1f} s; calibrated Predictor E2E error over {len(e)} requests: "
           f"mean {e.mean():.1f}%, median {np.median(e):.1f}%, p90 {np.percentile(e, 90):.1f}% "
           f"(profile held-out step MAPE {prof.fit['heldout_mape_pct']}%)")
+    assert reordered >= 1  # sand overtook queued rocks/pebbles somewhere

@@ -173,7 +173,9 @@ class HostPool:
             head.append(b"content-length: %d" % len(body or b""))
         data = b"\r\n".join(head) + b"\r\n\r\n" + (body or b"")
         for attempt in range(2):
-            conn = self._idle.pop() if self._idle else await self._connect()
+            # the retry must not take another idle connection: after a server's keep-alive
+            # timeout (uvicorn/vLLM: 5 s) every idle one may be closed
+            conn = self._idle.pop() if self._idle and attempt == 0 else await self._connect()
             try:
                 conn.writer.write(data)
                 status_line = await conn.reader.readuntil(b"\r\n")
