@@ -173,7 +173,8 @@ def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
     parameters in `ASTRO_VLLM_POLICY_PARAMS`.
 
     Raises:
-        AstroUserError: a policy module that does not import, unknown policy name, parameters that are not a JSON object, or
+        AstroUserError: a policy module that does not import, unknown policy name,
+            parameters that are not a JSON object, or
             parameters the policy rejects.
     """
     env = os.environ if environ is None else environ

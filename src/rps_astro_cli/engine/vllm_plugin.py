@@ -23,15 +23,17 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
   only publishes status.
 - With `$ASTRO_VLLM_STEP_LOG` set, each step's batch shape (batch size, new tokens,
   decode context tokens, prefill attention pairs; `vllm_bridge.step_shape`) and its
-  duration are appended (seconds: from the start of its `schedule()` to the start of the
-  next one while the engine stays busy, so the engine loop's own per-step work counts;
-  to the end of its `update_from_output()` when the engine then goes idle)
-  to that CSV (`{instance}` in the path is replaced by the instance id): the data `engine.vllm_calibrate` fits an `ExecutionProfile` to.
+  duration are appended to that CSV (`{instance}` in the path is replaced by the
+  instance id). Duration: from the start of the step's `schedule()` to the start of the
+  next one while the engine stays busy (so the engine loop's own per-step work counts),
+  or to the end of its `update_from_output()` when the engine then goes idle (seconds).
+  `engine.vllm_calibrate` fits an `ExecutionProfile` to this log.
 - After `schedule()`, `update_from_output()` (finished requests removed) and
   `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
-  `/status` is served from it on demand. Per-step overhead is measured in
-  `/status` `plugin` (a top-level key beside the schema's fields): steps, ns_total, us_per_step, reordered_steps (steps whose
-  waiting order the policy changed), ranked_steps (steps that ranked victims) and
+  `/status` is served from it on demand. The plugin's own counters are the top-level
+  `plugin` object of `/status` (beside the schema's fields): steps, ns_total,
+  us_per_step (the plugin's CPU time per step), reordered_steps (steps whose waiting
+  order the policy changed), ranked_steps (steps that ranked victims) and
   admitted_recent (the last 64 request ids admitted from the waiting queue, oldest
   first: the admission order, for checks and debugging).
 
