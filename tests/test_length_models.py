@@ -77,7 +77,7 @@ def test_linear_prompt_baseline():
 def test_classic_learns_planted_signal():
     m = ClassicLengthModel(n_hash=2**12)
     info = m.fit(planted(60, 1), planted(20, 2), rng=np.random.default_rng(0))
-    assert info["alpha"] in (1.0, 3.0, 10.0, 30.0, 100.0)
+    assert info["alpha"] in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
     pred = m.predict(["Write a long detailed essay about oceans and their history", "Answer yes or no: are oceans blue?"])
     assert pred[0] > 400 and pred[1] < 30
 

@@ -91,7 +91,7 @@ def train_length(
     batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="roberta/minilm: batch size.")] = None,
     lr: Annotated[Optional[float], typer.Option("--lr", help="roberta/minilm: peak learning rate.")] = None,
     max_length: Annotated[Optional[int], typer.Option("--max-length", min=8, help="roberta/minilm: max prompt tokens.")] = None,
-    patience: Annotated[Optional[int], typer.Option("--patience", min=0, help="roberta/minilm: early-stopping patience (epochs).")] = None,
+    patience: Annotated[Optional[int], typer.Option("--patience", min=0, help="roberta/minilm: stop after this many epochs without a better validation MAE (0 = never; default 2).")] = None,
     max_train_min: Annotated[Optional[float], typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="roberta/minilm: continue from OUT/checkpoint/state.pt.")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,

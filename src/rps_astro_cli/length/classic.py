@@ -39,7 +39,7 @@ N_DENSE = 8
 DENSE_WEIGHT = 0.3
 NGRAM_HEAD_CHARS = 3072
 NGRAM_TAIL_CHARS = 1024
-ALPHAS = (1.0, 3.0, 10.0, 30.0, 100.0)
+ALPHAS = (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
 SHIFTS = np.linspace(-1.0, 1.0, 81)
 _WEIGHTS_FILE = "model.npz"
 _CODE_PUNCT = re.compile(r"[{};=]")

