@@ -104,3 +104,20 @@ def test_corrupt_artifact_exit_2(trained, tmp_path, pairs_csv):
     (d / "model.npz").write_bytes(b"not a zip")
     r = runner.invoke(app, ["eval-length", "--data", str(pairs_csv), "--model", str(d)])
     assert r.exit_code == 2 and "checksum mismatch" in " ".join(_err(r).split())
+
+
+def test_long_prompt_truncation_is_noted(trained, tmp_path):
+    out, _ = trained
+    rows = [{"prompt": "Write a long detailed essay about rivers " * 2500, "response_tokens": 800, "conversation_id": "a"},
+            {"prompt": "", "response_tokens": 5, "conversation_id": "b"},
+            {"prompt": "yes or no: is it gardens?", "response_tokens": 5, "conversation_id": "c"}]
+    p = tmp_path / "long.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    r = runner.invoke(app, ["eval-length", "--data", str(p), "--model", str(out), "--test-split", "1.0",
+                            "--val-split", "0", "--json", "--no-latency"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["classic"]["n"] == 2
+    err = " ".join(_err(r).split())
+    assert "dropped 1 row(s) with an empty prompt" in err
+    assert "classic: 1 prompt(s) longer than 32768 characters were truncated" in err
+    assert "baselines skipped" in err

@@ -94,7 +94,7 @@ def test_roberta_trains_saves_loads_and_resumes(tiny_roberta, data_file, tmp_pat
 def test_roberta_missing_backbone_is_a_clear_error(tmp_path, data_file):
     from rps_astro_cli.length.pipeline import train_length_model
 
-    with pytest.raises(AstroUserError, match="cannot load a transformer from") as e:
+    with pytest.raises(AstroUserError, match="no checkpoint folder") as e:
         train_length_model(data_file, model_name="roberta", out_dir=tmp_path / "x",
                            hparams={"backbone": str(tmp_path / "absent")}, latency=False)
     assert e.value.field == "--backbone"
@@ -121,3 +121,13 @@ def test_targets_counted_with_a_local_tokenizer(tiny_roberta, tmp_path):
     ds = load_length_data(p, tokenizer=str(tiny_roberta))
     assert ds.tokenizer == str(tiny_roberta)
     assert ds.samples[0].response_tokens == len(tok(reply, add_special_tokens=False)["input_ids"])
+
+
+def test_backbone_folder_without_a_model_is_a_clear_error(tmp_path, data_file):
+    from rps_astro_cli.length.pipeline import train_length_model
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AstroUserError, match="cannot load a transformer from") as e:
+        train_length_model(data_file, model_name="minilm", out_dir=tmp_path / "x",
+                           hparams={"backbone": str(tmp_path / "empty")}, latency=False)
+    assert e.value.field == "--backbone"

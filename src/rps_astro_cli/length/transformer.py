@@ -104,6 +104,9 @@ class TransformerLengthModel(LengthModel):
     def _setup(self, source: str) -> None:
         torch, tf = _require()
         torch.set_num_threads(self.threads or min(2, os.cpu_count() or 1))
+        if not Path(source).is_dir() and (os.sep in source or source.startswith(".")):
+            raise AstroUserError(f"no checkpoint folder {source!r}", field="--backbone",
+                                 fix="pass a local folder with config.json, weights and tokenizer files")
         try:
             self._tok = tf.AutoTokenizer.from_pretrained(source, local_files_only=True)
             self._net = tf.AutoModelForSequenceClassification.from_pretrained(
