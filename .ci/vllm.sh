@@ -11,9 +11,9 @@
 #
 # The venv is cached at $ASTRO_VLLM_VENV (default: ../.astro-vllm-venv beside the repo, so a
 # fresh clone in the same parent folder reuses it); it is rebuilt when the pinned versions
-# change. Prints the time of every step. Seen on the 2-core dev machine: install ~95 s
-# from scratch, model ~5 s, tests ~4-6 min (vLLM startup 25-120 s per server depending
-# on load). Usage: bash .ci/vllm.sh [extra pytest args]
+# change. Prints the time of every step. Seen on the 2-core dev machine (shared): venv
+# 95-232 s from scratch (10 s cached), model 5-12 s, tests 2.5-4.5 min (a vLLM server is
+# ready in 30-120 s depending on load). Usage: bash .ci/vllm.sh [extra pytest args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)

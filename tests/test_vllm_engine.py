@@ -1,16 +1,15 @@
 """One real vLLM-CPU engine with astro's scheduler plugin (policy `rps`).
 
 What is checked, on a tiny random-weight Llama:
-- the plugin is active: with one batch slot busy (`--max-num-seqs 1`), requests that
-  arrived rocks, rocks, pebbles, sand, pebbles, sand (classes sent as
-  `vllm_xargs.astro_class`) wait in the order RPS-Serve's regulator gives — sand, sand,
-  pebbles, pebbles, rocks, rocks (arrival order inside a class) — both in `/status`'s
-  waiting list and in the order they finish; vLLM's own FCFS would run them in arrival
-  order;
-- `/status` agrees with vLLM's `/metrics` (running / waiting counts while queued, KV
-  usage, preemptions, completions at the end);
-- every queued request completes with exactly `max_tokens` tokens (the blocker, a
-  streaming request, is closed by the client once the queue is checked: vLLM aborts it);
+- the plugin is active: six requests that arrived rocks, rocks, pebbles, sand, pebbles,
+  sand (classes sent as `vllm_xargs.astro_class`) while the engine was paused (vLLM's
+  `/pause?mode=keep`, dev mode) are admitted, one at a time (`--max-num-seqs 1`), in
+  the order RPS-Serve's regulator gives — sand, sand, pebbles, pebbles, rocks, rocks
+  (the engine's arrival order inside a class) — seen in `/status`'s waiting list and in
+  the plugin's admission log; vLLM's own FCFS would admit them in arrival order;
+- `/status` agrees with vLLM's `/metrics` (running / waiting counts and KV usage in a
+  frozen mid-load state; preemptions and completions at the end);
+- every request completes with exactly `max_tokens` tokens;
 - the plugin's per-step cost is reported (µs).
 Skips without vllm (see tests/vllm_helpers.py).
 """
@@ -40,7 +39,8 @@ def engine(tmp_path_factory):
         model, policy="rps", instance_id="vllm-test",
         extra_args=["--max-model-len", "2048", "--max-num-seqs", "1",
                     "--kv-cache-memory-bytes", str(KV_BYTES), "--served-model-name", "tiny"],
-        env={"HF_HUB_OFFLINE": "1"}, log_path=str(log))
+        env={"HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"},  # dev mode: /pause, /resume
+        log_path=str(log))
     try:
         waited = eng.wait_ready(timeout_s=600)
         print(f"\nvLLM engine ready after {waited:.1f} s (launch → /health + /status 200; "
@@ -57,22 +57,14 @@ def _post(url: str, prompt_ids: list[int], max_tokens: int, xargs: dict, out: di
     out[key] = (time.monotonic(), r.status_code, r.json())
 
 
-def _blocker(url: str, stop: threading.Event, out: dict) -> None:
-    """A streaming 2,000-token decode (prompt 7 tokens) holding the only batch slot until
-    `stop` is set; closing the stream makes vLLM abort it."""
-    n = 0
-    err = None
-    with httpx.stream("POST", url + "/v1/completions", timeout=300, json={
-            "model": "tiny", "prompt": [5] * 7, "max_tokens": 2000, "ignore_eos": True,
-            "stream": True, "vllm_xargs": {"astro_class": "sand"}}) as r:
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                n += 1
-            elif err is None and line and not line.startswith("data: [DONE]"):
-                err = line[:300]
-            if stop.is_set():
-                break
-    out["blocker"] = (time.monotonic(), r.status_code, n, err)
+def _wait_for(pred, what: str, timeout_s: float = 120.0):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        v = pred()
+        if v:
+            return v
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
 
 
 def test_rps_order_status_and_metrics(engine):
@@ -89,79 +81,76 @@ def test_rps_order_status_and_metrics(engine):
     warm: dict = {}
     _post(url, [4] * 5, 2, {}, warm, "w")
     assert warm["w"][1] == 200, warm
-    time.sleep(0.3)
 
-    results: dict = {}
-    stop = threading.Event()
-    threads = [threading.Thread(target=_blocker, args=(url, stop, results))]
-    threads[-1].start()
-    deadline = time.monotonic() + 180
-    while not httpx.get(url + "/status").json()["running"]:
-        assert "blocker" not in results, f"blocker ended before it was seen running: {results['blocker']}"
-        assert time.monotonic() < deadline, "blocker never started running"
-        time.sleep(0.02)
-    # Six queued requests; prompt length identifies each one in /status (21..26 tokens).
+    # Freeze the engine (vLLM's pause, mode keep: no steps; new requests still join the
+    # waiting queue), queue six requests, then let it run: its first step sees all six.
+    assert httpx.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"}, timeout=60).status_code == 200
     arrivals = ["rocks", "rocks", "pebbles", "sand", "pebbles", "sand"]
-    for i, cls in enumerate(arrivals):
-        t = threading.Thread(target=_post, args=(url, [7 + i] * (21 + i), 8,
-                                                 {"astro_class": cls, "astro_predicted_output_tokens": 8},
+    results: dict = {}
+    threads = []
+    for i, cls in enumerate(arrivals):  # prompt length 21 + i identifies each one in /status
+        t = threading.Thread(target=_post, args=(url, [7 + i] * (21 + i), 1000,
+                                                 {"astro_class": cls, "astro_predicted_output_tokens": 1000},
                                                  results, i))
         t.start()
         threads.append(t)
         time.sleep(0.03)
-    deadline = time.monotonic() + 60
-    while True:
-        st = httpx.get(url + "/status").json()
-        m = parse_metrics(httpx.get(url + "/metrics").text)
-        if len(st["waiting"]) == 6 and m.get("vllm:num_requests_waiting") == 6.0:
-            break
-        assert "blocker" not in results, "blocker finished before the queue formed"
-        assert time.monotonic() < deadline, f"queue never reached 6: {len(st['waiting'])}"
-        time.sleep(0.05)
-    assert "blocker" not in results
-
-    # The policy's order, seen inside the engine: classes sand → pebbles → rocks, and by
-    # the engine's own arrival time inside a class (client threads 30 ms apart may reach
-    # the server out of order, so the arrival order is read from /status, not assumed).
-    waiting_order = [w["prompt_tokens"] - 21 for w in st["waiting"]]
-    rank = {"sand": 0, "pebbles": 1, "rocks": 2}
+    st = _wait_for(lambda: (lambda s: s if len(s["waiting"]) == 6 else None)(httpx.get(url + "/status").json()),
+                   "six queued requests")
+    # Still vLLM's own (arrival) order: no step has run since they came.
     arrival = {w["prompt_tokens"] - 21: w["arrival_s"] for w in st["waiting"]}
-    expected = sorted(range(6), key=lambda i: (rank[arrivals[i]], arrival[i]))
-    assert waiting_order == expected
-    assert [w["req_class"] for w in st["waiting"]] == ["sand", "sand", "pebbles", "pebbles", "rocks", "rocks"]
     fcfs_order = sorted(range(6), key=lambda i: arrival[i])
+    assert [w["prompt_tokens"] - 21 for w in st["waiting"]] == fcfs_order
+    rank = {"sand": 0, "pebbles": 1, "rocks": 2}
+    expected = sorted(range(6), key=lambda i: (rank[arrivals[i]], arrival[i]))  # RPS-Serve order
     assert fcfs_order[:2] != expected[:2]  # both rocks arrived before any sand
-    assert all(w["predicted_output_tokens"] == 8 for w in st["waiting"])
-    # /status vs /metrics while queued (stable state: one decode running, six waiting).
-    assert len(st["running"]) == 1 and m["vllm:num_requests_running"] == 1.0
-    usage = 1.0 - st["kv_blocks_free"] / st["kv_blocks_total"]
-    assert abs(usage - m["vllm:kv_cache_usage_perc"]) <= 2.0 / st["kv_blocks_total"]
 
-    stop.set()  # close the blocker's stream: vLLM aborts it and the queue drains in order
+    # Run until the first request is admitted, then freeze again: a stable mid-load state.
+    for k in range(20):  # resume for a moment (a few steps); pause again once something runs
+        assert httpx.post(url + "/resume", timeout=60).status_code == 200
+        time.sleep(0.002 * k)
+        assert httpx.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"},
+                          timeout=60).status_code == 200
+        time.sleep(0.2)
+        st = httpx.get(url + "/status").json()
+        if st["running"] or not st["waiting"]:
+            break
+    m = parse_metrics(httpx.get(url + "/metrics").text)
+    # running + waiting = the tail of the policy order (earlier ones may have finished
+    # before the second pause took effect)
+    left = [r["prompt_tokens"] - 21 for r in st["running"]] + [w["prompt_tokens"] - 21 for w in st["waiting"]]
+    assert len(st["running"]) == 1 and len(st["waiting"]) >= 1, (st["running"], st["waiting"], st["plugin"])
+    assert left == expected[6 - len(left):]
+    assert all(w["predicted_output_tokens"] == 1000 for w in st["waiting"])
+    # /status vs /metrics in the frozen state
+    assert m["vllm:num_requests_running"] == 1.0 and m["vllm:num_requests_waiting"] == len(st["waiting"])
+    usage = 1.0 - st["kv_blocks_free"] / st["kv_blocks_total"]
+    assert abs(usage - m["vllm:kv_cache_usage_perc"]) < 1e-9
+    assert st["kv_blocks_free"] < st["kv_blocks_total"]
+
+    assert httpx.post(url + "/resume", timeout=60).status_code == 200
     for t in threads:
         t.join(300)
-    assert len(results) == 7
-    assert results["blocker"][1] == 200 and 0 < results["blocker"][2] < 2000
+    assert len(results) == 6
     for i in range(6):
         _, code, body = results[i]
         assert code == 200, (i, body)
-        assert body["usage"]["completion_tokens"] == 8
+        assert body["usage"]["completion_tokens"] == 1000
     # Admission order, logged by the plugin (vLLM's internal id = response id + "-0-…").
     time.sleep(0.3)
-    admitted = httpx.get(url + "/status").json()["plugin"]["admitted_recent"]
+    st = httpx.get(url + "/status").json()
+    admitted = st["plugin"]["admitted_recent"]
     rid = {results[i][2]["id"]: i for i in range(6)}
     admit_order = [rid[k] for a in admitted for k in rid if a.startswith(k + "-")]
     assert admit_order == expected, f"admitted {admit_order}, policy order {expected}"
 
-    time.sleep(0.3)
-    st = httpx.get(url + "/status").json()
     m = parse_metrics(httpx.get(url + "/metrics").text)
     assert st["running"] == [] and st["waiting"] == []
     assert m["vllm:num_requests_running"] == 0.0 and m["vllm:num_requests_waiting"] == 0.0
     assert st["kv_blocks_free"] == st["kv_blocks_total"] and m["vllm:kv_cache_usage_perc"] == 0.0
-    assert st["num_preemptions_total"] == m["vllm:num_preemptions_total"] == 0
+    assert st["num_preemptions_total"] == m["vllm:num_preemptions_total"]
     assert success_by_reason(m, "length") == 7.0  # the warm-up + the six queued ones
     plugin = st["plugin"]
-    assert plugin["steps"] >= results["blocker"][2] and plugin["reordered_steps"] >= 1
+    assert plugin["steps"] >= 6 * 1000 and plugin["reordered_steps"] >= 1
     print(f"plugin: {plugin['us_per_step']} µs/step over {plugin['steps']} steps "
           f"({plugin['reordered_steps']} reordered)")
