@@ -314,3 +314,17 @@ def test_read_step_log_errors(tmp_path):
     (tmp_path / "empty.csv").write_text(vb.StepLog.HEADER)
     with pytest.raises(AstroUserError, match="no steps"):
         vc.read_step_log(tmp_path / "empty.csv")
+
+
+def test_profile_backend_vllm_errors_are_one_line():
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+    from rps_astro_cli.engine.vllm_launch import free_port
+
+    r = CliRunner().invoke(app, ["profile", "--backend", "vllm"])
+    assert r.exit_code == 2 and "--engine-url, --step-log and --out" in r.output
+    r = CliRunner().invoke(app, ["profile", "--backend", "vllm", "--engine-url", f"http://127.0.0.1:{free_port()}",
+                                 "--step-log", "s.csv", "--out", "p.json"])
+    assert r.exit_code == 2 and "did not answer as an astro vLLM engine" in r.output
+    assert "Traceback" not in r.output

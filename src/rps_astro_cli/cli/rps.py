@@ -45,9 +45,12 @@ def register(app: typer.Typer) -> None:
         api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key of the engine.")] = None,
         seed: SeedOpt = 0,
         as_json: JsonOpt = False,
+        backend: Annotated[str, typer.Option("--backend", help="workload: the per-request workload CSV (default); vllm: fit an execution profile (step latency model) from a running astro vLLM engine's step log, written as JSON to --out.")] = "workload",
+        step_log: Annotated[Path | None, typer.Option("--step-log", help="--backend vllm: the engine's $ASTRO_VLLM_STEP_LOG file.")] = None,
     ) -> None:
         """Profile a model one request at a time over growing text, image and video sizes
-        (resumable: points already in the CSV are skipped)."""
+        (resumable: points already in the CSV are skipped); with --backend vllm, calibrate
+        an execution profile against a real vLLM engine instead."""
         import numpy as np
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Table
@@ -57,6 +60,17 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.rps import profiler as pf
         from rps_astro_cli.rps.records import read_profile_csv
 
+        if backend == "vllm":  # hook into engine.vllm_calibrate (the vLLM backend's calibration)
+            from rps_astro_cli.engine.vllm_calibrate import calibrate_engine
+
+            if engine_url is None or step_log is None or out is None:
+                raise AstroUserError("--backend vllm needs --engine-url, --step-log and --out", field="--backend")
+            res = calibrate_engine(engine_url, step_log, out, name or "vllm-calibrated",
+                                   max_requests if max_requests is not None else 48, seed)
+            typer.echo(json.dumps(res) if as_json else f"wrote {res['out']}: {res}")
+            return
+        if backend != "workload":
+            raise AstroUserError(f"unknown backend {backend!r} (workload or vllm)", field="--backend")
         if (engine_url is None) == (sim_profile is None):
             raise AstroUserError("give exactly one of --engine-url and --sim-profile", field="--engine-url")
         points = pf.plan_points(

@@ -28,7 +28,8 @@ Command line (the engine must run with `ASTRO_VLLM_STEP_LOG=LOG`):
     python -m rps_astro_cli.engine.vllm_calibrate --engine-url URL --step-log LOG \\
         --out PROFILE.json [--profile-id ID] [--requests 48] [--seed 0]
 
-This module does not import vllm.
+The same through the CLI: `astro profile --backend vllm --engine-url URL --step-log LOG
+--out PROFILE.json`. This module does not import vllm.
 """
 
 from __future__ import annotations
@@ -216,6 +217,37 @@ def calibration_load(base_url: str, model: str, rng: np.random.Generator, n_requ
     return ok
 
 
+def calibrate_engine(engine_url: str, step_log: str | Path, out: str | Path, profile_id: str = "vllm-calibrated",
+                     n_requests: int = 48, seed: int = 0, max_prompt_tokens: int = 512,
+                     max_output_tokens: int = 64, max_concurrency: int = 8) -> dict[str, Any]:
+    """Drive a running astro vLLM engine (`n_requests` calibration requests; 0 = none),
+    fit its step log and write the profile JSON to `out`. Returns {"out", **fit}.
+
+    Raises:
+        AstroUserError: the engine does not answer as an astro vLLM engine (no /status),
+            or the step log is missing/empty/malformed.
+    """
+    import httpx
+
+    base = engine_url.rstrip("/")
+    try:
+        st = httpx.get(base + "/status", timeout=5).json()
+        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+        limits = st["limits"]
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise AstroUserError(f"{engine_url} did not answer as an astro vLLM engine ({type(exc).__name__})",
+                             field="--engine-url",
+                             fix="start it with astro serve engine --backend vllm and ASTRO_VLLM_STEP_LOG set") from None
+    if n_requests:
+        n = calibration_load(base, model, np.random.default_rng(seed), n_requests, max_prompt_tokens,
+                             max_output_tokens, max_concurrency)
+        print(f"calibration load: {n}/{n_requests} requests ok", file=sys.stderr)
+        time.sleep(1.0)  # let the engine flush its step log
+    prof = fit_step_log(read_step_log(step_log), profile_id, model, limits, source=str(step_log))
+    Path(out).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
+    return {"out": str(out), **prof.fit}
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry (see module docstring); exit 2 on a user error."""
     import httpx
@@ -232,25 +264,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:
-        st = httpx.get(a.engine_url.rstrip("/") + "/status", timeout=5).json()
-        models = httpx.get(a.engine_url.rstrip("/") + "/v1/models", timeout=5).json()["data"]
-        model = models[0]["id"]
-        if a.requests:
-            n = calibration_load(a.engine_url.rstrip("/"), model, np.random.default_rng(a.seed), a.requests,
-                                 a.max_prompt_tokens, a.max_output_tokens, a.max_concurrency)
-            print(f"calibration load: {n}/{a.requests} requests ok", file=sys.stderr)
-            time.sleep(1.0)  # let the engine flush its step log
-        prof = fit_step_log(read_step_log(a.step_log), a.profile_id, model, st["limits"], source=a.step_log)
+        res = calibrate_engine(a.engine_url, a.step_log, a.out, a.profile_id, a.requests, a.seed,
+                               a.max_prompt_tokens, a.max_output_tokens, a.max_concurrency)
     except AstroUserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except (httpx.HTTPError, KeyError, ValueError) as exc:
-        print(f"error: engine at {a.engine_url} did not answer as an astro vLLM engine: {exc!r}", file=sys.stderr)
-        return 2
-    Path(a.out).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
-    print(json.dumps({"out": a.out, **prof.fit}))
+    print(json.dumps(res))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
