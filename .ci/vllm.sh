@@ -45,5 +45,6 @@ T2=$(stamp); echo "vllm.sh: tiny model ready in $((T2 - T1)) s ($MODEL)"
 
 export ASTRO_TINY_LLAMA="$MODEL" HF_HUB_OFFLINE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 "$VENV/bin/pytest" -p no:cacheprovider -s -o addopts="" -q \
-  tests/test_vllm_bridge.py tests/test_vllm_engine.py tests/test_vllm_cluster.py "$@"
+  tests/test_vllm_bridge.py tests/test_vllm_engine.py tests/test_vllm_cluster.py \
+  tests/test_length_transformer.py "$@"
 T3=$(stamp); echo "vllm.sh: tests took $((T3 - T2)) s; total $((T3 - T0)) s"
