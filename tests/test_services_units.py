@@ -59,6 +59,34 @@ def test_shipped_recipe_loads_and_overrides_apply():
         load_recipe("no-such-recipe")
 
 
+def test_recipe_k_above_instances_names_both_values():
+    with pytest.raises(AstroUserError) as ei:
+        parse_config({"instances": 2, "scheduler": {"k": 5}}, "r.yaml")
+    assert ei.value.field == "scheduler.k"
+    assert "scheduler.k 5 is more than instances 2" in str(ei.value)
+    assert parse_config({"instances": 2, "scheduler": {"k": 2}}).scheduler.k == 2
+    assert parse_config({"instances": 2, "scheduler": {"k": "all"}}).scheduler.k == "all"
+    # the default k (2) shrinks to a 1-instance cluster, and grows back after an override
+    one = parse_config({"instances": 1})
+    assert one.scheduler.k == 1
+    assert with_overrides(one, {"instances": 3}).scheduler.k == 2
+
+
+def test_recipe_yaml_errors_are_one_line_with_position(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("instances: 2\nscheduler: x: y\n")
+    with pytest.raises(AstroUserError) as ei:
+        load_recipe(bad)
+    msg = str(ei.value)
+    assert "\n" not in msg and str(bad) in msg and "line 2, column 13" in msg
+    assert "unicode string" not in msg
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("# nothing here\n\n")
+    with pytest.raises(AstroUserError, match="is empty") as ei:
+        load_recipe(empty)
+    assert ei.value.field == "--recipe" and str(empty) in str(ei.value)
+
+
 def test_default_config_is_valid():
     assert ClusterConfig().scheduler.k == 2
 
@@ -260,13 +288,28 @@ def test_serve_cli_errors_are_one_line_and_name_the_field(tmp_path):
 
     runner = CliRunner()
     r = runner.invoke(app, ["serve", "--k", "0", "--run-dir", str(tmp_path / "r")])
-    assert r.exit_code == 2 and "scheduler.k" in r.output and "Traceback" not in r.output
+    assert r.exit_code == 2 and "--k 0" in r.output and "Traceback" not in r.output
     r = runner.invoke(app, ["serve", "--recipe", str(tmp_path / "missing.yaml")])
     assert r.exit_code == 2 and "--recipe" in r.output
     bad = tmp_path / "bad.yaml"
     bad.write_text("instances: 2\nscheduler:\n  polcy: random\n")
     r = runner.invoke(app, ["serve", "--recipe", str(bad)])
     assert r.exit_code == 2 and "scheduler.polcy" in r.output
+    r = runner.invoke(app, ["serve", "--instances", "2", "--k", "5", "--run-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "--k 5 is more than --instances 2" in r.output
+    r = runner.invoke(app, ["serve", "--instances", "0", "--run-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "--instances 0" in r.output and "pass --instances ≥ 1" in r.output
+    assert "flags:" not in r.output
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    r = runner.invoke(app, ["serve", "--recipe", str(empty), "--run-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "is empty" in r.output and len(r.output.strip().splitlines()) == 1
+    badyaml = tmp_path / "badyaml.yaml"
+    badyaml.write_text("instances: [2\n")
+    r = runner.invoke(app, ["serve", "--recipe", str(badyaml), "--run-dir", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "invalid YAML at line" in r.output and len(r.output.strip().splitlines()) == 1
+    r = runner.invoke(app, ["serve", "scheduler", "--engine", "http://a", "--policy", "random", "--k", "3"])
+    assert r.exit_code == 2 and "--k 3" in r.output
     r = runner.invoke(app, ["serve", "scheduler", "--engine", "http://a", "--predictor", "http://p1",
                             "--predictor", "http://p2"])
     assert r.exit_code == 2 and "--predictor" in r.output

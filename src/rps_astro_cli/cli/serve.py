@@ -55,13 +55,18 @@ def cluster(
     from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_overrides
 
     cfg = load_recipe(recipe) if recipe else ClusterConfig()
+    flags = {"instances": "--instances", "scheduler.policy": "--policy", "scheduler.k": "--k",
+             "scheduler.objective": "--objective", "engine.profile": "--profile", "engine.time_scale": "--time-scale",
+             "engine.instance_policy": "--instance-policy", "host": "--host", "scheduler.port": "--port",
+             "api_key": "--api-key", "restart_crashed": "--restart-crashed",
+             "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend"}
     cfg = with_overrides(cfg, {
         "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
         "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
         "scheduler.oracle_lengths": oracle_lengths,
         "engine.backend": backend,
-    })
+    }, flags, source=f"recipe {recipe}" if recipe else "defaults")
     if model or engine_arg:
         extra = list(cfg.engine.extra_args) + (["--model", model] if model else []) + list(engine_arg or [])
         cfg = with_overrides(cfg, {"engine.extra_args": extra})
@@ -159,7 +164,8 @@ def scheduler(
     predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
     tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
-    k: Annotated[str, typer.Option("--k", help="power_of_k sample size or 'all'.")] = "2",
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all'; default 2, "
+                                          "or 1 with one engine.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="e2e | ttft.")] = "e2e",
     llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
     predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
@@ -191,9 +197,14 @@ def scheduler(
     if policy == "power_of_k" and not preds:
         raise AstroUserError("power_of_k needs one Predictor per engine", field="--predictor",
                              fix="give --predictor URL per --engine, or pick another --policy")
-    sec = parse_config({"scheduler": {"policy": policy, "k": k, "objective": objective,
-                                      "llumnix_variant": llumnix_variant},
-                        "predictor": {"enabled": bool(preds) or policy != "power_of_k"}}, "flags").scheduler
+    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant}
+    if k is not None:
+        sched["k"] = k
+    sec = parse_config({"instances": len(engine), "scheduler": sched,
+                        "predictor": {"enabled": bool(preds) or policy != "power_of_k"}}, "flags",
+                       {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
+                        "scheduler.objective": "--objective",
+                        "scheduler.llumnix_variant": "--llumnix-variant"}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     settings = SchedulerSettings(
         instances=eps, policy=policy, policy_params=sec.policy_params(), tagger_url=tagger,

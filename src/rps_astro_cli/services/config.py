@@ -118,30 +118,66 @@ class ClusterConfig(_Strict):
     scheduler: SchedulerSection = Field(default_factory=SchedulerSection)
 
 
-def _user_error(exc: ValidationError, source: str) -> AstroUserError:
+def _user_error(exc: ValidationError, source: str, names: dict[str, str] | None = None) -> AstroUserError:
+    """One line for the first pydantic error. A field found in `names` (dotted path → the
+    command-line flag that set it) is named by its flag, with no `source:` prefix, and the fix
+    says which values the flag takes."""
     e = exc.errors()[0]
     loc = ".".join(str(p) for p in e["loc"]
                    if not str(p).startswith(("function-", "literal[")) and p not in ("int", "str", "float", "bool"))
-    msg = e["msg"]
+    msg = e["msg"].removeprefix("Value error, ")
     if e["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; see services/config.py for the schema)"
+    flag = (names or {}).get(loc)
+    if flag:
+        ctx = e.get("ctx") or {}
+        bounds = [f"{op} {ctx[key]}" for key, op in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")) if key in ctx]
+        fix = f"pass {flag} {' and '.join(bounds)}" if bounds else f"see `astro serve --help` for {flag}"
+        return AstroUserError(f"{flag} {e.get('input')}: {msg[0].lower()}{msg[1:]}", field=flag, fix=fix)
     return AstroUserError(f"{source}: {loc}: {msg} (got {e.get('input')!r})", field=loc or "recipe")
 
 
-def parse_config(data: dict[str, Any], source: str = "recipe") -> ClusterConfig:
+def parse_config(data: dict[str, Any], source: str = "recipe", names: dict[str, str] | None = None) -> ClusterConfig:
     """Validate a recipe mapping.
 
+    Args:
+        data: the recipe mapping (YAML/JSON shape of the module docstring).
+        source: what the mapping came from (a file path), prefixed to error messages.
+        names: dotted path → command-line flag for fields set by flags; errors in those
+            fields name the flag instead of the path.
+
+    `scheduler.k` must be ≤ `instances` (or 'all'); when k was not given it defaults to
+    min(2, instances).
+
     Raises:
-        AstroUserError: the first invalid field, named by its dotted path.
+        AstroUserError: the first invalid field, named by its dotted path (or flag).
     """
     if not isinstance(data, dict):
         raise AstroUserError(f"{source}: must be a mapping of fields", field="recipe")
     try:
         cfg = ClusterConfig.model_validate(data)
     except ValidationError as exc:
-        raise _user_error(exc, source) from None
+        raise _user_error(exc, source, names) from None
+    _check_k(cfg, source, names or {})
     _check_names(cfg)
     return cfg
+
+
+def _check_k(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
+    """power-of-k samples k of the instances: k > instances is a mistake when given, and the
+    default k (2) shrinks to a 1-instance cluster."""
+    k = cfg.scheduler.k
+    if k == "all" or k <= cfg.instances:
+        return
+    if "k" not in cfg.scheduler.model_fields_set:
+        cfg.scheduler.k = cfg.instances
+        cfg.scheduler.model_fields_set.discard("k")  # still a default: recomputed after overrides
+        return
+    k_name, n_name = names.get("scheduler.k", "scheduler.k"), names.get("instances", "instances")
+    prefix = "" if ("scheduler.k" in names or "instances" in names) else f"{source}: "
+    raise AstroUserError(f"{prefix}{k_name} {k} is more than {n_name} {cfg.instances}: power-of-k samples k of the "
+                         "instances", field=k_name,
+                         fix=f"give {k_name} ≤ {cfg.instances} or 'all', or raise {n_name}")
 
 
 def _check_names(cfg: ClusterConfig) -> None:
@@ -172,26 +208,50 @@ def load_recipe(path: str | Path) -> ClusterConfig:
             raise AstroUserError(f"no recipe {str(path)!r}", field="--recipe",
                                  fix="give a YAML path or a name under recipes/")
         p = alt
+    text = p.read_text()
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise AstroUserError(f"{p} is not valid YAML: {exc}", field="--recipe") from None
+        raise _yaml_error(p, exc) from None
+    if data is None:
+        raise AstroUserError(f"--recipe {p} is empty", field="--recipe",
+                             fix="add at least `instances: N`, or drop --recipe to use the defaults")
     return parse_config(data, str(p))
 
 
-def with_overrides(cfg: ClusterConfig, overrides: dict[str, Any]) -> ClusterConfig:
+def _yaml_error(path: Path, exc: Exception) -> AstroUserError:
+    """One line naming the file, the 1-based line/column and PyYAML's problem (no quoted
+    "<unicode string>" context)."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    problem = getattr(exc, "problem", None) or getattr(exc, "context", None) or type(exc).__name__
+    pos = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return AstroUserError(f"--recipe {path}: invalid YAML{pos}: {' '.join(str(problem).split())}", field="--recipe",
+                          fix="fix the recipe's YAML syntax")
+
+
+def with_overrides(cfg: ClusterConfig, overrides: dict[str, Any], flags: dict[str, str] | None = None,
+                   source: str = "flags") -> ClusterConfig:
     """A copy of `cfg` with dotted-path overrides (None values skipped), re-validated.
+    Fields `cfg` left at their defaults stay unset (so defaults that depend on other
+    fields, like k, are recomputed).
+
+    Args:
+        flags: dotted path → the command-line flag that gave it; errors name the flag.
+        source: prefix for errors in fields not set by a flag (e.g. the recipe path).
 
     Raises:
-        AstroUserError: an override makes a field invalid (named).
+        AstroUserError: an override makes a field invalid (named by its flag when known).
     """
-    data = cfg.model_dump()
+    data = cfg.model_dump(exclude_unset=True)
+    names: dict[str, str] = {}
     for path, value in overrides.items():
         if value is None:
             continue
         node = data
         *parents, leaf = path.split(".")
         for part in parents:
-            node = node[part]
+            node = node.setdefault(part, {})
         node[leaf] = value
-    return parse_config(data, "flags")
+        if flags and path in flags:
+            names[path] = flags[path]
+    return parse_config(data, source, names)
