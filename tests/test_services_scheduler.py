@@ -90,6 +90,11 @@ def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
                 (c.post("/v1/chat/completions", json={"model": MODEL}), 400, "messages"),
                 (c.post("/v1/completions", json={"model": MODEL, "max_tokens": 3}), 400, "prompt"),
                 (c.post("/v1/chat/completions", json=chat(max_tokens=0)), 400, "max_tokens"),
+                (c.post("/v1/chat/completions", json=chat(temperature="hot")), 400, "temperature"),
+                (c.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "top_p": 1.5}), 400, "top_p"),
+                (c.post("/v1/chat/completions", json=chat(stop=[1, 2])), 400, "stop"),
+                (c.post("/v1/nope", json=chat()), 404, None),
+                (c.get("/v1/chat/completions"), 405, None),
                 (c.post("/v1/chat/completions", json=chat(messages=[{"role": "wizard", "content": "x"}])), 400,
                  "messages[0].role"),
                 (c.post("/v1/chat/completions", json={**chat(), "model": "gpt-9"}), 404, "model"),
@@ -100,8 +105,9 @@ def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
             for r, status, param in cases:
                 assert r.status_code == status, r.text
                 err = r.json()["error"]
-                assert err["param"] == param and err["message"]
-                assert "Traceback" not in r.text
+                assert err["param"] == param and err["message"] and err["code"] == status
+                assert status != 400 or param in err["message"]
+                assert "Traceback" not in r.text and "detail" not in r.json()
             m = c.get("/metrics").text
             assert metric(m, "astro_instance_dispatched_total") == 0
             for e in engs:

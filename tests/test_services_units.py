@@ -163,6 +163,10 @@ def test_tagger_http_errors_name_field(hand_model):
         r = c.post("/tag", json={"prompt": "hello"})
         assert r.status_code == 200 and r.json()["predicted_output_tokens"] == 77
         assert "astro_tagger_requests_total" in c.get("/metrics").text
+        r = c.get("/nope")
+        assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "/nope" in r.json()["error"]["message"]
+        r = c.get("/tag")
+        assert r.status_code == 405 and r.json()["error"]["type"] and "detail" not in r.json()
 
 
 # -- predictor -------------------------------------------------------------------------
@@ -278,6 +282,8 @@ def test_predictor_engine_down_is_503(profile_path):
         r = c.post("/predict", json={"prompt_tokens": 10, "predicted_output_tokens": 3})
         assert r.status_code == 503 and "engine status unavailable" in r.json()["error"]["message"]
         assert "Traceback" not in r.text
+        r = c.post("/v1/predict", json={})
+        assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "detail" not in r.json()
 
 
 # -- CLI -------------------------------------------------------------------------------

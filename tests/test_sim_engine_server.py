@@ -262,12 +262,34 @@ BAD_PNG = "data:image/png;base64," + base64.b64encode(b"not an image at all").de
     ("/v1/chat/completions", ('{"messages": [{"role": "user", "content": [{"type": "image_url", '
                               '"image_url": {"url": "' + PNG_URL + '"}}]}]}').encode(), 400, "messages"),
     ("/v1/completions", ('{"prompt": "' + "x" * 5000 + '"}').encode(), 413, "body"),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": "hot"}', 400, "temperature"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}', 400, "top_p"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "hi", "stop": 7}', 400, "stop"),
+    ("/v1/completions", b'{"prompt": "hi", "seed": "abc"}', 400, "seed"),
 ])
 def test_bad_input_status(text_srv, path, body, status_code, param):
     r = httpx.post(text_srv.url + path, content=body, headers={"content-type": "application/json"})
     assert r.status_code == status_code, r.text
     err = r.json()["error"]
     assert err["param"] == param and param in err["message"] and err["type"]
+
+
+def test_unknown_route_and_wrong_method_are_openai_errors(text_srv):
+    r = httpx.post(text_srv.url + "/v1/nope", json={})
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["code"] == 404 and "/v1/nope" in err["message"]
+    r = httpx.get(text_srv.url + "/v1/completions")
+    assert r.status_code == 405 and r.json()["error"]["code"] == 405 and "POST" in r.json()["error"]["message"]
+    assert "detail" not in r.json()
+
+
+def test_valid_sampling_fields_are_accepted(text_srv):
+    r = httpx.post(text_srv.url + "/v1/completions", json={
+        "prompt": "hi", "max_tokens": 2, "temperature": 0.7, "top_p": 1, "n": 1, "stop": ["\n"], "seed": 3,
+        "presence_penalty": -2, "frequency_penalty": 0.5, "top_k": -1, "logprobs": 0, "user": "u"})
+    assert r.status_code == 200, r.text
 
 
 def test_chunked_body_over_limit_is_413(text_srv):

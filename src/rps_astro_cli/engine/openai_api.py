@@ -2,7 +2,8 @@
 scheduler service (pure functions: no I/O except optional DNS for remote media).
 
 Endpoints: `POST /v1/completions` and `POST /v1/chat/completions`. Accepted fields
-(others, e.g. `temperature`, are accepted and ignored, as vLLM does):
+(the sampling fields are type/range-checked, as OpenAI/vLLM do, then ignored: the sim
+engine's output length does not depend on them; see `check_sampling_fields`):
 
 - `model` (optional; when given it must be the served model, else 404),
 - `prompt` (completions): a string, a list of token ids, or a one-element list of either;
@@ -155,6 +156,21 @@ class VisionCharge:
     encoder_s: float = 0.0
 
 
+def http_error_body(status_code: int, method: str, path: str, detail: Any = None,
+                    allow: str | None = None) -> dict[str, Any]:
+    """The OpenAI-style body for a routing error (instead of FastAPI's `{"detail": ...}`):
+    404 no such route, 405 wrong method (`allow`: the methods the route takes), any other
+    HTTP exception with its detail as the message."""
+    if status_code == 404:
+        msg = f"no route {method} {path} (check the URL: e.g. POST /v1/chat/completions, POST /v1/completions)"
+    elif status_code == 405:
+        msg = f"method {method} is not allowed on {path}" + (f"; use {allow}" if allow else "")
+    else:
+        msg = str(detail) if detail else f"HTTP {status_code}"
+    return {"error": {"message": msg, "type": _default_type(status_code) if status_code != 404 else "NotFoundError",
+                      "param": None, "code": status_code}}
+
+
 # -- body ------------------------------------------------------------------------------
 def decode_json_body(raw: bytes, max_body_bytes: int | None = None) -> dict[str, Any]:
     """Parse a request body into a JSON object.
@@ -195,7 +211,68 @@ def _bool_field(body: dict[str, Any], key: str, param: str | None = None) -> boo
     return v
 
 
+def _number_field(body: dict[str, Any], key: str, lo: float | None = None, hi: float | None = None,
+                  lo_open: bool = False) -> None:
+    v = body.get(key)
+    if v is None:
+        return
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+        raise bad(f"must be a number, got {v!r}", key)
+    if lo is not None and (v <= lo if lo_open else v < lo):
+        rng = f"in ({lo}, {hi}]" if lo_open and hi is not None else f"{'>' if lo_open else '≥'} {lo}"
+        if hi is not None and not lo_open:
+            rng = f"in [{lo}, {hi}]"
+        raise bad(f"must be {rng}, got {v}", key)
+    if hi is not None and v > hi:
+        rng = f"in ({lo}, {hi}]" if lo_open else (f"in [{lo}, {hi}]" if lo is not None else f"≤ {hi}")
+        raise bad(f"must be {rng}, got {v}", key)
+
+
+def check_sampling_fields(body: dict[str, Any]) -> None:
+    """Type/range checks of the common OpenAI (and vLLM) sampling fields, so a client
+    mistake is a 400 naming the field rather than silently ignored. `null` = absent.
+
+    temperature: number ≥ 0; top_p: number in (0, 1]; min_p: number in [0, 1];
+    presence_penalty / frequency_penalty: number in [-2, 2] (OpenAI API reference);
+    repetition_penalty: number > 0 (vLLM SamplingParams); top_k: integer ≥ -1 (-1 = off,
+    vLLM); seed: integer; stop: string or list of strings; logit_bias: object;
+    logprobs: true/false (chat) or integer ≥ 0 (completions); top_logprobs: integer ≥ 0;
+    best_of: integer ≥ 1; min_tokens: integer ≥ 0; echo: true/false; user: string.
+    (`n` is checked in `_common`: the sim serves n = 1 only.)
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    _number_field(body, "temperature", 0.0)
+    _number_field(body, "top_p", 0.0, 1.0, lo_open=True)
+    _number_field(body, "min_p", 0.0, 1.0)
+    _number_field(body, "presence_penalty", -2.0, 2.0)
+    _number_field(body, "frequency_penalty", -2.0, 2.0)
+    _number_field(body, "repetition_penalty", 0.0, lo_open=True)
+    for key, lo in (("top_k", -1), ("top_logprobs", 0), ("best_of", 1), ("min_tokens", 0)):
+        if body.get(key) is not None:
+            _int_field(body[key], key, lo)
+    seed = body.get("seed")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad(f"must be an integer, got {seed!r}", "seed")
+    stop = body.get("stop")
+    if stop is not None and not isinstance(stop, str):
+        if not isinstance(stop, list) or not all(isinstance(x, str) for x in stop):
+            raise bad(f"must be a string or a list of strings, got {stop!r}", "stop")
+    lb = body.get("logit_bias")
+    if lb is not None and not isinstance(lb, dict):
+        raise bad(f"must be an object mapping token ids to biases, got {lb!r}", "logit_bias")
+    lp = body.get("logprobs")
+    if lp is not None and not isinstance(lp, bool):
+        _int_field(lp, "logprobs", 0)
+    _bool_field(body, "echo")
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad(f"must be a string, got {user!r}", "user")
+
+
 def _common(body: dict[str, Any]) -> dict[str, Any]:
+    check_sampling_fields(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("must be a string", "model")
@@ -206,7 +283,7 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
             break
     n = body.get("n")
     if n is not None and _int_field(n, "n", 1) != 1:
-        raise bad("the sim engine serves n = 1 only", "n")
+        raise bad(f"must be 1 (one choice per request), got {n}", "n")
     stream = _bool_field(body, "stream")
     include_usage = False
     so = body.get("stream_options")

@@ -46,11 +46,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rps_astro_cli.engine.openai_api import (
     ApiError,
     ApiLimits,
     decode_json_body,
+    http_error_body,
     parse_chat_request,
     parse_completion_request,
     vision_charge,
@@ -198,6 +200,13 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(exc.to_dict(), status_code=exc.status_code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers or {})  # unknown route / wrong method: OpenAI shape, not {"detail"}
+        allow = {k.lower(): v for k, v in headers.items()}.get("allow")
+        return JSONResponse(http_error_body(exc.status_code, request.method, request.url.path, exc.detail, allow),
+                            status_code=exc.status_code, headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _server_error(request: Request, exc: Exception) -> JSONResponse:

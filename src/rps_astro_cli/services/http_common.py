@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("astro.services")
 
@@ -51,17 +52,34 @@ def error_response(status: int, message: str, param: str | None = None,
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """`HTTPUserError` → its 4xx; anything unexpected → 500 with a request id (logged)."""
+    """`HTTPUserError` → its 4xx; an unknown route / wrong method → 404 / 405 in the same
+    OpenAI shape (not FastAPI's `{"detail"}`); anything unexpected → 500 with a request id
+    (logged)."""
 
     @app.exception_handler(HTTPUserError)
     async def _user(_: Request, exc: HTTPUserError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param, exc.type)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return http_error_response(request, exc)
 
     @app.exception_handler(Exception)
     async def _fault(request: Request, exc: Exception) -> JSONResponse:
         rid = secrets.token_hex(6)
         log.error("request %s %s failed (id %s)", request.method, request.url.path, rid, exc_info=exc)
         return error_response(500, f"internal error (request id {rid})", None, "server_error", rid)
+
+
+def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    """Starlette's routing/HTTP errors (404, 405, ...) as OpenAI-style JSON, keeping their
+    headers (e.g. `Allow` on a 405)."""
+    from rps_astro_cli.engine.openai_api import http_error_body
+
+    headers = dict(exc.headers or {})
+    allow = {k.lower(): v for k, v in headers.items()}.get("allow")
+    body = http_error_body(exc.status_code, request.method, request.url.path, exc.detail, allow)
+    return JSONResponse(body, status_code=exc.status_code, headers=headers or None)
 
 
 class FastRoutes:
