@@ -138,6 +138,37 @@ def test_tagger_counts_and_predicts(hand_model):
     assert t.tag({"prompt": "hi"})["predicted_output_tokens"] == 77
 
 
+class RecordingLengthModel:
+    """A stand-in LengthModel: records which method the tagger called and with what."""
+
+    def __init__(self):
+        self.calls: list[tuple[str, list]] = []
+
+    def predict_chats(self, chats):
+        self.calls.append(("predict_chats", list(chats)))
+        return [123]
+
+    def predict(self, prompts):
+        self.calls.append(("predict", list(prompts)))
+        return [45]
+
+
+def test_tagger_predicts_chats_with_predict_chats_and_prompts_with_predict(monkeypatch):
+    import rps_astro_cli.length as length_pkg
+
+    fake = RecordingLengthModel()
+    monkeypatch.setattr(length_pkg, "load_length_model", lambda spec: fake)
+    t = Tagger(TaggerSettings(length_model="fake-model"))
+    messages = [{"role": "user", "content": "first question"}, {"role": "assistant", "content": "an answer"},
+                {"role": "user", "content": "follow-up"}]
+    out = t.tag({"messages": messages})
+    # the whole conversation goes to predict_chats (the model adds its trained context turns)
+    assert fake.calls == [("predict_chats", [messages])] and out["predicted_output_tokens"] == 123
+    fake.calls.clear()
+    assert t.tag({"prompt": "a completion prompt"})["predicted_output_tokens"] == 45
+    assert fake.calls == [("predict", ["a completion prompt"])]
+
+
 def test_tagger_default_falls_back_to_baseline(monkeypatch):
     import rps_astro_cli.length as length_pkg
     from rps_astro_cli.services.tagger import load_length_model

@@ -15,7 +15,10 @@ tagger, the scheduler and the engine count the same way; vision tokens come from
 execution profile's `VisionCosts` (0 on text-only profiles).
 
 Length model: `load_length_model(spec)`: by default the length package's shipped model
-(`rps_astro_cli.length`, `LengthModel.predict([text])`), falling back to the documented
+(`rps_astro_cli.length`; chat bodies go through `LengthModel.predict_chats([messages])`,
+which builds the prompt the model was trained on (e.g. `classic` sees the previous turn
+before the last user message); completions through `LengthModel.predict([prompt])`),
+falling back to the documented
 baseline in `artifacts/length/baseline/` (`services/length_baseline.py`) when that
 artifact is absent; "baseline" picks the baseline explicitly. The prediction only
 informs scheduling; it never changes generation.
@@ -55,8 +58,11 @@ log = logging.getLogger("astro.tagger")
 MAX_TAG_TEXT_CHARS = 20_000  # the length model sees at most this much prompt text
 
 
-def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int], int]]:
-    """(name, predict(prompt_text, prompt_tokens) → output tokens) for `spec`:
+def load_length_model(spec: str | Path | None) -> tuple[str, Callable[..., int]]:
+    """(name, predict(prompt_text, prompt_tokens, messages=None) → output tokens) for `spec`.
+    Give `messages` (the chat body's OpenAI messages list) for chat requests: package
+    models then predict with `predict_chats`, seeing the same context turns as in
+    training; the baseline only uses `prompt_tokens`.
 
     - None / "" / "auto": the length package's shipped default
       (`rps_astro_cli.length.default_length_model()`, `artifacts/length/classic`) when it
@@ -80,12 +86,12 @@ def load_length_model(spec: str | Path | None) -> tuple[str, Callable[[str, int]
             spec = "baseline"
     if spec == "baseline":
         m = BinMedianLengthModel.load(BASELINE_PATH)
-        return "baseline", lambda _text, ntok: m.predict_tokens(ntok)
+        return "baseline", lambda _text, ntok, messages=None: m.predict_tokens(ntok)
     p = Path(str(spec))
     baseline_file = next((c for c in (p, p / "model.json") if _is_bin_median(c)), None)
     if baseline_file is not None:
         found = BinMedianLengthModel.load(baseline_file)
-        return str(spec), lambda _text, ntok: found.predict_tokens(ntok)
+        return str(spec), lambda _text, ntok, messages=None: found.predict_tokens(ntok)
     try:
         from rps_astro_cli.length import load_length_model as load_pkg_model
     except ImportError:
@@ -106,9 +112,20 @@ def _is_bin_median(path: Path) -> bool:
         return False
 
 
-def _wrap(model: Any) -> Callable[[str, int], int]:
-    """`LengthModel.predict([text])[0]` as the tagger's callable (text, tokens) → tokens."""
-    return lambda text, _n: max(1, int(model.predict([text or " "])[0]))
+def _wrap(model: Any) -> Callable[..., int]:
+    """A `LengthModel` as the tagger's callable (text, tokens, messages=None) → tokens:
+    `model.predict_chats([messages])[0]` for a chat (falling back to `predict([text])`
+    when the chat has no user message), else `model.predict([text])[0]`."""
+
+    def predict(text: str, _n: int, messages: Any = None) -> int:
+        if messages is not None:
+            try:
+                return max(1, int(model.predict_chats([messages])[0]))
+            except AstroUserError:  # e.g. only system/assistant turns: predict from the text
+                pass
+        return max(1, int(model.predict([text or " "])[0]))
+
+    return predict
 
 
 def prompt_text(body: dict[str, Any]) -> str:
@@ -160,7 +177,8 @@ class Tagger:
             req = oa.parse_completion_request(body)
         charge = oa.vision_charge(req, self.vision)
         prompt_tokens = req.text_tokens + charge.vision_tokens
-        pred = self._predict(prompt_text(body), prompt_tokens)
+        messages = body["messages"] if req.endpoint == "chat" else None
+        pred = self._predict(prompt_text(body), prompt_tokens, messages=messages)
         return {
             "predicted_output_tokens": int(pred),
             "prompt_tokens": prompt_tokens,
