@@ -222,6 +222,16 @@ def test_shipped_profiles_are_reproduced_by_the_fitter(tmp_path):
 
 
 # ------------------------------------------------------------------------------ CLI
+def test_fit_without_a_data_folder_says_how_to_give_one(tmp_path):
+    env = {"ASTRO_DATA_DIR": str(tmp_path / "absent")}  # data_dir() → None
+    r = CliRunner().invoke(app, ["profiles", "fit", "--out", str(tmp_path / "o")], env=env)
+    assert r.exit_code == 2
+    assert "no sample-data folder: pass --data-dir or set ASTRO_DATA_DIR" in r.output and "None" not in r.output
+    r = CliRunner().invoke(app, ["profiles", "fit", "--out", str(tmp_path / "o"),
+                                 "--data-dir", str(tmp_path / "nope")])
+    assert r.exit_code == 2 and "is not a folder" in r.output
+
+
 def test_cli_list_and_show():
     r = CliRunner().invoke(app, ["profiles", "list", "--json"])
     assert r.exit_code == 0

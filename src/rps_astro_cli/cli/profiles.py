@@ -114,9 +114,12 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.sim.fit_profiles import build_profiles, sanity_report, write_profiles
 
         d = data_dir or default_data_dir()
-        if d is None or not Path(d).is_dir():
-            raise AstroUserError(f"no data folder {d}", field="--data-dir",
-                                 fix="pass the folder holding profiles/*.csv (e.g. ../shared/data)")
+        if d is None:
+            raise AstroUserError("no sample-data folder: pass --data-dir or set ASTRO_DATA_DIR "
+                                 "(the folder holding profiles/*.csv and traces/)", field="--data-dir")
+        if not Path(d).is_dir():
+            raise AstroUserError(f"--data-dir {d} is not a folder",
+                                 fix="pass the folder holding profiles/*.csv and traces/, or set ASTRO_DATA_DIR")
         profiles = build_profiles(Path(d), seed)
         for path, p in zip(write_profiles(profiles, out), profiles):
             s = sanity_report(p)

@@ -932,7 +932,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.data_dir is None:
-        ap.error("--data-dir is required (no ../shared/data or $ASTRO_DATA_DIR found)")
+        ap.error("no sample-data folder: pass --data-dir or set ASTRO_DATA_DIR")
     profiles = build_profiles(a.data_dir, a.seed)
     for path, p in zip(write_profiles(profiles, a.out), profiles):
         s = sanity_report(p)
