@@ -150,3 +150,20 @@ def test_read_length_trace_and_simulate_cli(tmp_path) -> None:
     assert all(x["finish_s"] >= x["first_token_s"] >= x["arrival_s"] for x in recs)
     bad = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--rate", "0", "--out", str(out)])
     assert bad.exit_code == 2 and "--rate" in bad.output
+
+
+def test_simulate_dataset_needs_the_data_folder(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    help_text = " ".join(CliRunner().invoke(app, ["simulate", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "Shipped" not in help_text and "sample-data folder" in help_text
+    r = CliRunner().invoke(app, ["simulate", "--dataset", "azure-conv", "--out", str(tmp_path / "r.jsonl")],
+                           env={"ASTRO_DATA_DIR": str(tmp_path / "absent")})
+    assert r.exit_code == 2 and "ASTRO_DATA_DIR" in r.output and "--dataset azure-conv" in r.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    r = CliRunner().invoke(app, ["simulate", "--dataset", "azure-conv", "--out", str(tmp_path / "r.jsonl")],
+                           env={"ASTRO_DATA_DIR": str(empty)})
+    assert r.exit_code == 2 and "missing from the sample-data folder" in r.output

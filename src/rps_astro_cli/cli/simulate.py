@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def simulate(
         trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
-        dataset: Annotated[Optional[str], typer.Option("--dataset", help=f"Shipped trace instead of --trace: {', '.join(_DATASETS)}.")] = None,
+        dataset: Annotated[Optional[str], typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
         instances: Annotated[int, typer.Option("--instances", help="Number of simulated instances (≥ 1).")] = 12,
         rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
@@ -58,9 +58,13 @@ def register(app: typer.Typer) -> None:
                                      fix=f"choose one of: {', '.join(_DATASETS)}")
             root = data_dir()
             if root is None:
-                raise AstroUserError("no sample-data folder", field="--dataset",
-                                     fix="set ASTRO_DATA_DIR or pass --trace FILE")
+                raise AstroUserError(f"--dataset {dataset} needs the sample-data folder and none was found",
+                                     fix=f"set ASTRO_DATA_DIR to the folder holding {_DATASETS[dataset]}, "
+                                         "or pass --trace FILE")
             trace = root / _DATASETS[dataset]
+            if not trace.is_file():
+                raise AstroUserError(f"--dataset {dataset}: {trace} is missing from the sample-data folder {root}",
+                                     fix="point ASTRO_DATA_DIR at a folder holding it, or pass --trace FILE")
         if instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {instances}", field="--instances")
         prof = load_profile(profile)
