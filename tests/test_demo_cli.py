@@ -30,3 +30,29 @@ def test_demo_serves_and_benchmarks_real_sharegpt(tmp_path: Path) -> None:
     assert "sharegpt" in json.dumps(report["config"])
     # the cluster was stopped: no serve process left behind writing cluster.json
     assert (tmp_path / "runs").is_dir()
+
+
+def test_demo_without_data_folder_says_synthetic_on_its_first_line(tmp_path: Path, monkeypatch) -> None:
+    """No sample-data folder: the first line names the synthetic source and a warning says how
+    to set ASTRO_DATA_DIR (the cluster itself fails fast here on a missing profile)."""
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(app, ["demo", "--instances", "1", "--profile", str(tmp_path / "no-profile.json")],
+                           env={"ASTRO_DATA_DIR": str(tmp_path / "absent"), "COLUMNS": "80"})
+    lines = r.output.splitlines()
+    assert "SYNTHETIC ShareGPT-like" in lines[0] and "200 ShareGPT requests" not in lines[0]
+    assert "WARNING" in lines[1] and "ASTRO_DATA_DIR" in lines[1] and "export ASTRO_DATA_DIR=" in lines[1]
+    assert r.exit_code != 0  # the bad profile stops `astro serve`
+    help_text = " ".join(CliRunner().invoke(app, ["demo", "--help"], env={"COLUMNS": "200"}).output.split())
+    assert "real ShareGPT prompts" not in help_text and "synthetic ShareGPT-like" in help_text
+
+
+@pytest.mark.skipif(data_dir() is None, reason="needs ../shared/data (developer machines and CI)")
+def test_demo_data_source_names_the_folder() -> None:
+    from rps_astro_cli.cli.demo import data_source
+
+    source, warning = data_source()
+    assert str(data_dir()) in source and warning is None

@@ -1,6 +1,8 @@
 """`astro demo`: the README's main job in one command — bring up a whole cluster on the
-embedded sim engines (`astro serve`), benchmark it with real ShareGPT prompts
-(`astro bench`), write the report, stop the cluster."""
+embedded sim engines (`astro serve`), benchmark it with ShareGPT prompts (`astro bench
+--workload sharegpt`: real ones from the sample-data folder, `$ASTRO_DATA_DIR` or
+../shared/data; without it the bench falls back to synthetic ShareGPT-like prompts, and
+the demo says so on its first line), write the report, stop the cluster."""
 
 from __future__ import annotations
 
@@ -24,22 +26,29 @@ def _astro(*args: str) -> list[str]:
 @user_errors
 def demo(
     instances: Annotated[int, typer.Option("--instances", "-n", min=1, max=32, help="Sim engines.")] = 4,
-    num_requests: Annotated[int, typer.Option("--num-requests", min=1, help="ShareGPT requests.")] = 200,
+    num_requests: Annotated[int, typer.Option("--num-requests", min=1, help="Requests to send.")] = 200,
     request_rate: Annotated[float, typer.Option("--request-rate", min=0.01, help="Poisson rate (req/s).")] = 8.0,
     policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
     profile: Annotated[str, typer.Option("--profile", help="Engine execution profile.")] = "llama-2-7b-a30",
     out: Annotated[Path | None, typer.Option("--out", help="Report folder (default runs/demo-<time>).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
 ) -> None:
-    """Serve a sim cluster and benchmark it on real ShareGPT prompts (the README's main job)."""
+    """Serve a sim cluster and benchmark it on ShareGPT prompts (the README's main job).
+
+    Prompts come from the sample-data folder ($ASTRO_DATA_DIR, default ../shared/data);
+    without one, synthetic ShareGPT-like prompts are used (said on the first line)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = Path("runs") / f"demo-{stamp}"
     out_dir = out or run_dir / "bench"
     run_dir.mkdir(parents=True, exist_ok=True)
     cluster_json = run_dir / "cluster.json"
     serve_log = run_dir / "serve.log"
-    console.print(f"[bold]astro demo[/]: {instances} sim engines ({profile}), dispatch {policy}, "
-                  f"{num_requests} ShareGPT requests at {request_rate} req/s")
+    source, warning = data_source()
+    # soft_wrap: each stays one line (the data source must be on the first line at any width)
+    console.print(f"[bold]astro demo[/]: prompts: {source}; {num_requests} requests at {request_rate} req/s "
+                  f"to {instances} sim engines ({profile}), dispatch {policy}", highlight=False, soft_wrap=True)
+    if warning:
+        console.print(f"[bold yellow]WARNING[/]: {warning}", highlight=False, soft_wrap=True)
     with serve_log.open("w") as log:
         serve = subprocess.Popen(
             _astro("serve", "--instances", str(instances), "--policy", policy, "--profile", profile,
@@ -72,6 +81,26 @@ def demo(
     if code != 0:
         fail(f"astro bench exited with code {code}", code=code)
     console.print(f"[bold green]done[/]: report in {out_dir}")
+
+
+def data_source() -> tuple[str, str | None]:
+    """(where the demo's prompts come from, in words; a loud warning or None), from
+    `data_paths.data_dir()` — the folder `astro bench --workload sharegpt` reads."""
+    from rps_astro_cli.data_paths import data_dir
+
+    d = data_dir()
+    if d is not None:
+        return f"real ShareGPT from the sample-data folder {d}", None
+    env = os.environ.get("ASTRO_DATA_DIR")
+    why = f"ASTRO_DATA_DIR={env} is not a folder" if env else "ASTRO_DATA_DIR is unset and there is no ../shared/data"
+    import importlib.util
+
+    hub = importlib.util.find_spec("datasets") is not None  # the optional "hub" extra
+    first = "the Hugging Face hub if reachable, else " if hub else ""
+    return (f"{first}SYNTHETIC ShareGPT-like (no sample-data folder)",
+            f"no sample-data folder ({why}): the benchmark falls back to {first}synthetic ShareGPT-like prompts, not "
+            "real ShareGPT; for real prompts run `export ASTRO_DATA_DIR=/path/to/data` (the folder holding "
+            "the ShareGPT sample) and rerun")
 
 
 def register(app: typer.Typer) -> None:
