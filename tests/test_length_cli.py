@@ -64,7 +64,32 @@ def test_eval_length_table(trained, pairs_csv):
     out, _ = trained
     r = runner.invoke(app, ["eval-length", "--data", str(pairs_csv), "--model", str(out), "--no-baselines", "--no-latency"])
     assert r.exit_code == 0, r.output
-    assert "classic" in r.stdout and "median" not in r.stdout and "16 pairs" in r.stdout
+    assert "classic" in r.stdout and "│ median" not in r.stdout and "16 pairs" in r.stdout
+
+
+def test_eval_length_table_fits_80_columns_without_cutting_numbers(trained, pairs_csv, monkeypatch):
+    from rps_astro_cli.cli.common import console
+
+    out, _ = trained
+    args = ["eval-length", "--data", str(pairs_csv), "--model", str(out), "--no-latency"]
+    res = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    monkeypatch.setattr(console, "_width", 80)  # a pipe / default terminal
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.stdout and max(len(line) for line in r.stdout.splitlines()) <= 80
+    for name, row in res.items():  # every metric printed in full, as the JSON has it
+        assert f"│ {name}" in r.stdout
+        for key, nd in (("mae", 1), ("mape", 1), ("median_ae", 1), ("bucket_accuracy", 3)):
+            assert f"{row[key]:.{nd}f}" in r.stdout
+
+
+def test_split_columns_by_hand():
+    from rps_astro_cli.cli.tables import split_columns, table_width
+
+    assert table_width([10, 8, 8]) == 36  # 26 + 3·3 + 1
+    assert split_columns([10, 8, 8, 8], 40) == [[0, 1, 2], [0, 3]]
+    assert split_columns([10, 8, 8, 8], 47) == [[0, 1, 2, 3]]
+    assert split_columns([10, 8], 5) == [[0, 1]]  # too wide alone: still printed (folded)
 
 
 def test_help():

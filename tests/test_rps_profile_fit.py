@@ -74,7 +74,10 @@ def test_profile_unreachable_engine_is_a_user_error(tmp_path):
     assert res.exit_code == 2 and "cannot reach the engine" in " ".join(res.output.split())
 
 
-def test_cli_profile_then_fit_then_policy(tmp_path):
+def test_cli_profile_then_fit_then_policy(tmp_path, monkeypatch):
+    from rps_astro_cli.cli.common import console
+
+    monkeypatch.setattr(console, "_width", 80)  # a pipe / default terminal: tables must not cut numbers
     pj = tmp_path / "hand.json"
     pj.write_text(json.dumps(hand_profile().to_dict()))
     csv_path = tmp_path / "w.csv"
@@ -85,10 +88,20 @@ def test_cli_profile_then_fit_then_policy(tmp_path):
     out = json.loads(res.output)
     assert out["new_rows"] == 2 * (5 + 3 + 3)
     assert csv_path.with_suffix(".png").is_file() and csv_path.with_suffix(".summary.md").is_file()
+    # the table at 80 columns (rerun: every point already there) shows every number in full
+    res = runner.invoke(app, ["profile", "--sim-profile", str(pj), "--out", str(csv_path), "--repeats", "2",
+                              "--text-tokens", "16,64,256,1024,4096", "--image-counts", "1,2,4",
+                              "--frame-counts", "8,32,64"])
+    assert res.exit_code == 0, res.output
+    assert "…" not in res.output and max(len(line) for line in res.output.splitlines()) <= 80
+    for s in out["summary"]:
+        assert f"{s['prompt_tokens_min']}/{s['prompt_tokens_median']:.0f}/{s['prompt_tokens_max']}" in res.output
+        assert f"{s['prefill_ms_p90']:.1f}" in res.output and f"{s['preprocess_ms_median']:.1f}" in res.output
 
     res = runner.invoke(app, ["fit", str(csv_path), "--name", "hand", "--out-dir", str(tmp_path / "rps")])
     assert res.exit_code == 0, res.output
     assert "MAE ms" in res.output and "pebbles" in res.output and "naive classifier" in res.output
+    assert "…" not in res.output
     meta = json.loads((tmp_path / "rps" / "hand" / "metadata.json").read_text())
     assert meta["profile"]["sha256"] == hashlib.sha256(csv_path.read_bytes()).hexdigest()
     assert meta["features"] == ["log_prefill_s", "log_kv_tokens"]

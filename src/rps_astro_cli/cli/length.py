@@ -51,27 +51,22 @@ def _json_safe(obj: Any) -> Any:
 
 
 def _table(results: dict[str, dict[str, Any]], title: str) -> None:
-    from rich.table import Table
-
+    """Metrics per model; never truncates a number (split into parts on narrow consoles)."""
+    from rps_astro_cli.cli.tables import print_table
     from rps_astro_cli.length.evaluate import BATCH_SIZE
 
-    t = Table(title=title)
     cols = [("mae", "MAE tok", 1), ("mape", "MAPE %", 1), ("median_ae", "median AE", 1),
             ("kendall_tau", "Kendall τ", 3), ("bucket_accuracy", "bucket acc", 3),
             ("p50_ms_batch1", "p50 ms b=1", 3), ("p99_ms_batch1", "p99 ms b=1", 3),
             ("p50_ms_batched", f"p50 ms/req b={BATCH_SIZE}", 3)]
-    t.add_column("model", no_wrap=True, min_width=max([5] + [len(n) for n in results]))
-    t.add_column("ctx", justify="right")
-    t.add_column("n", justify="right")
-    for _, head, _ in cols:
-        t.add_column(head, justify="right")
+    rows = []
     for name, r in results.items():
         cells = []
         for key, _, nd in cols:
             v = r.get(key)
             cells.append("–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{nd}f}")
-        t.add_row(name, str(r.get("context_turns", 0)), str(r.get("n", "")), *cells)
-    console.print(t)
+        rows.append([name, str(r.get("context_turns", 0)), str(r.get("n", "")), *cells])
+    print_table(console, title, ["model", "ctx", "n", *(head for _, head, _ in cols)], rows)
 
 
 @user_errors

@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
         an execution profile against a real vLLM engine instead."""
         import numpy as np
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-        from rich.table import Table
+
+        from rps_astro_cli.cli.tables import print_table
 
         from rps_astro_cli.data_paths import ARTIFACTS_DIR
         from rps_astro_cli.errors import AstroUserError
@@ -111,16 +112,13 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(result))
         else:
-            t = Table(title=f"workload profile: {csv_path}")
-            for c in ("modality", "rows", "prompt tokens (min/med/max)", "prefill ms med", "prefill ms p90",
-                      "encoder ms med", "preprocess ms med"):
-                t.add_column(c)
-            for s in summary:
-                t.add_row(s["modality"], str(s["rows"]),
+            print_table(console, f"workload profile: {csv_path}",
+                        ["modality", "rows", "prompt tokens min/med/max", "prefill ms med", "prefill ms p90",
+                         "encoder ms med", "preprocess ms med"],
+                        [[s["modality"], str(s["rows"]),
                           f"{s['prompt_tokens_min']}/{s['prompt_tokens_median']:.0f}/{s['prompt_tokens_max']}",
                           f"{s['prefill_ms_median']:.1f}", f"{s['prefill_ms_p90']:.1f}",
-                          f"{s['encoder_ms_median']:.1f}", f"{s['preprocess_ms_median']:.1f}")
-            console.print(t)
+                          f"{s['encoder_ms_median']:.1f}", f"{s['preprocess_ms_median']:.1f}"] for s in summary])
             console.print(f"new rows {run.done}, already there {run.skipped_existing}, "
                           f"rejected {len(run.rejected)}, failed {len(run.failed)}; inputs: {run.inputs}")
             for key, why in (run.rejected + run.failed)[:5]:
@@ -142,8 +140,7 @@ def register(app: typer.Typer) -> None:
         """Fit the impact estimator (linear / 0.9-quantile regression) and the k-means
         sand/pebbles/rocks classifier from a workload profile; print held-out MAE and
         centroids beside the naive (by-modality) baseline."""
-        from rich.table import Table
-
+        from rps_astro_cli.cli.tables import print_table
         from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
         from rps_astro_cli.rps.fit import fit_profile
 
@@ -151,22 +148,20 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps({"out_dir": str(rep.out_dir), **rep.metadata}))
             return
-        t = Table(title="impact estimator: held-out error per modality")
-        for c in ("modality", "model", "train", "test", "MAE ms", "under-est.", "KV MAE tokens"):
-            t.add_column(c)
-        for m in rep.estimator_metrics:
-            t.add_row(m.modality, m.kind, str(m.n_train), str(m.n_test) + (" (in-sample)" if m.in_sample else ""),
-                      f"{m.mae_ms:.2f}", f"{m.under_rate:.0%}", f"{m.kv_mae_tokens:.1f}")
-        console.print(t)
-        c = Table(title="classifier centroids (k-means, k=3)")
-        for col in ("class", "prefill ms", "KV tokens", "rows", "text", "image", "video"):
-            c.add_column(col)
+        print_table(console, "impact estimator: held-out error per modality",
+                    ["modality", "model", "train", "test", "MAE ms", "under-est.", "KV MAE tokens"],
+                    [[m.modality, m.kind, str(m.n_train), str(m.n_test) + (" (in-sample)" if m.in_sample else ""),
+                      f"{m.mae_ms:.2f}", f"{m.under_rate:.0%}", f"{m.kv_mae_tokens:.1f}"]
+                     for m in rep.estimator_metrics],
+                    right=[False, False, True, True, True, True, True])
         ct = rep.classifier.crosstab
+        rows = []
         for cen in rep.classifier.classifier.centroids_original():
             k = cen["class"]
-            c.add_row(k, f"{cen['prefill_s'] * 1000:.1f}", f"{cen['kv_tokens']:.0f}", str(rep.classifier.counts[k]),
-                      *(str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video")))
-        console.print(c)
+            rows.append([k, f"{cen['prefill_s'] * 1000:.1f}", f"{cen['kv_tokens']:.0f}", str(rep.classifier.counts[k]),
+                         *(str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video"))])
+        print_table(console, "classifier centroids (k-means, k=3)",
+                    ["class", "prefill ms", "KV tokens", "rows", "text", "image", "video"], rows)
         console.print(f"naive classifier (text→sand, image→pebbles, video→rocks) agrees on "
                       f"{rep.classifier.naive_agreement:.0%} of the profile rows")
         console.print(f"wrote {rep.out_dir}/classifier.joblib and metadata.json")
