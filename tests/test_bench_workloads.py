@@ -59,6 +59,7 @@ def test_sharegpt_filtering_counts(tmp_path):
     assert len({r.request_id for r in wl.requests}) == 10
 
 
+@pytest.mark.skipif(data_dir() is None, reason="needs ../shared/data (synthetic fallback rows have no source_id)")
 def test_sharegpt_seeded_shuffle_is_deterministic():
     a = load_workload("sharegpt", WorkloadOptions(num_requests=20), RNG(3))
     b = load_workload("sharegpt", WorkloadOptions(num_requests=20), RNG(3))
