@@ -324,12 +324,18 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     thr = dict(slo.thresholds_s).get(config.capacity_metric, 10.0)
                 goal = cap.CapacityGoal(config.capacity_metric, config.capacity_percentile, thr)
 
-                def probe(rate: float, _goal=goal) -> float | None:
+                short: list[tuple[float, cap.SteadyState]] = []
+
+                def probe(rate: float, _goal=goal, _short=short) -> tuple[float | None, bool]:
                     run = run_at(rate)
                     v = slo_percentile_value(run.records, _goal.metric, _goal.percentile)
-                    run.extras["capacity_probe"] = {"value_s": v, "meets": v is not None and v <= _goal.threshold_s}
+                    st = cap.steady_state(run.records)
+                    run.extras["capacity_probe"] = {"value_s": v, "steady_state": st.to_dict(),
+                                                    "meets": v is not None and v <= _goal.threshold_s and st.steady}
+                    if st.short:
+                        _short.append((rate, st))
                     run.records = []  # probes keep metrics only
-                    return v
+                    return v, st.steady
 
                 res = cap.search_capacity(
                     probe, goal,
@@ -337,6 +343,13 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
                     tolerance=config.capacity_tolerance, label=_label(policy, k, spec0, result.target).split(" @ ")[0])
                 result.capacity.append(res)
+                if short:
+                    r0, st0 = min(short, key=lambda x: x[0])
+                    result.warnings.append(
+                        f"{res.label}: {len(short)} capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
+                        f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
+                        f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
+                        f"raise -n for a trustworthy capacity")
             else:
                 for rate in (config.rates or [config.request_rate]):
                     run_at(rate)

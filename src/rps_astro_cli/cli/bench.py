@@ -119,6 +119,8 @@ def bench(
         typer.echo(json.dumps(report_dict(result)))
     else:
         print_summary(result)
+    for w in result.warnings[len(result.workload.get("warnings") or []):]:
+        err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False, soft_wrap=True)
     if result.out_dir:
         err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl",
                           highlight=False, soft_wrap=True)
