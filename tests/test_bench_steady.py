@@ -61,3 +61,19 @@ def test_burst_that_fits_the_batch_is_not_capacity(tmp_path):
     assert cap.capacity_rps is not None and cap.capacity_rps < 10
     assert "not steady" in cap.note and cap.interpolated_rps is None  # no latency crossing to interpolate
     assert any("too short to show steady state" in w for w in res.warnings)
+
+
+def test_capacity_notes_name_real_flags():
+    import re
+
+    import rps_astro_cli.cli.bench as cli_bench
+
+    src = open(cli_bench.__file__).read()
+    flags = set(re.findall(r'typer\.Option\("(--[a-z-]+)"', src))
+    up = search_capacity(lambda r: 0.1, CapacityGoal(threshold_s=1.0), start_rps=4, max_rps=16)
+    down = search_capacity(lambda r: 5.0, CapacityGoal(threshold_s=1.0), start_rps=4, min_rps=1)
+    assert "16 req/s" in up.note and "1 req/s" in down.note
+    for note in (up.note, down.note):
+        named = set(re.findall(r"--[a-z-]+", note))
+        assert named <= flags, f"{note!r} names unknown flags {named - flags}"
+    assert "--capacity-max-rate" in up.note

@@ -172,7 +172,7 @@ def search_capacity(probe: Callable[[float], Any], goal: CapacityGoal, *,
                 hi = nxt
                 break
         if hi is None:
-            note = f"met the goal up to --capacity-max-rps {max_rps:g}"
+            note = f"met the goal up to the search bound {max_rps:g} req/s: raise --capacity-max-rate"
     else:
         hi = r
         while hi > min_rps and len(probes) < max_probes:
@@ -182,7 +182,7 @@ def search_capacity(probe: Callable[[float], Any], goal: CapacityGoal, *,
                 break
             hi = nxt
         if lo is None:
-            note = f"missed the goal even at --capacity-min-rps {min_rps:g}"
+            note = f"missed the goal even at {min_rps:g} req/s, the lowest rate searched"
     while lo is not None and hi is not None and (hi - lo) / lo > tolerance and len(probes) < max_probes:
         mid = (lo + hi) / 2
         if test(mid):
