@@ -172,84 +172,71 @@ class InstanceSim:
         self.num_preemptions_total += 1
         self.waiting.insert(0, victim)
 
-    def _schedule_chunked(self, now_s: float, out: StepResult) -> None:
-        budget = self.config.max_num_batched_tokens
+    def _schedule_running(self, now_s: float, out: StepResult, budget: int | None) -> int:
+        """Schedule running requests in running order; return the budget left.
+
+        `budget` None = a prioritized-prefill decode step (one token each, no budget).
+        When blocks run out, the policy's victim is preempted until the allocation fits
+        or the victim is the request itself (which ends the pass, as in vLLM V1).
+        """
         sched = out.scheduled
         i = 0
-        while i < len(self.running) and budget > 0:
+        while i < len(self.running) and (budget is None or budget > 0):
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
-            scheduled_self = True
+            num_new = 1 if budget is None else min(req.num_tokens - req.num_computed_tokens, budget)
+            preempted_self = False
             while not self._allocate(req, num_new):
                 victim = self.policy.preemption_victim(self.running, now_s)
-                vidx = self.running.index(victim)
-                if vidx < i:  # victim was already in this batch: undo it (vLLM V1 does too)
+                if self.running.index(victim) < i:  # already in this batch: undo it (vLLM V1 does too)
                     for j, (r, n) in enumerate(sched):
                         if r is victim:
-                            budget += n
+                            if budget is not None:
+                                budget += n
                             del sched[j]
                             break
                     i -= 1
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is req:
-                    scheduled_self = False
+                    preempted_self = True
                     break
-            if not scheduled_self:
+            if preempted_self:
                 break
             sched.append((req, num_new))
-            budget -= num_new
+            if budget is not None:
+                budget -= num_new
             i += 1
-        if out.preempted or not self.waiting:
-            return
+        return budget or 0
+
+    def _admit_waiting(self, now_s: float, out: StepResult, budget: int, chunked: bool) -> None:
+        """Admit waiting requests in the policy's order while the batch has room, budget
+        is left and the first chunk's blocks fit (head-of-line: the first that does not
+        fit stops admission). Without chunking a prompt must fit the budget whole."""
         for req in self.policy.order_waiting(self.waiting, now_s):
             if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                 break
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = req.num_tokens - req.num_computed_tokens
+            if chunked:
+                num_new = min(num_new, budget)
+            elif num_new > budget:
+                break
             if not self._allocate(req, num_new):
                 break
             self.waiting.remove(req)
             self.running.append(req)
-            sched.append((req, num_new))
+            out.scheduled.append((req, num_new))
             budget -= num_new
 
+    def _schedule_chunked(self, now_s: float, out: StepResult) -> None:
+        budget = self._schedule_running(now_s, out, self.config.max_num_batched_tokens)
+        if not out.preempted and self.waiting:
+            self._admit_waiting(now_s, out, budget, chunked=True)
+
     def _schedule_prioritized(self, now_s: float, out: StepResult) -> None:
-        budget = self.config.prefill_budget
-        sched = out.scheduled
-        for req in self.policy.order_waiting(self.waiting, now_s) if self.waiting else ():
-            num_new = req.num_tokens - req.num_computed_tokens
-            if len(self.running) >= self.config.max_num_seqs or num_new > budget:
-                break
-            if not self._allocate(req, num_new):
-                break
-            self.waiting.remove(req)
-            self.running.append(req)
-            sched.append((req, num_new))
-            budget -= num_new
-        if sched:
-            return
-        i = 0
-        while i < len(self.running):
-            req = self.running[i]
-            ok = True
-            while not self._allocate(req, 1):
-                victim = self.policy.preemption_victim(self.running, now_s)
-                vidx = self.running.index(victim)
-                if vidx < i:
-                    for j, (r, _n) in enumerate(sched):
-                        if r is victim:
-                            del sched[j]
-                            break
-                    i -= 1
-                self._preempt(victim)
-                out.preempted.append(victim)
-                if victim is req:
-                    ok = False
-                    break
-            if not ok:
-                break
-            sched.append((req, 1))
-            i += 1
+        if self.waiting:
+            self._admit_waiting(now_s, out, self.config.prefill_budget, chunked=False)
+        if not out.scheduled:
+            self._schedule_running(now_s, out, None)
 
     # -- the step --------------------------------------------------------------------
     def step(self, now_s: float) -> StepResult:
