@@ -265,3 +265,32 @@ def test_max_concurrency_delays_sending_not_timing(fake_url):
     assert a.scheduled_s == b.scheduled_s == 0.0
     assert b.sent_s >= a.finish_s              # b waited for a's slot ...
     assert b.ttft_s == pytest.approx(FIRST_DELAY_S, abs=0.12)  # ... and its TTFT starts when it was sent
+
+
+def test_time_scaled_cluster_reports_engine_seconds(fake_url, tmp_path):
+    """cluster.json with time_scale 0.1: the fake server's 0.30 s wall TTFT is 3.0 engine s,
+    its 0.05 s wall chunk gaps 0.5 engine s; the table title and report.md say so."""
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.cli.main import app
+
+    cl = tmp_path / "cluster.json"
+    cl.write_text(json.dumps({"schema": "astro.cluster/1", "scheduler": {"url": fake_url}, "instances": [],
+                              "model": "fake-model", "time_scale": 0.1}))
+    reqs = [BenchRequest("a", "hello", 1, 3)]
+    workloads.WORKLOADS._items["fake-ts"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    try:
+        res = CliRunner().invoke(app, ["bench", "-w", "fake-ts", "--cluster", str(cl), "-n", "1",
+                                       "--out", str(tmp_path / "rep")])
+    finally:
+        del workloads.WORKLOADS._items["fake-ts"]
+    assert res.exit_code == 0, res.output
+    rep = json.loads((tmp_path / "rep" / "report.json").read_text())
+    m = rep["runs"][0]["metrics"]["overall"]
+    assert m["ttft_s"]["mean"] == pytest.approx(FIRST_DELAY_S / 0.1, abs=1.2)
+    assert m["ttft_s"]["mean"] > 2.0  # not the 0.3 s wall value
+    assert m["itl_s"]["mean"] == pytest.approx(GAP_S / 0.1, abs=0.5)
+    assert rep["target"]["time_scale"] == 0.1
+    assert "ENGINE seconds" in res.output and "time_scale 0.1" in res.output
+    assert "ENGINE seconds" in (tmp_path / "rep" / "report.md").read_text()

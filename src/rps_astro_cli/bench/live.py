@@ -6,9 +6,14 @@ starts a fresh cluster per policy from the recipe recorded in `cluster.json` (sa
 instances, profile and engine settings; only `scheduler.policy` / `scheduler.k` change)
 via `services.cluster.ClusterSupervisor`, and stops it after the policy's runs.
 
-Latencies are wall-clock seconds. A sim cluster with `time_scale` ≠ 1 runs engine time
-at that many wall seconds per engine second; relative SLOs (`--slo-scale`) are scaled
-accordingly (isolated E2E × time_scale).
+Times are reported in **engine seconds**. A sim cluster with `time_scale` ≠ 1 (cluster.json;
+e.g. `recipes/quick-sim.yaml`, 0.1) runs engine time at `time_scale` wall seconds per
+engine second, so the bench sends on a schedule compressed by that factor (arrival i at
+wall t_i × time_scale: `--request-rate` is in engine req/s) and divides every measured
+time (send, first/last token, ITL gaps) by it: latencies and rates then describe the
+profiled hardware (e.g. Llama-2-7B on A30), not the sped-up wall clock. Client and
+HTTP overheads are divided too (inflated by 1 / time_scale). A plain `--base-url`
+server has time_scale 1 (wall seconds).
 """
 
 from __future__ import annotations
@@ -109,7 +114,8 @@ class LiveTarget:
             d.update(cluster=str(self.cfg.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
                      instance_policy=self.cluster.get("instance_policy"),
-                     time_scale=self.cluster.get("time_scale", 1.0))
+                     time_scale=self.time_scale)
+        d["time_unit"] = ("engine seconds (wall ÷ time_scale)" if self.time_scale != 1.0 else "seconds")
         return d
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
@@ -154,9 +160,28 @@ class LiveTarget:
             return self.cfg.max_tokens
         return "none" if self.cluster else "reference"
 
+    @property
+    def time_scale(self) -> float:
+        """Wall seconds per engine second of the cluster's sim engines (1 without cluster.json)."""
+        try:
+            ts = float((self.cluster or {}).get("time_scale", 1.0) or 1.0)
+        except (TypeError, ValueError):
+            raise AstroUserError(f"time_scale {self.cluster.get('time_scale')!r} is not a number",
+                                 field="--cluster", fix="pass the cluster.json written by `astro serve`") from None
+        if ts <= 0:
+            raise AstroUserError(f"time_scale must be > 0, got {ts}", field="--cluster")
+        return ts
+
     def run(self, requests: list[BenchRequest], times: list[float],
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
-        return asyncio.run(self._run(requests, times, on_done))
+        ts = self.time_scale
+        if ts == 1.0:
+            return asyncio.run(self._run(requests, times, on_done))
+        records, extras = asyncio.run(self._run(requests, [t * ts for t in times], on_done))
+        for r in records:
+            to_engine_seconds(r, ts)
+        extras["time_scale"] = ts
+        return records, extras
 
     def _urls(self) -> tuple[list[str], list[str], str | None]:
         if not self.cluster:  # a plain server (e.g. vLLM) exports vllm:num_preemptions_total itself
@@ -274,7 +299,7 @@ class LiveTarget:
         out["scheduler_overhead_ms_mean"] = (1000 * s / n) if n and s is not None else None
         out["dispatch"] = scrape.decisions_summary(decisions) if decisions else None
         out["note"] = ("scraped before/after the run: other traffic on the cluster meanwhile would be counted; "
-                       "latencies are wall seconds")
+                       "request latencies are engine seconds (wall ÷ time_scale), scraped overheads wall ms")
         return out
 
     def fill_isolated(self, records: list[RequestRecord]) -> None:
@@ -286,8 +311,16 @@ class LiveTarget:
             raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
                                  fix="pass --profile ID (the served model's profile) or use --cluster")
         prof = load_profile(prof_id)
-        isolated_for(records, prof)
-        scale = float((self.cluster or {}).get("time_scale", 1.0) or 1.0)
-        for r in records:
-            if r.isolated_e2e_s is not None:
-                r.isolated_e2e_s *= scale
+        isolated_for(records, prof)  # engine seconds, like the records (see `run`)
+
+
+def to_engine_seconds(rec: RequestRecord, time_scale: float) -> None:
+    """Divide every time of `rec` (wall seconds from the run's start) by `time_scale`
+    (wall s per engine s) in place, giving engine seconds."""
+    rec.scheduled_s /= time_scale
+    rec.sent_s /= time_scale
+    if rec.first_token_s is not None:
+        rec.first_token_s /= time_scale
+    if rec.finish_s is not None:
+        rec.finish_s /= time_scale
+    rec.itl_s = [g / time_scale for g in rec.itl_s]

@@ -128,6 +128,16 @@ def _md_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str
     return "\n".join(out)
 
 
+def time_unit(rep: dict[str, Any]) -> str:
+    """How the report's times are measured: "latencies in s", or for a live sim cluster
+    with time_scale ≠ 1 the engine-seconds statement (see `live.py`)."""
+    ts = (rep.get("target") or {}).get("time_scale", 1.0)
+    if ts in (None, 1, 1.0):
+        return "latencies in s"
+    return (f"times in ENGINE seconds: wall ÷ time_scale {ts:g} (the sim engines run "
+            f"{1 / ts:g}× real time); rates in engine req/s")
+
+
 def markdown(rep: dict[str, Any]) -> str:
     """report.md text."""
     wl, tg = rep["workload"], rep["target"]
@@ -135,6 +145,7 @@ def markdown(rep: dict[str, Any]) -> str:
              f"- workload: **{wl['name']}**, {wl['num_requests']} requests {wl.get('modalities')}; source: {wl['source']}",
              f"- skipped: {wl['skipped'] or 'none'}; adjusted: {wl['notes'] or 'none'}",
              f"- target: {json.dumps({k: v for k, v in tg.items() if k != 'recipe'})}",
+             f"- units: {time_unit(rep)}",
              f"- seed: {rep['config']['seed']}; SLO: {rep['config'].get('slo') or 'none'}"
              f"{'' if rep['config'].get('slo_scale') is None else ', scale ' + str(rep['config']['slo_scale'])}",
              ""]

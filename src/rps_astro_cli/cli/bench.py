@@ -175,13 +175,13 @@ def print_summary(result) -> None:
     """Rich summary table (+ capacity table) of a `BenchResult`."""
     from rich.table import Table
 
-    from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows
+    from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows, time_unit
 
     from rich.console import Console
 
     out = console if console.is_terminal else Console(width=200)
     rep = report_dict(result)
-    t = Table(title=f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); latencies in s",
+    t = Table(title=f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); {time_unit(rep)}",
               show_lines=False)
     for c in SUMMARY_COLUMNS:
         t.add_column(c, overflow="fold")
