@@ -294,3 +294,32 @@ def test_time_scaled_cluster_reports_engine_seconds(fake_url, tmp_path):
     assert rep["target"]["time_scale"] == 0.1
     assert "ENGINE seconds" in res.output and "time_scale 0.1" in res.output
     assert "ENGINE seconds" in (tmp_path / "rep" / "report.md").read_text()
+
+
+def test_failures_name_their_reasons_without_plot_warnings(fake_url, tmp_path):
+    """Every request fails (HTTP 500 "boom"): the summary, the exit reason and report.md
+    give "2 × HTTP 500: boom"; the progress line reads "done 2/2 · ok 0 · failed 2"; no
+    matplotlib legend warning leaks (no curve to label)."""
+    import warnings
+
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.cli.main import app
+
+    reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
+    workloads.WORKLOADS._items["fake-fail2"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            res = CliRunner().invoke(app, ["bench", "-w", "fake-fail2", "--base-url", fake_url,
+                                           "--out", str(tmp_path / "rep")])
+    finally:
+        del workloads.WORKLOADS._items["fake-fail2"]
+    assert res.exit_code == 1
+    assert "fail: every request failed in run server @ all at t=0 (rate inf): 2 × HTTP 500: boom" in res.output
+    assert "failed 2: 2 × HTTP 500: boom" in res.output
+    assert "done 2/2 · ok 0 · failed 2" in res.output
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "2 × HTTP 500: boom" in md and "## Failed requests" in md
+    assert not [w for w in caught if "No artists with labels" in str(w.message)]

@@ -190,7 +190,7 @@ def group_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
                           if r.predicted_ttft_s is not None and r.ttft_s is not None])
     errors: dict[str, int] = {}
     for r in failed:
-        key = (r.error or "unknown error").split(":")[0][:80]
+        key = " ".join((r.error or "unknown error").split())[:160]  # the full reason, e.g. "HTTP 404: model ..."
         errors[key] = errors.get(key, 0) + 1
     return GroupMetrics(
         num_requests=len(records), num_completed=len(done), num_failed=len(failed), duration_s=T,
@@ -220,6 +220,16 @@ def all_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
         sub = [r for r in records if r.req_class == c]
         if sub:
             out[c] = group_metrics(sub, slo, T, None)
+    return out
+
+
+def top_errors(errors: dict[str, int], k: int = 3) -> str:
+    """"3 × HTTP 404: model 'bogus' is not served here; 1 × ..." for the `k` most frequent
+    failure reasons of `GroupMetrics.errors` (count, then text), "" when none."""
+    items = sorted(errors.items(), key=lambda kv: (-kv[1], kv[0]))
+    out = "; ".join(f"{n} × {text}" for text, n in items[:k])
+    if len(items) > k:
+        out += f"; {sum(n for _, n in items[k:])} × other reasons"
     return out
 
 

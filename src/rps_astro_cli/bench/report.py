@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from rps_astro_cli import __version__
+from rps_astro_cli.bench.metrics import top_errors
 
 SCHEMA = "astro.bench/1"
 
@@ -183,7 +184,7 @@ def markdown(rep: dict[str, Any]) -> str:
                            fmt((ex.get("decide_us") or {}).get("p50") if ex.get("decide_us")
                                else _us((disp.get("decide_ms") or {}).get("p50"))),
                            fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
-                           str(m.get("errors") or "none")])
+                           top_errors(m.get("errors") or {}) or "none"])
     lines += ["## Prediction, dispatch and failures", "",
               _md_table(("run", "length MAE tok", "length MAPE", "predictor E2E MAE s", "sched overhead p50 ms",
                          "p99 ms", "decide p50 µs", "predictor CPU ms/query", "predictor CPU %", "errors"),
@@ -194,6 +195,10 @@ def markdown(rep: dict[str, Any]) -> str:
             [[c["label"], c["goal"], fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
               ", ".join(f"{p['rate_rps']:.3g}:{'ok' if p['meets'] else 'miss'}" for p in c["probes"]), c["note"]]
              for c in rep["capacity"]]), ""]
+    fail_rows = [[run["label"], g, str(m["num_failed"]), top_errors(m.get("errors") or {}, k=5)]
+                 for run in rep["runs"] for g, m in run["metrics"].items() if g == "overall" and m.get("num_failed")]
+    if fail_rows:
+        lines += ["## Failed requests (top reasons)", "", _md_table(("run", "group", "failed", "reasons"), fail_rows), ""]
     if rep["exit_reasons"]:
         lines += ["## Exit", ""] + [f"- {r}" for r in rep["exit_reasons"]]
     return "\n".join(lines) + "\n"
@@ -212,6 +217,12 @@ def _png(fig) -> str:
 
     plt.close(fig)
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def _legend(ax) -> None:
+    """A legend only when something is labelled (matplotlib warns "No artists with labels")."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
 
 
 def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
@@ -235,7 +246,7 @@ def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
             ax.set_xlabel(name)
             ax.set_ylabel("CDF")
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
+        _legend(axes[0])
         out.append(("Latency CDFs", _png(fig)))
     series: dict[str, list[tuple[float, float | None, float | None]]] = {}
     for run in rep["runs"]:
@@ -255,7 +266,7 @@ def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
             ax.set_xlabel("request rate (req/s)")
             ax.set_yscale("log")
             ax.grid(alpha=0.3)
-        axes[0].legend(fontsize=7)
+        _legend(axes[0])
         out.append(("Latency vs request rate", _png(fig)))
     class_runs = [r for r in rep["runs"] if len(r["metrics"]) > 2][:4]
     if class_runs:
@@ -270,7 +281,7 @@ def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
                 ax.set_xticks(np.arange(len(groups)) + 0.4 - width / 2, groups)
         axes[0].set_ylabel("mean TTFT (s)")
         axes[1].set_ylabel("mean normalized latency (s/token)")
-        axes[0].legend(fontsize=7)
+        _legend(axes[0])
         out.append(("Per-class latency", _png(fig)))
     return out
 

@@ -32,7 +32,7 @@ import numpy as np
 
 from rps_astro_cli.bench import capacity as cap
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
-from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value
+from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value, top_errors
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloSpec, isolated_e2e_s, parse_slo
 from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_workload
@@ -368,7 +368,7 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
         o = run.metrics["overall"]
         if o.num_requests and o.num_completed == 0:
             result.exit_code = 1
-            result.exit_reasons.append(f"every request failed in run {run.label}")
+            result.exit_reasons.append(f"every request failed in run {run.label}: {top_errors(o.errors)}")
         if result.config.fail_under is not None and o.slo is not None and o.num_requests:
             att = o.slo.good / o.num_requests
             if att < result.config.fail_under:

@@ -125,16 +125,17 @@ def bench(
         err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl",
                           highlight=False, soft_wrap=True)
     for reason in result.exit_reasons:
-        err_console.print(f"[bold red]fail:[/] {reason}", highlight=False)
+        err_console.print(f"[bold red]fail:[/] {reason}", highlight=False, soft_wrap=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
 
 def _run_with_progress(cfg, run_bench):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    prog = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("ok {task.fields[ok]} failed {task.fields[failed]}"), TimeElapsedColumn(),
+    prog = Progress(TextColumn("{task.description}"), BarColumn(),
+                    TextColumn("done {task.completed:.0f}/{task.total:.0f} · ok {task.fields[ok]} · failed {task.fields[failed]}"),
+                    TimeElapsedColumn(),
                     console=err_console, transient=False)
     state: dict = {}
 
@@ -158,6 +159,11 @@ def _run_with_progress(cfg, run_bench):
             prog.console.print(f"  done {run.label}: {m.num_completed}/{m.num_requests} ok, "
                                f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, "
                                f"{run.wall_s:.1f} s wall", highlight=False, soft_wrap=True)
+            if m.num_failed:
+                from rps_astro_cli.bench.metrics import top_errors
+
+                prog.console.print(f"  [bold red]failed {m.num_failed}:[/] {top_errors(m.errors)}",
+                                   highlight=False, soft_wrap=True)
         elif event == "request":
             key = "ok" if data["record"].success else "failed"
             state[key] += 1
