@@ -58,7 +58,7 @@ def test_hand_computed_group():
     assert m.length_mae_tokens == pytest.approx(1.5) and m.length_mape == pytest.approx(1.1)
     # predictor E2E: |2 − 3| = 1 → MAE 1, MAPE 1/3
     assert m.predictor_e2e_mae_s == pytest.approx(1.0) and m.predictor_e2e_mape == pytest.approx(1 / 3)
-    assert m.errors == {"HTTP 500": 1}
+    assert m.errors == {"HTTP 500: boom": 1}  # the full reason, not only its status
 
 
 def test_all_failed_gives_na_not_crash():
