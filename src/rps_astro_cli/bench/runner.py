@@ -221,6 +221,23 @@ def _check(cfg: BenchConfig) -> None:
 
         for p in cfg.policies:
             DISPATCH_POLICIES.get(p)  # raises listing the valid names
+    for k in cfg.ks or []:
+        if k != "all" and not (k.isdigit() and int(k) >= 1):
+            raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all")
+    if cfg.cluster:
+        from rps_astro_cli.bench.live import read_cluster_json
+
+        read_cluster_json(cfg.cluster)  # missing / invalid file → error before any data loads
+    if cfg.virtual:
+        from rps_astro_cli.policies import make_policy
+        from rps_astro_cli.sim.profile import load_profile
+
+        make_policy(cfg.instance_policy)  # raises listing the valid names
+        if cfg.profile:
+            try:
+                load_profile(cfg.profile)
+            except AstroUserError as exc:
+                raise AstroUserError(str(exc), field="--profile") from None
 
 
 def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
@@ -264,8 +281,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     Raises:
         AstroUserError: any bad setting or input (names the flag).
     """
-    _check(config)
+    _check(config)  # every flag and named file, before any data loads or run starts
     from rps_astro_cli.tokens import load_counter
+
+    length_model = None
+    if config.virtual and not config.oracle_lengths:
+        from rps_astro_cli.bench.virtual import load_bench_length_model
+
+        length_model = load_bench_length_model(config.length_model)
 
     prog = progress or (lambda *a, **k: None)
     slo = parse_slo(config.slo, config.slo_scale)
@@ -287,7 +310,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     if config.virtual:
         from rps_astro_cli.bench.virtual import VirtualTarget
 
-        target: Any = VirtualTarget(config, wl, counter)
+        target: Any = VirtualTarget(config, wl, counter, length_model)
     else:
         from rps_astro_cli.bench.live import LiveTarget
 

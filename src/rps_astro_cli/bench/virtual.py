@@ -80,12 +80,33 @@ class VirtualRequest:
     preprocess_s: float
 
 
+def load_bench_length_model(spec: str | None) -> tuple[str, Callable[..., int]]:
+    """`services.tagger.load_length_model(spec)`, its user errors re-worded to name
+    `--length-model` (the loader names the tagger's own `--model`).
+
+    Raises:
+        AstroUserError: field "--length-model" — the artifact is missing or cannot load.
+    """
+    from rps_astro_cli.services.tagger import load_length_model
+
+    try:
+        return load_length_model(spec)
+    except AstroUserError as exc:
+        text = str(exc)
+        if exc.field and text.startswith(f"{exc.field}: "):
+            text = text[len(exc.field) + 2:]
+        raise AstroUserError(text, field="--length-model") from None
+
+
 class VirtualTarget:
     """Runs the workload on the virtual cluster (see module docstring)."""
 
     simulate: Callable[..., tuple[list[RequestRecord], dict[str, Any]]] | None = None  # tests may inject a fake
 
-    def __init__(self, cfg, wl: Workload, counter: TokenCounter):
+    def __init__(self, cfg, wl: Workload, counter: TokenCounter,
+                 length_model: tuple[str, Callable[..., int]] | None = None):
+        """length_model: (name, predict) already loaded by `load_bench_length_model`
+        (else it is loaded here unless `cfg.oracle_lengths`)."""
         from rps_astro_cli.sim.profile import load_profile
 
         self.cfg = cfg
@@ -100,13 +121,14 @@ class VirtualTarget:
         self.policy: str = "round_robin"
         self.k: str | None = None
         self.length_model_name = "oracle"
-        self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
+        if length_model is not None and not cfg.oracle_lengths:
+            self.length_model_name, self._predict_len = length_model
+        else:
+            self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
         self._predicted = [self._predicted_len(r) for r in wl.requests]
 
     def _load_length_model(self):
-        from rps_astro_cli.services.tagger import load_length_model
-
-        self.length_model_name, fn = load_length_model(self.cfg.length_model)
+        self.length_model_name, fn = load_bench_length_model(self.cfg.length_model)
         return fn
 
     def _predicted_len(self, r: BenchRequest) -> int:
