@@ -113,6 +113,17 @@ def candidate_to_sim(c: CandidateRequest, now_s: float) -> SimRequest:
     )
 
 
+def _check_fits(candidate: CandidateRequest, max_model_len: int) -> None:
+    """Raise AstroUserError (field "candidate") when prompt + predicted output exceeds
+    `max_model_len` (tokens): no instance could ever hold the request."""
+    total = candidate.prompt_tokens + candidate.predicted_output_tokens
+    if total > max_model_len:
+        raise AstroUserError(
+            f"prompt + output = {total} tokens exceeds max_model_len {max_model_len}",
+            field="candidate",
+        )
+
+
 def build_sim(
     status: InstanceStatus,
     latency: LatencyModel,
@@ -149,11 +160,7 @@ def predict_stepwise(
     """
     sim = build_sim(status, latency, policy, extension_tokens, default_output_tokens)
     cfg = status.limits
-    if candidate.prompt_tokens + candidate.predicted_output_tokens > cfg.max_model_len:
-        raise AstroUserError(
-            f"prompt + output = {candidate.prompt_tokens + candidate.predicted_output_tokens} "
-            f"tokens exceeds max_model_len {cfg.max_model_len}", field="candidate",
-        )
+    _check_fits(candidate, cfg.max_model_len)
     cand = candidate_to_sim(candidate, status.time_s)
     t = status.time_s
     added = False
@@ -235,6 +242,27 @@ def _lreq(r: RequestStatus, target: int) -> _LReq:
     )
 
 
+def _lcandidate(c: CandidateRequest, now_s: float) -> _LReq:
+    """`candidate_to_sim` as a look-ahead request."""
+    c0 = candidate_to_sim(c, now_s)
+    return _LReq(
+        c0.request_id, c0.arrival_s, c0.prompt_tokens, c0.target_output_tokens, c0.modality,
+        c0.vision_tokens, c0.encoder_s, c0.req_class, c0.predicted_output_tokens, c0.deadline_s,
+    )
+
+
+def _next_chunk(r: _LReq, budget: int, bs: int) -> tuple[int, int]:
+    """The tokens an unpooled request computes next under a `budget` of tokens and the
+    KV blocks they newly need: (min(uncomputed, budget), max(0, ceil((computed + n) /
+    bs) - held blocks)), as vLLM V1's chunked-prefill running/waiting passes size them."""
+    c = r.num_computed_tokens
+    n = r.prompt_tokens + r.num_generated_tokens - c
+    if n > budget:
+        n = budget
+    nb = -(-(c + n) // bs) - r.kv_blocks
+    return n, (nb if nb > 0 else 0)
+
+
 def _is_fcfs(policy: InstancePolicy) -> bool:
     """True when the policy orders and preempts exactly like FCFS (identity order, last
     running request as victim), so the look-ahead may skip calling it."""
@@ -276,16 +304,8 @@ def predict(
             than MAX_LOOKAHEAD_STEPS steps.
     """
     cfg = status.limits
-    if candidate.prompt_tokens + candidate.predicted_output_tokens > cfg.max_model_len:
-        raise AstroUserError(
-            f"prompt + output = {candidate.prompt_tokens + candidate.predicted_output_tokens} "
-            f"tokens exceeds max_model_len {cfg.max_model_len}", field="candidate",
-        )
-    c0 = candidate_to_sim(candidate, status.time_s)
-    cand = _LReq(
-        c0.request_id, c0.arrival_s, c0.prompt_tokens, c0.target_output_tokens, c0.modality,
-        c0.vision_tokens, c0.encoder_s, c0.req_class, c0.predicted_output_tokens, c0.deadline_s,
-    )
+    _check_fits(candidate, cfg.max_model_len)
+    cand = _lcandidate(candidate, status.time_s)
     ext, dflt = extension_tokens, default_output_tokens
     running: list[_LReq] = [_lreq(r, expected_output_tokens(r, ext, dflt)) for r in status.running]
     waiting: list[_LReq] = [_lreq(r, expected_output_tokens(r, ext, dflt)) for r in status.waiting]
@@ -326,30 +346,20 @@ class _FastLookahead:
     # -- pool maintenance ------------------------------------------------------------
     def _rebuild(self) -> None:
         """Re-derive the decode pool from explicit (materialized) running requests."""
-        bs, G = self.bs, self.G
-        cnt2 = self.cnt2 = [0] * (2 * bs)
-        heap: list[tuple[int, int, _LReq]] = []
+        bs = self.bs
+        self.cnt2 = [0] * (2 * bs)
+        self.heap = []
         nondec: list[_LReq] = []
-        B = S = 0
-        seq = self.seq
+        self.nondec = nondec
+        self.B = self.S = 0
         for r in self.running:
             c = r.num_computed_tokens
             g = r.num_generated_tokens
             if g > 0 and r.prompt_tokens + g - c == 1 and r.kv_blocks == -(-c // bs) and g < r.target_output_tokens:
-                r.pool_g = G
-                rho = (G - c) % bs
-                cnt2[rho] += 1
-                cnt2[rho + bs] += 1
-                B += 1
-                S += c + 1
-                seq += 1
-                r.pool_seq = seq
-                heap.append((G + r.target_output_tokens - g - 1, seq, r))
+                self._join(r)
             else:
                 r.pool_g = -1
                 nondec.append(r)
-        heapq.heapify(heap)
-        self.heap, self.nondec, self.B, self.S, self.seq = heap, nondec, B, S, seq
 
     def _materialize(self) -> None:
         bs, G = self.bs, self.G
@@ -488,17 +498,10 @@ class _FastLookahead:
         for r in nondec:
             if budget <= 0:
                 break
-            c = r.num_computed_tokens
-            n = r.prompt_tokens + r.num_generated_tokens - c
-            if n > budget:
-                n = budget
-            nb = -(-(c + n) // bs) - r.kv_blocks
-            if nb > 0:
-                if nb > free:
-                    return self._fcfs_preempt_step(t, True) if fcfs else self._policy_preempt_chunked(t)
-                free -= nb
-            else:
-                nb = 0
+            n, nb = _next_chunk(r, budget, bs)
+            if nb > free:
+                return self._fcfs_preempt_step(t, True) if fcfs else self._policy_preempt_chunked(t)
+            free -= nb
             sched.append((r, n, nb))
             budget -= n
         waiting = self.waiting
@@ -510,17 +513,10 @@ class _FastLookahead:
             for r in order:
                 if nrun >= maxs or budget <= 0:
                     break
-                c = r.num_computed_tokens
-                n = r.prompt_tokens + r.num_generated_tokens - c
-                if n > budget:
-                    n = budget
-                nb = -(-(c + n) // bs) - r.kv_blocks
-                if nb > 0:
-                    if nb > free:
-                        break
-                    free -= nb
-                else:
-                    nb = 0
+                n, nb = _next_chunk(r, budget, bs)
+                if nb > free:
+                    break
+                free -= nb
                 sched.append((r, n, nb))
                 budget -= n
                 nrun += 1
@@ -668,13 +664,7 @@ class _FastLookahead:
         i = 0
         while i < len(run) and budget > 0:
             r = run[i]
-            c = r.num_computed_tokens
-            n = r.prompt_tokens + r.num_generated_tokens - c
-            if n > budget:
-                n = budget
-            nb = -(-(c + n) // bs) - r.kv_blocks
-            if nb < 0:
-                nb = 0
+            n, nb = _next_chunk(r, budget, bs)
             self_victim = False
             while nb > F:
                 victim = policy.preemption_victim(run, t)
@@ -773,13 +763,7 @@ class _FastLookahead:
             else:
                 if not chunked:
                     return False
-                c = r.num_computed_tokens
-                n = r.prompt_tokens + r.num_generated_tokens - c
-                if n > budget:
-                    n = budget
-                nb = -(-(c + n) // bs) - r.kv_blocks
-                if nb < 0:
-                    nb = 0
+                n, nb = _next_chunk(r, budget, bs)
             if nb > F:
                 while nb > F and end > i:
                     end -= 1
@@ -817,13 +801,7 @@ class _FastLookahead:
             if budget <= 0:
                 nd.append((r, 0, 0))
                 continue
-            c = r.num_computed_tokens
-            n = r.prompt_tokens + r.num_generated_tokens - c
-            if n > budget:
-                n = budget
-            nb = -(-(c + n) // bs) - r.kv_blocks
-            if nb < 0:
-                nb = 0
+            n, nb = _next_chunk(r, budget, bs)
             nd.append((r, n, nb))
             need += nb
             budget -= n
@@ -876,8 +854,60 @@ class _FastLookahead:
         self.waiting[:0] = victims
         B = self.B
         if not B and not ents:
+            self.free = F  # the victims' blocks are free again; nothing ran
             return _PREEMPTED_ONLY
         return self._apply(t, ents, B, F, ntok, True)
+
+    def _jump_len(self, t: float, G: int, S: int, B: int, F: int, fmin: int, added: bool,
+                  arrival: float) -> tuple[int, float, int, bool]:
+        """Length of a pure decode run of the B pooled decoders from tick G (context sum S,
+        F free blocks): up to the first finish (`fmin` = its last tick), until the clock
+        reaches the candidate's `arrival` (when not yet `added`), and no further than the
+        last step whose block allocations fit F.
+
+        Returns (n steps, a = shape_s(B, B) in seconds, blocks the n steps allocate,
+        exhausted: True when step n + 1 would run out of blocks). The run takes
+        n*a + decode_attn*(n*S + B*n(n-1)/2) seconds (the caller adds it)."""
+        bs, cnt2 = self.bs, self.cnt2
+        n = fmin - G + 1
+        a = self.memo.get((B, B))
+        if a is None:
+            a = self.latency.shape_s(B, B)
+        dec = self.dec
+        if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
+            k = self._steps_to_reach(arrival - t, a, dec, S, B)
+            if k < n:
+                n = k
+        r0 = G % bs
+        q, m = divmod(n, bs)
+        need = q * B + sum(cnt2[r0:r0 + m])
+        if need <= F:
+            return n, a, need, False
+        q = F // B
+        rem = F - q * B
+        acc = 0
+        i = 0
+        while True:
+            acc += cnt2[r0 + i]
+            if acc > rem:
+                break
+            i += 1
+        return q * bs + i, a, q * B + sum(cnt2[r0:r0 + i]), True  # step n + 1 would preempt
+
+    @staticmethod
+    def _peel_pooled(run: list[_LReq], e: int, N: int, F: int, G: int, bs: int) -> tuple[int, int, int]:
+        """FCFS victims off the pooled part of the running list: while the kept decoders
+        run[:e] need N new blocks (one each whose context at tick G is a multiple of bs)
+        and only F are free, drop run[e - 1] (its blocks return to F).
+        Returns (e, N, F) for the kept prefix run[:e]."""
+        while N > F:
+            e -= 1
+            v = run[e]
+            c = v.num_computed_tokens + G - v.pool_g
+            if c % bs == 0:
+                N -= 1
+            F += -(-c // bs)
+        return e, N, F
 
     def _fcfs_chunked_loop(self, t: float, arrival: float, added: bool,
                            cand: _LReq) -> tuple[float, int, int, bool, bool]:
@@ -934,6 +964,7 @@ class _FastLookahead:
                     hk = -(-(hc + hn) // bs) - h.kv_blocks
                     blocked = hk > 0 and hk > F - n_t
                 if blocked:
+                    # `_jump_len`, inlined for speed (with the `_evict_tail` call below: ~11% slower)
                     n = top[0] - G + 1
                     a = memo.get((B, B))
                     if a is None:
@@ -1001,16 +1032,12 @@ class _FastLookahead:
                 N = need
                 Fx = F
                 if x is not None:
-                    e -= 1
+                    e -= 1  # X is the last running request: always a victim
                     N -= xk
                     Fx += x.kv_blocks
-                while N > Fx:
-                    e -= 1
-                    v = run[e]
-                    c = v.num_computed_tokens + G - v.pool_g
-                    if c % bs == 0:
-                        N -= 1
-                    Fx += -(-c // bs)
+                e, N, Fx = self._peel_pooled(run, e, N, Fx, G, bs)
+                # `_evict_tail` then `_apply` of the B survivors, inlined for speed
+                # (frequent under KV pressure: the calls cost ~8% of this loop at 48 running / 200 waiting)
                 victims = run[e:]
                 del run[e:]
                 for v in victims:
@@ -1081,6 +1108,7 @@ class _FastLookahead:
                     del waiting[:i]
                     run.extend(adm)
                     nondec.extend(adm)
+            # `_apply`, inlined for speed (the per-step path of the hot loop)
             dctx = S
             pairs = 0.0
             enc = 0.0
@@ -1121,7 +1149,7 @@ class _FastLookahead:
                         r.finish_s = t
                         if r is cand:
                             done = True
-                    elif kv == -(-c // bs):
+                    elif kv == -(-c // bs):  # `_join`, inlined for speed (the per-step path)
                         nondec.remove(r)
                         r.pool_g = G
                         rho = (G - c) % bs
@@ -1286,31 +1314,7 @@ class _FastLookahead:
                 heap = self.heap
                 while heap[0][2].pool_seq != heap[0][1] or heap[0][2].pool_g < 0:
                     heapq.heappop(heap)  # stale entries of preempted requests
-                n = heap[0][0] - G + 1
-                a = memo.get((B, B))
-                if a is None:
-                    a = shape_s(B, B)
-                if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
-                    k = self._steps_to_reach(arrival - t, a, dec, S, B)
-                    if k < n:
-                        n = k
-                r0 = G % bs
-                q, m = divmod(n, bs)
-                need = q * B + sum(cnt2[r0:r0 + m])
-                exhausted = need > free
-                if exhausted:
-                    q = free // B
-                    rem = free - q * B
-                    acc = 0
-                    i = 0
-                    while True:
-                        acc += cnt2[r0 + i]
-                        if acc > rem:
-                            break
-                        i += 1
-                    n = q * bs + i  # steps that still fit; step n would preempt
-                    m = n - q * bs
-                    need = q * B + sum(cnt2[r0:r0 + m])
+                n, a, need, exhausted = self._jump_len(t, G, S, B, free, heap[0][0], added, arrival)
                 if n > 0:
                     t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
                     G += n
@@ -1331,49 +1335,13 @@ class _FastLookahead:
                     B = self.B
                     if len(run) != B:
                         continue
-                    F = self.free
-                    N = cnt2[G % bs]
-                    e = B
-                    while N > F:
-                        e -= 1
-                        v = run[e]
-                        c = v.num_computed_tokens + G - v.pool_g
-                        if c % bs == 0:
-                            N -= 1
-                        F += -(-c // bs)
-                    victims = run[e:]
-                    del run[e:]
-                    S = self.S
-                    for v in victims:
-                        vg = v.pool_g
-                        c_e = v.num_computed_tokens
-                        d = G - vg
-                        rho = (vg - c_e) % bs
-                        cnt2[rho] -= 1
-                        cnt2[rho + bs] -= 1
-                        S -= c_e + d + 1
-                        v.num_generated_tokens += d
-                        v.pool_g = -1
-                        v.num_computed_tokens = 0
-                        v.kv_blocks = 0
-                        v.num_preemptions += 1
-                    self.waiting[:0] = victims
-                    B = e
-                    self.B = B
-                    if not B:
-                        self.S = S
-                        self.free = F - N
+                    e, N, F = self._peel_pooled(run, B, cnt2[G % bs], self.free, G, bs)
+                    dur = self._evict_tail(t, e, [], F - N, e)
+                    if dur is _PREEMPTED_ONLY:
                         continue  # only preempted: no time passes
-                    a = memo.get((B, B))
-                    if a is None:
-                        a = shape_s(B, B)
-                    t += a + dec * S + self.pre * 0.0 + 0.0  # `_apply` of B decoders
-                    G += 1
-                    self.G = G
-                    self.S = S + B
-                    self.free = F - N
+                    t += dur
                     steps += 1
-                    if heap and heap[0][0] < G and self._pop_finished(t):
+                    if self._done:
                         break
                     continue
                 if n > 0:
@@ -1463,16 +1431,8 @@ def predict_instance(
     `predict`.
     """
     cfg = inst.config
-    if candidate.prompt_tokens + candidate.predicted_output_tokens > cfg.max_model_len:
-        raise AstroUserError(
-            f"prompt + output = {candidate.prompt_tokens + candidate.predicted_output_tokens} "
-            f"tokens exceeds max_model_len {cfg.max_model_len}", field="candidate",
-        )
-    c0 = candidate_to_sim(candidate, now_s)
-    cand = _LReq(
-        c0.request_id, c0.arrival_s, c0.prompt_tokens, c0.target_output_tokens, c0.modality,
-        c0.vision_tokens, c0.encoder_s, c0.req_class, c0.predicted_output_tokens, c0.deadline_s,
-    )
+    _check_fits(candidate, cfg.max_model_len)
+    cand = _lcandidate(candidate, now_s)
     ext, dflt = extension_tokens, default_output_tokens
     running = [_lreq_from_sim(r, _expected_sim(r, ext, dflt)) for r in inst.running]
     waiting = [_lreq_from_sim(r, _expected_sim(r, ext, dflt)) for r in inst.waiting]
