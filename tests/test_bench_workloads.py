@@ -209,6 +209,11 @@ def test_no_data_anywhere_falls_back_to_synthetic_and_says_so(tmp_path, monkeypa
     wl = load_workload("sharegpt", WorkloadOptions(num_requests=5), RNG(0))
     assert len(wl.requests) == 5 and wl.name == "sharegpt"
     assert "synthetic" in wl.source and "SYNTHETIC" in wl.warnings[0]
+    # the warning names the fix and the statistics' source in words, not a code constant
+    w = wl.warnings[0]
+    assert "--path FILE" in w and "ASTRO_DATA_DIR=<folder with sharegpt/" in w
+    assert "Astrolabe paper's 10,000-request ShareGPT length trace" in w
+    assert "SYNTHETIC_STATS" not in w and "SYNTHETIC_STATS" not in wl.source
 
 
 def test_mix_without_data_is_synthetic_with_stand_ins(tmp_path, monkeypatch):

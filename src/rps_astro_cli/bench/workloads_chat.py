@@ -51,8 +51,11 @@ def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
         if recs is None:
             wl = load_synthetic(opts, rng)
             wl.name = "sharegpt"
-            wl.warnings.insert(0, "no ShareGPT file found (no --path, no data folder, no hub): "
-                                  "using SYNTHETIC ShareGPT-like lengths instead")
+            wl.warnings.insert(0, "no ShareGPT file found (no --path, no data folder, no hub): using SYNTHETIC "
+                                  "ShareGPT-like lengths instead — lognormal fits to the Astrolabe paper's "
+                                  "10,000-request ShareGPT length trace (Llama-2 tokenizer), no real prompts. "
+                                  "Fix: pass --path FILE (a ShareGPT JSON) or set ASTRO_DATA_DIR=<folder with "
+                                  "sharegpt/sharegpt_v3_sample500.json or ShareGPT_V3_unfiltered_cleaned_split.json>")
             return wl
         source = "Hugging Face hub (datasets): anon8231489123/ShareGPT_Vicuna_unfiltered"
     else:
@@ -188,10 +191,11 @@ def _synthetic_llava(opts: WorkloadOptions, rng: np.random.Generator) -> Workloa
         o = max(1, int(round(rng.lognormal(s["output_log_mu"], s["output_log_sigma"]))))
         out.append(BenchRequest(f"llava-{k}", "", p, o, "image", (MediaItem("image", None, True, seed=k),)))
     what = f"{n_img} real sample JPEG(s)" if n_img else "generated 640×480 JPEGs"
-    return Workload("llava-instruct", out, "synthetic LLaVA-Instruct-like lengths (see LLAVA_SYNTHETIC_STATS)",
-                    {}, {"image_stand_in": len(out)},
+    return Workload("llava-instruct", out, "synthetic LLaVA-Instruct-like lengths (lognormal fits to 100 "
+                    "LLaVA-Instruct-150K records)", {}, {"image_stand_in": len(out)},
                     [f"no LLaVA-Instruct file found (no --path, no data folder): SYNTHETIC image requests with "
-                     f"STAND-IN images ({what})"])
+                     f"STAND-IN images ({what}) and lengths fitted to 100 LLaVA-Instruct-150K records. Fix: pass "
+                     f"--path FILE or set ASTRO_DATA_DIR=<folder with llava/llava_instruct_150k.json>"])
 
 
 @WORKLOADS.register("llava-video")

@@ -178,5 +178,5 @@ def load_synthetic(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
         o = int(np.clip(round(rng.lognormal(s["output_log_mu"], s["output_log_sigma"])), 1, s["output_max"]))
         if _length_ok(p, o, opts, False, skipped):
             out.append(BenchRequest(f"synthetic-{len(out)}", "", p, o))
-    return Workload("synthetic", out, "synthetic ShareGPT-like lengths (lognormal fit to the Astrolabe "
-                    "ShareGPT trace; see SYNTHETIC_STATS)", dict(skipped))
+    return Workload("synthetic", out, "synthetic ShareGPT-like lengths (lognormal fits to the Astrolabe "
+                    "paper's 10,000-request ShareGPT length trace, Llama-2 tokenizer)", dict(skipped))
