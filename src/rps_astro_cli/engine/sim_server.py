@@ -443,11 +443,25 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     """
     app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
                      counter=counter)
-    sock = bind_socket(host, port)
-    real_port = sock.getsockname()[1]
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{real_port}"
-    server = _uvicorn_server(app, log_level)
+    serve_blocking(app, host, port, log_level, ready_file)
+
+
+def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning",
+                   ready_file: str | None = None, *, use_uvloop: bool = False) -> None:
+    """Serve `app` with uvicorn on host:port (port 0 = any free port) until interrupted
+    (blocking). Once listening, prints `ready: http://HOST:PORT` on stdout and writes that
+    URL to `ready_file` (when given), so a supervisor can learn the port. `use_uvloop`
+    runs the event loop on uvloop when it is installed (else asyncio). Shared by the
+    engine and the services (`services.http_common.run_app`).
+
+    Raises:
+        AstroUserError: the address cannot be bound.
+    """
     import asyncio
+
+    sock = bind_socket(host, port)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
+    server = _uvicorn_server(app, log_level)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -460,8 +474,16 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
                     fh.write(url + "\n")
         await task
 
+    run = asyncio.run
+    if use_uvloop:
+        try:
+            import uvloop  # optional speed-up (uvicorn's "standard" extra)
+
+            run = uvloop.run
+        except ImportError:  # pragma: no cover
+            pass
     try:
-        asyncio.run(main())
+        run(main())
     except KeyboardInterrupt:
         pass
 

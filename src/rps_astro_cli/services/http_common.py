@@ -206,34 +206,6 @@ def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: st
     Raises:
         AstroUserError: the address cannot be bound.
     """
-    import asyncio
+    from rps_astro_cli.engine.sim_server import serve_blocking
 
-    import uvicorn
-
-    sock = bind_socket(host, port)
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
-                            lifespan="on", timeout_graceful_shutdown=2)
-    server = uvicorn.Server(config)
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            print(f"ready: {url}", flush=True)
-            if ready_file:
-                with open(ready_file, "w") as fh:
-                    fh.write(url + "\n")
-        await task
-
-    try:
-        import uvloop  # optional speed-up (uvicorn's "standard" extra)
-
-        run = uvloop.run
-    except ImportError:  # pragma: no cover
-        run = asyncio.run
-    try:
-        run(main())
-    except KeyboardInterrupt:
-        pass
+    serve_blocking(app, host, port, log_level, ready_file, use_uvloop=True)
