@@ -167,6 +167,20 @@ def metrics_response(registry) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
+def add_health_and_metrics(app: FastAPI, registry, fields: dict[str, Any]) -> None:
+    """Register a service's GET /health (`{"status": "ok", **fields}`, e.g. its role) and
+    GET /metrics (Prometheus text exposition of `registry`) on `app`."""
+    body = {"status": "ok", **fields}
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return dict(body)
+
+    @app.get("/metrics")
+    async def metrics():
+        return metrics_response(registry)
+
+
 def new_registry():
     """A fresh Prometheus registry with this process's CPU/memory collector."""
     from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics

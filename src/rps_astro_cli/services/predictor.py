@@ -51,10 +51,10 @@ from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
     HTTPUserError,
+    add_health_and_metrics,
     check_api_key,
     error_response,
     install_error_handlers,
-    metrics_response,
     new_registry,
     read_json_body,
 )
@@ -268,14 +268,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
     app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "role": "predictor", "engine_url": settings.engine_url}
-
-    @app.get("/metrics")
-    async def metrics():
-        return metrics_response(reg)
+    add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url})
 
     async def predict(request: Request):
         t0 = time.perf_counter()

@@ -44,9 +44,9 @@ from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
     HTTPUserError,
+    add_health_and_metrics,
     check_api_key,
     install_error_handlers,
-    metrics_response,
     new_registry,
     read_body,
 )
@@ -205,14 +205,7 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
     tagger = Tagger(settings)
     app = FastAPI(title="astro tagger", docs_url=None, redoc_url=None)
     install_error_handlers(app)
-
-    @app.get("/health")
-    async def health() -> dict[str, Any]:
-        return {"status": "ok", "role": "tagger", "length_model": tagger.name}
-
-    @app.get("/metrics")
-    async def metrics():
-        return metrics_response(reg)
+    add_health_and_metrics(app, reg, {"role": "tagger", "length_model": tagger.name})
 
     async def tag(request: Request):
         t0 = time.perf_counter()
