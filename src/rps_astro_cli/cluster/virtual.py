@@ -29,7 +29,7 @@ from __future__ import annotations
 import heapq
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -307,9 +307,7 @@ def simulate_cluster(
                 t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
                 c = cand
                 if t_snap > now:
-                    c = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
-                                         req.encoder_s, max(0.0, now + req.preprocess_s - t_snap),
-                                         req.req_class, req.deadline_s)
+                    c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(sims[i], t_snap, c, extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens)
                 shift = t_snap - now
