@@ -124,6 +124,37 @@ def _use_sample_jpegs() -> int:
     return len(jpgs)
 
 
+def _media_pairs(recs: list, opts: WorkloadOptions, rng: np.random.Generator, tag_re: str, kind: str,
+                 media_dir: Path | None, media_ok: bool, skipped: Counter, notes: Counter):
+    """The LLaVA-style records a media workload takes, in random order, at most
+    `opts.num_requests`: yields (record index, record, prompt with the `tag_re` media
+    tags removed, prompt tokens, output tokens, media file or None) for each record whose
+    first (question, answer) pair passes `_length_ok`. The media file is
+    `media_dir / record[kind]` when that folder is usable and the file exists; each
+    None counts in `notes[f"{kind}_stand_in"]`. Records left out count in `skipped`."""
+    taken = 0
+    for i in rng.permutation(len(recs)):
+        if taken >= opts.num_requests:
+            break
+        e = recs[i]
+        got = _first_pair(e.get("conversations") or [])
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        prompt = re.sub(tag_re, " ", got[0]).strip()
+        p, o = opts.counter(prompt), opts.counter(got[1])
+        if not _length_ok(p, o, opts, False, skipped):
+            continue
+        name = e.get(kind)
+        f = media_dir / name if (media_ok and isinstance(name, str) and media_dir) else None
+        if f is not None and not f.is_file():
+            f = None
+        if f is None:
+            notes[f"{kind}_stand_in"] += 1
+        taken += 1
+        yield int(i), e, prompt, p, o, f
+
+
 @WORKLOADS.register("llava-instruct")
 def load_llava_instruct(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     """LLaVA-Instruct-150K records with their images (`--image-dir`, default
@@ -145,25 +176,9 @@ def load_llava_instruct(opts: WorkloadOptions, rng: np.random.Generator) -> Work
     notes: Counter = Counter()
     pool = []
     recs = _read_json_records(path)
-    for i in rng.permutation(len(recs)):
-        if len(pool) >= opts.num_requests:
-            break
-        e = recs[i]
-        got = _first_pair(e.get("conversations") or [])
-        if isinstance(got, str):
-            skipped[got] += 1
-            continue
-        prompt = re.sub(r"\s*<image>\s*", " ", got[0]).strip()
-        p, o = opts.counter(prompt), opts.counter(got[1])
-        if not _length_ok(p, o, opts, False, skipped):
-            continue
-        img = e.get("image")
-        f = img_dir / img if (img_ok and isinstance(img, str) and img_dir) else None
-        if f is not None and not f.is_file():
-            f = None
-        if f is None:
-            notes["image_stand_in"] += 1
-        media = (MediaItem("image", f, stand_in=f is None, seed=int(i)),)
+    for i, e, prompt, p, o, f in _media_pairs(recs, opts, rng, r"\s*<image>\s*", "image", img_dir, img_ok,
+                                              skipped, notes):
+        media = (MediaItem("image", f, stand_in=f is None, seed=i),)
         pool.append(BenchRequest(f"llava-{len(pool)}", prompt, p, o, "image", media, source_id=str(e.get("id", i))))
     if img_ok and notes["image_stand_in"]:
         _use_sample_jpegs()
@@ -217,24 +232,9 @@ def load_llava_video(opts: WorkloadOptions, rng: np.random.Generator) -> Workloa
     notes: Counter = Counter()
     pool = []
     recs = _read_json_records(path)
-    for i in rng.permutation(len(recs)):
-        if len(pool) >= opts.num_requests:
-            break
-        e = recs[i]
-        got = _first_pair(e.get("conversations") or [])
-        if isinstance(got, str):
-            skipped[got] += 1
-            continue
-        prompt = re.sub(r"\s*<video>\s*|\s*<image>\s*", " ", got[0]).strip()
-        p, o = opts.counter(prompt), opts.counter(got[1])
-        if not _length_ok(p, o, opts, False, skipped):
-            continue
+    for i, e, prompt, p, o, f in _media_pairs(recs, opts, rng, r"\s*<video>\s*|\s*<image>\s*", "video", vdir,
+                                              v_ok, skipped, notes):
         vid = e.get("video")
-        f = vdir / vid if (v_ok and isinstance(vid, str) and vdir) else None
-        if f is not None and not f.is_file():
-            f = None
-        if f is None:
-            notes["video_stand_in"] += 1
         dur = duration_bucket_s(f"{e.get('data_source', '')} {vid or ''}")
         media = (MediaItem("video", f, stand_in=f is None, num_frames=opts.max_frames, duration_s=dur),)
         pool.append(BenchRequest(f"video-{len(pool)}", prompt, p, o, "video", media, source_id=str(e.get("id", i))))
