@@ -107,11 +107,23 @@ SUMMARY_COLUMNS = ("run", "group", "ok/all", "req/s", "out tok/s", "TTFT mean", 
                    "ITL p99", "E2E mean", "E2E p99", "norm s/tok", "SLO viol", "goodput", "preempt")
 
 
+def groups(run: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(group, metrics) to print for a run: "overall", plus one row per class only when
+    the run has more than one class (a single class's row would repeat "overall")."""
+    items = list(run["metrics"].items())
+    return items if len(items) > 2 else [(g, m) for g, m in items if g == "overall"]
+
+
+def pct(v: float | None) -> str:
+    """Fraction → "12.3%"; None → "n/a"."""
+    return "n/a" if v is None else f"{100 * v:.1f}%"
+
+
 def summary_rows(rep: dict[str, Any]) -> list[list[str]]:
-    """One row per (run, group): the summary table (seconds; rates per second)."""
+    """One row per (run, group) of `groups`: the summary table (seconds; rates per second)."""
     rows = []
     for run in rep["runs"]:
-        for g, m in run["metrics"].items():
+        for g, m in groups(run):
             slo = m.get("slo") or {}
             rows.append([run["label"], g, f"{m['num_completed']}/{m['num_requests']}",
                          fmt(m["throughput_rps"]), fmt(m["output_tokens_per_s"]),
@@ -156,7 +168,7 @@ def markdown(rep: dict[str, Any]) -> str:
     lines += ["## Percentiles (seconds)", ""]
     prow = []
     for run in rep["runs"]:
-        for g, m in run["metrics"].items():
+        for g, m in groups(run):
             for key, name in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                               ("normalized_s_per_token", "norm s/tok")):
                 d = m[key]
@@ -165,7 +177,7 @@ def markdown(rep: dict[str, Any]) -> str:
     lines += [_md_table(("run", "group", "metric", "n", "mean", "p50", "p90", "p99"), prow), ""]
     slo_rows = []
     for run in rep["runs"]:
-        for g, m in run["metrics"].items():
+        for g, m in groups(run):
             for met, s in ((m.get("slo") or {}).get("per_metric") or {}).items():
                 slo_rows.append([run["label"], g, met, str(s["violations"]),
                                  "n/a" if s["rate"] is None else f"{100 * s['rate']:.1f}%", fmt(s["severity_mean_s"])])
@@ -177,7 +189,7 @@ def markdown(rep: dict[str, Any]) -> str:
         m = run["metrics"]["overall"]
         ex = run.get("extras") or {}
         disp = ex.get("dispatch") or {}
-        extra_rows.append([run["label"], fmt(m.get("length_mae_tokens")), fmt(m.get("length_mape")),
+        extra_rows.append([run["label"], fmt(m.get("length_mae_tokens")), pct(m.get("length_mape")),
                            fmt(m.get("predictor_e2e_mae_s")) if m.get("predictor_e2e_mae_s") is not None
                            else fmt((disp.get("predictor_e2e") or {}).get("mae_s")),
                            fmt((disp.get("overhead_ms") or {}).get("p50")), fmt((disp.get("overhead_ms") or {}).get("p99")),
@@ -186,7 +198,7 @@ def markdown(rep: dict[str, Any]) -> str:
                            fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
                            top_errors(m.get("errors") or {}) or "none"])
     lines += ["## Prediction, dispatch and failures", "",
-              _md_table(("run", "length MAE tok", "length MAPE", "predictor E2E MAE s", "sched overhead p50 ms",
+              _md_table(("run", "length MAE tok", "length MAPE %", "predictor E2E MAE s", "sched overhead p50 ms",
                          "p99 ms", "decide p50 µs", "predictor CPU ms/query", "predictor CPU %", "errors"),
                         extra_rows), ""]
     if rep["capacity"]:
@@ -262,9 +274,15 @@ def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
             axes[1].plot([p[0] for p in pts], [p[2] if p[2] is not None else np.nan for p in pts], "o-", label=key)
         axes[0].set_ylabel("P99 TTFT (s)")
         axes[1].set_ylabel("mean E2E (s)")
+        from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
         for ax in axes:
             ax.set_xlabel("request rate (req/s)")
             ax.set_yscale("log")
+            # plain "0.5", "2", "10" labels at 1-2-5 steps; no crowded minor-tick labels
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.grid(alpha=0.3)
         _legend(axes[0])
         out.append(("Latency vs request rate", _png(fig)))

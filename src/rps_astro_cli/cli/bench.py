@@ -191,10 +191,7 @@ def print_summary(result) -> None:
               show_lines=False)
     for c in SUMMARY_COLUMNS:
         t.add_column(c, overflow="fold")
-    rows = summary_rows(rep)
-    for run in rep["runs"]:  # class rows only when the run has more than one class
-        if len(run["metrics"]) == 2:
-            rows = [r for r in rows if not (r[0] == run["label"] and r[1] != "overall")]
+    rows = summary_rows(rep)  # class rows only when the run has more than one class
     for row in rows:
         t.add_row(*row)
     out.print(t)
