@@ -964,30 +964,7 @@ class _FastLookahead:
                     hk = -(-(hc + hn) // bs) - h.kv_blocks
                     blocked = hk > 0 and hk > F - n_t
                 if blocked:
-                    # `_jump_len`, inlined for speed (with the `_evict_tail` call below: ~11% slower)
-                    n = top[0] - G + 1
-                    a = memo.get((B, B))
-                    if a is None:
-                        a = shape_s(B, B)
-                    if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
-                        k = self._steps_to_reach(arrival - t, a, dec, S, B)
-                        if k < n:
-                            n = k
-                    r0 = G % bs
-                    q, m = divmod(n, bs)
-                    need = q * B + sum(cnt2[r0:r0 + m])
-                    if need > F:
-                        q = F // B
-                        rem = F - q * B
-                        acc = 0
-                        i = 0
-                        while True:
-                            acc += cnt2[r0 + i]
-                            if acc > rem:
-                                break
-                            i += 1
-                        n = q * bs + i  # steps that fit; step n would preempt
-                        need = q * B + sum(cnt2[r0:r0 + i])
+                    n, a, need, _exhausted = self._jump_len(t, G, S, B, F, top[0], added, arrival)
                     if n > 0:
                         t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
                         G += n
