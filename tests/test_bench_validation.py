@@ -26,3 +26,19 @@ def test_flags_fail_before_the_workload_loads(args, needle, not_needle):
     assert "done" not in res.output       # nor a progress bar
     if not_needle:
         assert not_needle not in res.output
+
+
+def test_help_at_80_columns_shows_every_option_name_whole():
+    import re
+
+    import rps_astro_cli.cli.bench as cli_bench
+
+    names = re.findall(r'typer\.Option\("([^"]+)"', open(cli_bench.__file__).read())
+    flags = {f for n in names for f in n.split("/")}
+    res = runner.invoke(app, ["bench", "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    assert res.exit_code == 0
+    assert "…" not in res.output
+    assert all(len(line) <= 80 for line in res.output.splitlines())
+    shown = set(re.findall(r"--[a-z](?:[a-z-]*[a-z])?", res.output))
+    assert {"--max-prompt-tokens", "--prediction-noise-fraction", "--no-send-true-lengths"} <= flags
+    assert flags <= shown, f"cut or missing in --help: {sorted(flags - shown)}"

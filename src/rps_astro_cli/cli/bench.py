@@ -78,12 +78,14 @@ def bench(
 
     Examples:
 
-      astro bench --cluster cluster.json -w sharegpt -n 200 --request-rate 5 --slo ttft:10
-
-      astro bench --base-url http://127.0.0.1:8000 -w burstgpt --arrival trace --time-scale 0.1
-
-      astro bench --virtual --instances 12 -w length-trace -n 5000 --max-total-tokens 4096
-      --policies round_robin,llumnix,power_of_k --k 2,all --oracle-lengths --capacity
+    \b
+      astro bench --cluster cluster.json -w sharegpt -n 200 \\
+          --request-rate 5 --slo ttft:10
+      astro bench --base-url http://127.0.0.1:8000 -w burstgpt \\
+          --arrival trace --time-scale 0.1
+      astro bench --virtual --instances 12 -w length-trace -n 5000 \\
+          --max-total-tokens 4096 --policies round_robin,llumnix,power_of_k \\
+          --k 2,all --oracle-lengths --capacity
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.runner import BenchConfig, run_bench
@@ -205,9 +207,24 @@ def print_summary(result) -> None:
         out.print(ct)
 
 
+def _plain_help_command():
+    """A Typer command class with click's plain help: bench has ~60 options, and Rich's
+    option table cut their names at 80 columns (`--max-prompt-toke…`); click's layout
+    never cuts a name (a long one gets its help on the next line)."""
+    from typer.core import TyperCommand
+
+    class PlainHelpCommand(TyperCommand):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.rich_markup_mode = None
+
+    return PlainHelpCommand
+
+
 def register(app: typer.Typer) -> None:
     """Add `astro bench` to the root app."""
-    app.command("bench")(bench)
+    app.command("bench", cls=_plain_help_command(),
+                context_settings={"max_content_width": 100})(bench)
 
 
 __all__ = ["bench", "register", "print_summary"]
