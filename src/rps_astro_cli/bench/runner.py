@@ -355,8 +355,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     st = cap.steady_state(run.records)
                     run.extras["capacity_probe"] = {"value_s": v, "steady_state": st.to_dict(),
                                                     "meets": v is not None and v <= _goal.threshold_s and st.steady}
-                    if st.short:
-                        _short.append((rate, st))
+                    if st.short and st.steady and v is not None and v <= _goal.threshold_s:
+                        _short.append((rate, st))  # a passing probe too short to trust
                     run.records = []  # probes keep metrics only
                     return v, st.steady
 
@@ -369,7 +369,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 if short:
                     r0, st0 = min(short, key=lambda x: x[0])
                     result.warnings.append(
-                        f"{res.label}: {len(short)} capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
+                        f"{res.label}: {len(short)} passing capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
                         f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
                         f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
                         f"raise -n for a trustworthy capacity")
