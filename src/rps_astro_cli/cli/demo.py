@@ -67,7 +67,9 @@ def demo(
         bench = subprocess.run(
             _astro("bench", "--cluster", str(cluster_json), "--workload", "sharegpt",
                    "--num-requests", str(num_requests), "--request-rate", str(request_rate),
-                   "--seed", str(seed), "--out", str(out_dir)),
+                   "--seed", str(seed), "--out", str(out_dir),
+                   # the Astrolabe paper's SLO (TTFT ≤ 10 s), so SLO violations and goodput show
+                   "--slo", "ttft:10"),
             env=os.environ.copy(),
         )
         code = bench.returncode
