@@ -964,8 +964,9 @@ class _FastLookahead:
                     hk = -(-(hc + hn) // bs) - h.kv_blocks
                     blocked = hk > 0 and hk > F - n_t
                 if blocked:
-                    n, a, need, _exhausted = self._jump_len(t, G, S, B, F, top[0], added, arrival)
-                    if n > 0:
+                    # (n_t > F: the very next step runs out of blocks, no jump)
+                    if n_t <= F:
+                        n, a, need, exhausted = self._jump_len(t, G, S, B, F, top[0], added, arrival)
                         t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
                         G += n
                         S += n * B
@@ -978,8 +979,13 @@ class _FastLookahead:
                             S, B, F = self.S, self.B, self.free
                             if done:
                                 break
-                        continue
-                    n_t = cnt2[G % bs]
+                            continue
+                        if not exhausted:
+                            continue
+                        # the next step runs out of blocks: go straight on to its
+                        # preemption below (it admits nothing, so the candidate's
+                        # arrival check can wait for the next iteration)
+                        n_t = cnt2[G % bs]
                 elif hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room:
                     # the head's prompt (or recompute) is longer than the budget: run
                     # whole admit / continue / preempt cycles at once
