@@ -986,9 +986,11 @@ class _FastLookahead:
                         # preemption below (it admits nothing, so the candidate's
                         # arrival check can wait for the next iteration)
                         n_t = cnt2[G % bs]
-                elif hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room:
+                elif (hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room
+                      and top[0] - G >= 2):
                     # the head's prompt (or recompute) is longer than the budget: run
-                    # whole admit / continue / preempt cycles at once
+                    # whole admit / continue / preempt cycles at once (a cycle has at
+                    # least 2 steps, all before the next decoder finish at tick top[0])
                     res = self._x_cycles(t, G, S, B, F, h, room, top[0])
                     if res is not None:
                         t, G, S, F, k = res
