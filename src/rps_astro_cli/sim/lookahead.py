@@ -337,7 +337,12 @@ class _FastLookahead:
         self._sim: InstanceSim | None = None
         self.M = cfg.max_num_batched_tokens
         self.maxs = cfg.max_num_seqs
-        self.memo = latency._memo
+        # the step-shape tables (see `LatencyModel`), sized for every step a chunked
+        # FCFS loop can schedule: batch ≤ running + admitted ≤ max(max_num_seqs, running) + 1,
+        # tokens ≤ the budget
+        latency.reserve(max(cfg.max_num_seqs, len(running)) + 1, cfg.max_num_batched_tokens)
+        self.seq_s = latency.seq_s
+        self.tok_s = latency.tok_s
         self.dec = latency._dec
         self.pre = latency._pre
         self._done = False
@@ -553,9 +558,7 @@ class _FastLookahead:
                     enc += r.encoder_s
         nb_sched = B + len(sched) if decode_pool else len(sched)
         # LatencyModel.step_s, same float operations in the same order
-        a = self.memo.get((nb_sched, num_tokens))
-        if a is None:
-            a = self.latency.shape_s(nb_sched, num_tokens)
+        a = self.latency.shape_s(nb_sched, num_tokens)
         dur = a + self.dec * dctx + self.pre * pairs + enc
         end = t + dur
         self.free = free
@@ -870,9 +873,7 @@ class _FastLookahead:
         n*a + decode_attn*(n*S + B*n(n-1)/2) seconds (the caller adds it)."""
         bs, cnt2 = self.bs, self.cnt2
         n = fmin - G + 1
-        a = self.memo.get((B, B))
-        if a is None:
-            a = self.latency.shape_s(B, B)
+        a = self.latency.shape_s(B, B)
         dec = self.dec
         if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
             k = self._steps_to_reach(arrival - t, a, dec, S, B)
@@ -924,8 +925,7 @@ class _FastLookahead:
         run, waiting, nondec, heap, cnt2 = self.running, self.waiting, self.nondec, self.heap, self.cnt2
         G, S, B, F = self.G, self.S, self.B, self.free
         bs, M, maxs = self.bs, self.M, self.maxs
-        memo, dec, pre = self.memo, self.dec, self.pre
-        shape_s = self.latency.shape_s
+        seq_s, tok_s, dec, pre = self.seq_s, self.tok_s, self.dec, self.pre
         heappop, heappush = heapq.heappop, heapq.heappush
         seq = self.seq
         steps = events = 0
@@ -964,28 +964,13 @@ class _FastLookahead:
                     hk = -(-(hc + hn) // bs) - h.kv_blocks
                     blocked = hk > 0 and hk > F - n_t
                 if blocked:
-                    # (n_t > F: the very next step runs out of blocks, no jump)
-                    if n_t <= F:
-                        n, a, need, exhausted = self._jump_len(t, G, S, B, F, top[0], added, arrival)
-                        t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
-                        G += n
-                        S += n * B
-                        F -= need
-                        steps += n
-                        events += 1
-                        if heap[0][0] < G:
-                            self.G, self.S, self.B, self.free = G, S, B, F
-                            done = self._pop_finished(t)
-                            S, B, F = self.S, self.B, self.free
-                            if done:
-                                break
-                            continue
-                        if not exhausted:
-                            continue
-                        # the next step runs out of blocks: go straight on to its
-                        # preemption below (it admits nothing, so the candidate's
-                        # arrival check can wait for the next iteration)
-                        n_t = cnt2[G % bs]
+                    # jumps, finishes and preemptions until the head can be admitted
+                    t, G, S, B, F, k, ev, added, done = self._d_run(t, G, S, B, F, added, arrival, cand)
+                    steps += k
+                    events += ev
+                    if done:
+                        break
+                    continue
                 elif (hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room
                       and top[0] - G >= 2):
                     # the head's prompt (or recompute) is longer than the budget: run
@@ -997,6 +982,22 @@ class _FastLookahead:
                         steps += k
                         events += 1
                         continue
+                    t, G, S, B, F, k, done = self._x_run(t, G, S, B, F, h, False, cand)
+                    if k:
+                        steps += k
+                        events += k
+                        if done:
+                            break
+                        continue
+            elif x.prompt_tokens + x.num_generated_tokens - x.num_computed_tokens > room:
+                # X continues with a partial chunk (see `_x_run`)
+                t, G, S, B, F, k, done = self._x_run(t, G, S, B, F, x, True, cand)
+                if k:
+                    steps += k
+                    events += k
+                    if done:
+                        break
+                    continue
             # ---- one step: decoders, then X's next chunk ----
             need = n_t
             xn = xk = 0
@@ -1047,10 +1048,7 @@ class _FastLookahead:
                 events += 1
                 if B == 0:
                     continue  # only preempted: no time passes
-                a = memo.get((B, B))
-                if a is None:
-                    a = shape_s(B, B)
-                t += a + dec * S + pre * 0.0 + 0.0
+                t += seq_s[B] + tok_s[B] + dec * S + pre * 0.0 + 0.0
                 G += 1
                 S += B
                 steps += 1
@@ -1109,10 +1107,7 @@ class _FastLookahead:
                     if k0 == 0 and r.encoder_s:
                         enc += r.encoder_s
             bsz = B + len(sched)
-            a = memo.get((bsz, ntok))
-            if a is None:
-                a = shape_s(bsz, ntok)
-            t += a + dec * dctx + pre * pairs + enc
+            t += seq_s[bsz] + tok_s[ntok] + dec * dctx + pre * pairs + enc
             G += 1
             S += B
             steps += 1
@@ -1154,6 +1149,250 @@ class _FastLookahead:
         self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
         return t, steps, events, added, done
 
+    def _d_run(self, t: float, G: int, S: int, B: int, F: int, added: bool, arrival: float,
+               cand: _LReq) -> tuple[float, int, int, int, int, int, int, bool, bool]:
+        """The blocked regime of `_fcfs_chunked_loop`: all running requests are the B
+        pooled decoders and the queue head cannot be admitted (or the queue is empty, or
+        `max_num_seqs` is reached). Repeats, with all state in locals: a closed-form jump
+        of the decoders (`_jump_len`) to the next decoder finish, to the candidate's
+        arrival, or to the last step whose block allocations fit; then the finishes
+        (`_pop_finished`) or the preemption of the step that runs out of blocks (FCFS:
+        peel victims off the tail until the survivors' needs fit, `_peel_pooled`; they
+        join the queue head in running order and the survivors decode one step).
+
+        Stops, with the state consistent for the loop, when the queue head becomes
+        admissible, the pool empties, or the candidate finishes. Float operations are
+        those of the loop's jump and preemption step.
+
+        Returns (time, tick, context sum, decoders, free blocks, steps, events,
+        candidate added, candidate finished)."""
+        run, waiting, heap, cnt2 = self.running, self.waiting, self.heap, self.cnt2
+        bs, M, maxs = self.bs, self.M, self.maxs
+        seq_s, tok_s, dec, pre = self.seq_s, self.tok_s, self.dec, self.pre
+        heappop = heapq.heappop
+        steps = events = 0
+        done = False
+        while True:
+            while True:  # drop stale heap tops (entries of preempted requests)
+                top = heap[0]
+                r = top[2]
+                if r.pool_seq == top[1] and r.pool_g >= 0:
+                    break
+                heappop(heap)
+            r0 = G % bs
+            pop = False
+            if cnt2[r0] <= F:  # (else the very next step runs out of blocks: no jump)
+                # ---- jump: `_jump_len`, inlined ----
+                n = top[0] - G + 1
+                a = seq_s[B] + tok_s[B]
+                if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
+                    k = self._steps_to_reach(arrival - t, a, dec, S, B)
+                    if k < n:
+                        n = k
+                q, m = divmod(n, bs)
+                need = q * B + sum(cnt2[r0:r0 + m])
+                exhausted = need > F
+                if exhausted:  # stop at the last step whose allocations fit
+                    q = F // B
+                    rem = F - q * B
+                    acc = 0
+                    i = r0
+                    while True:
+                        acc += cnt2[i]
+                        if acc > rem:
+                            break
+                        i += 1
+                    n = q * bs + i - r0
+                    need = q * B + acc - cnt2[i]
+                t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
+                G += n
+                S += n * B
+                F -= need
+                steps += n
+                events += 1
+                pop = heap[0][0] < G
+            else:
+                exhausted = True
+            if exhausted and not pop:
+                # ---- the step that runs out of blocks: FCFS preemption ----
+                e, N, F = self._peel_pooled(run, B, cnt2[G % bs], F, G, bs)
+                victims = run[e:]
+                del run[e:]
+                for v in victims:
+                    vg = v.pool_g
+                    c_e = v.num_computed_tokens
+                    d = G - vg
+                    rho = (vg - c_e) % bs
+                    cnt2[rho] -= 1
+                    cnt2[rho + bs] -= 1
+                    S -= c_e + d + 1
+                    v.num_generated_tokens += d
+                    v.pool_g = -1
+                    v.num_computed_tokens = 0
+                    v.kv_blocks = 0
+                    v.num_preemptions += 1
+                waiting[:0] = victims
+                B = e
+                F -= N
+                events += 1
+                if B == 0:
+                    break  # only preempted: no time passes
+                t += seq_s[B] + tok_s[B] + dec * S + pre * 0.0 + 0.0
+                G += 1
+                S += B
+                steps += 1
+                pop = heap[0][0] < G
+            if pop:  # `_pop_finished`, inlined
+                while heap and heap[0][0] < G:
+                    _f, sq, r = heappop(heap)
+                    pg = r.pool_g
+                    if r.pool_seq != sq or pg < 0:
+                        continue
+                    c_e = r.num_computed_tokens
+                    c = c_e + G - pg
+                    rho = (pg - c_e) % bs
+                    cnt2[rho] -= 1
+                    cnt2[rho + bs] -= 1
+                    B -= 1
+                    S -= c + 1
+                    F += -(-c // bs)
+                    r.num_computed_tokens = c
+                    r.num_generated_tokens += G - pg
+                    r.kv_blocks = 0
+                    r.pool_g = -1
+                    run.remove(r)
+                    if r is cand:
+                        r.finish_s = t
+                        done = True
+                if done or B == 0:
+                    break
+            if not added and t >= arrival:
+                waiting.append(cand)
+                added = True
+            # ---- still blocked? (the loop's admission test) ----
+            room = M - B
+            if waiting and B < maxs and room > 0:
+                h = waiting[0]
+                hc = h.num_computed_tokens
+                hn = h.prompt_tokens + h.num_generated_tokens - hc
+                if hn > room:
+                    hn = room
+                hk = -(-(hc + hn) // bs) - h.kv_blocks
+                if hk <= 0 or hk <= F - cnt2[G % bs]:
+                    break
+        return t, G, S, B, F, steps, events, added, done
+
+    def _x_run(self, t: float, G: int, S: int, B: int, F: int, x: _LReq, x_in: bool,
+               cand: _LReq) -> tuple[float, int, int, int, int, int, bool]:
+        """Steps of a long prefill X beside the B pooled decoders, one tick at a time with
+        O(1) work each (the hot path under KV pressure: X is admitted, continues with
+        partial chunks, is preempted and readmitted while decoders finish around it).
+
+        X's prompt (or recompute) is longer than the budget the decoders leave, so every
+        step here schedules exactly: the B decoders plus X's next chunk of `room` tokens
+        (X running at the tail, `x_in`), or the B decoders alone after preempting X (FCFS
+        victim = the last running request = X; X returns to the queue head with nothing
+        computed), or X's admission from the queue head with a first chunk of `room`
+        tokens (the budget is then spent: nothing else is admitted). Decoders that finish
+        leave the pool at the end of their step, as `_pop_finished` does.
+
+        Stops, with the state consistent for `_fcfs_chunked_loop`, before a step that is
+        anything else: X's final chunk, X blocked at the queue head, a preemption that
+        must also take decoders, an empty pool, or a full `max_num_seqs`; and after the
+        candidate finishes. Float operations per step are those of `_apply`.
+
+        Returns (time, tick, context sum, decoders, free blocks, steps, candidate done).
+        """
+        run, waiting, nondec, heap, cnt2 = self.running, self.waiting, self.nondec, self.heap, self.cnt2
+        bs, M, maxs = self.bs, self.M, self.maxs
+        seq_s, tok_s, dec, pre = self.seq_s, self.tok_s, self.dec, self.pre
+        heappop = heapq.heappop
+        xt = x.prompt_tokens + x.num_generated_tokens
+        xc = x.num_computed_tokens
+        xkv = x.kv_blocks
+        x_enc = x.encoder_s
+        steps = 0
+        done = False
+        while B:
+            room = M - B
+            n_t = cnt2[G % bs]
+            if x_in:
+                if xt - xc <= room:
+                    break  # X's final chunk: completes its prefill (general step)
+                xk = -(-(xc + room) // bs) - xkv
+                if xk < 0:
+                    xk = 0
+                if n_t + xk <= F:  # continue X's prefill
+                    F -= n_t + xk
+                    a = seq_s[B + 1] + tok_s[M]  # B + room = M tokens
+                    enc = 0.0
+                    if xc == 0 and x_enc:
+                        enc += x_enc
+                    t += a + dec * S + pre * (0.0 + (room * xc + room * (room + 1) / 2)) + enc
+                    xc += room
+                    xkv += xk
+                else:  # out of blocks: X (the last running request) is the first victim
+                    if n_t > F + xkv:
+                        break  # decoders must go too (general step)
+                    F += xkv - n_t
+                    run.pop()
+                    nondec.pop()
+                    x.num_computed_tokens = xc = 0
+                    x.kv_blocks = xkv = 0
+                    x.num_preemptions += 1
+                    waiting.insert(0, x)
+                    x_in = False
+                    t += seq_s[B] + tok_s[B] + dec * S + pre * 0.0 + 0.0
+            else:  # X at the queue head with nothing computed: admit it with `room` tokens
+                if B >= maxs:
+                    break
+                xk = -(-room // bs)
+                if n_t + xk > F:
+                    break  # blocked: the general loop jumps the decoders
+                F -= n_t + xk
+                del waiting[0]
+                run.append(x)
+                nondec.append(x)
+                x_in = True
+                a = seq_s[B + 1] + tok_s[M]
+                enc = 0.0
+                if x_enc:
+                    enc += x_enc
+                t += a + dec * S + pre * (0.0 + (room * 0 + room * (room + 1) / 2)) + enc
+                xc = room
+                xkv = xk
+            G += 1
+            S += B
+            steps += 1
+            if heap[0][0] < G:  # `_pop_finished`, inlined
+                while heap and heap[0][0] < G:
+                    _f, sq, r = heappop(heap)
+                    pg = r.pool_g
+                    if r.pool_seq != sq or pg < 0:
+                        continue
+                    c_e = r.num_computed_tokens
+                    c = c_e + G - pg
+                    rho = (pg - c_e) % bs
+                    cnt2[rho] -= 1
+                    cnt2[rho + bs] -= 1
+                    B -= 1
+                    S -= c + 1
+                    F += -(-c // bs)
+                    r.num_computed_tokens = c
+                    r.num_generated_tokens += G - pg
+                    r.kv_blocks = 0
+                    r.pool_g = -1
+                    run.remove(r)
+                    if r is cand:
+                        r.finish_s = t
+                        done = True
+                if done:
+                    break
+        if x_in:
+            x.num_computed_tokens = xc
+            x.kv_blocks = xkv
+        return t, G, S, B, F, steps, done
+
     def _x_cycles(self, t: float, G: int, S: int, B: int, F: int, x: _LReq, room: int,
                   fmin: int) -> tuple[float, int, int, int, int] | None:
         """Whole FCFS thrash cycles of a long waiting head X under KV pressure, O(1) float
@@ -1179,13 +1418,8 @@ class _FastLookahead:
         n_partial = -(-nx // room) - 1  # chunks that leave X unfinished
         if n_partial < 1:
             return None
-        memo = self.memo
-        aX = memo.get((B + 1, B + room))
-        if aX is None:
-            aX = self.latency.shape_s(B + 1, B + room)
-        aP = memo.get((B, B))
-        if aP is None:
-            aP = self.latency.shape_s(B, B)
+        aX = self.latency.shape_s(B + 1, B + room)
+        aP = self.latency.shape_s(B, B)
         dec, pre = self.dec, self.pre
         enc = x.encoder_s or 0.0
         half = room * (room + 1) / 2
@@ -1247,8 +1481,6 @@ class _FastLookahead:
         tdep = self.policy.time_dependent
         fcfs_chunked = fcfs and chunked and not tdep
         dec = self.latency.profile.decode_attn_s_per_ctx_token
-        shape_s = self.latency.shape_s
-        memo = self.memo
         arrival = cand.arrival_s
         t = t0
         added = False
