@@ -3,6 +3,7 @@ on randomized snapshots (issue 2 §4), plus hand-computed look-ahead cases."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
@@ -236,3 +238,61 @@ def test_jump_equals_stepwise_seeded_sweep() -> None:
     for _ in range(400):
         lat, status, cand = _seeded_scenario(g)
         _same(predict_stepwise(status, cand, lat, FCFSPolicy()), predict(status, cand, lat, FCFSPolicy()))
+
+
+# --- the engine module (sim/jump.py), compiled by mypyc at install or interpreted ----------
+
+def _source_engine():
+    """sim/jump.py loaded from its source under another module name: the interpreted
+    engine, whatever the install built."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(lookahead.__file__).with_name("jump.py")
+    spec = importlib.util.spec_from_file_location("rps_astro_cli.sim._jump_source_for_test", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_engine_request_mirrors_simrequest_fields() -> None:
+    # LReq is SimRequest's field list (same order, so the same positional constructor)
+    # plus the pool bookkeeping; InstanceSim and the policies step it as a SimRequest.
+    names = [f.name for f in dataclasses.fields(SimRequest)]
+    for engine in (lookahead.jump, _source_engine()):
+        args = ("a", 1.5, 20, 30, "image", 4, 0.25, "rocks", 7, 9.0, 5, 6, 2)
+        r, lr = SimRequest(*args), engine.LReq(*args)
+        for n in names:  # every SimRequest field, with the same value
+            assert getattr(lr, n) == getattr(r, n), n
+        assert (lr.pool_g, lr.pool_seq) == (-1, 0)
+        assert (lr.num_tokens, lr.is_prefilling, lr.finished) == (r.num_tokens, r.is_prefilling, r.finished)
+
+
+def test_compiled_and_source_engines_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The mypyc build must compute exactly what the source does (same IEEE double
+    # operations in the same order), under every policy kind.
+    if not lookahead.NATIVE:
+        pytest.skip("this install has no mypyc build of sim/jump.py (the source is what runs)")
+    native, source = lookahead.jump, _source_engine()
+    g = np.random.default_rng(11)
+    for _ in range(120):
+        lat, status, cand = _seeded_scenario(g)
+        for pol in (FCFSPolicy(), ShortestPromptFirst(), Aging()):
+            monkeypatch.setattr(lookahead, "jump", native)
+            a = predict(status, cand, lat, pol)
+            monkeypatch.setattr(lookahead, "jump", source)
+            b = predict(status, cand, lat, pol)
+            assert a == b
+
+
+def test_pure_python_switch() -> None:
+    # ASTRO_PURE_PYTHON=1 runs the source even where a build exists.
+    import os
+    import subprocess
+    import sys
+
+    code = "from rps_astro_cli.sim import lookahead as L; print(L.NATIVE, L.jump.__file__.endswith('.py'))"
+    env = {**os.environ, "ASTRO_PURE_PYTHON": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
