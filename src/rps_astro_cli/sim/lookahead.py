@@ -39,8 +39,9 @@ def _load_jump() -> ModuleType:
     if origin and not origin.endswith(".py"):
         src = os.path.join(os.path.dirname(origin), "jump.py")
         stale = os.path.exists(src) and os.path.getmtime(src) > os.path.getmtime(origin) + 2.0
-        if os.environ.get("ASTRO_PURE_PYTHON") == "1" or stale:
-            if stale:
+        forced = os.environ.get("ASTRO_PURE_PYTHON") == "1"
+        if forced or stale:
+            if stale and not forced:
                 warnings.warn("the compiled look-ahead is older than sim/jump.py: using the source "
                               "(reinstall with `pip install -e .` to rebuild it)", stacklevel=2)
             py_spec = importlib.util.spec_from_file_location(name, src)
