@@ -11,20 +11,25 @@ Prints one row per (running, waiting): median and p99 µs of the jump look-ahead
 clock, and the process CPU time beside it: the machine is shared, so wall time includes
 waiting for a core), the step-by-step median on a subset, their ratio (same subset),
 mean steps simulated and mean events, and the largest relative difference between the two
-look-aheads' TTFT/E2E on the subset.
+look-aheads' TTFT/E2E on the subset. When the engine (sim/jump.py) runs as its mypyc
+build, the same snapshots are also timed on the interpreted source in this process
+("src med µs") and the ratio printed ("×src").
 
-    .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15]
+    .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15] [--policy fcfs]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import time
+from pathlib import Path
 
 import numpy as np
 
 from rps_astro_cli.data_paths import data_dir
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
@@ -75,16 +80,24 @@ def main() -> None:
     ap.add_argument("--stepwise", type=int, default=15, help="snapshots per cell also timed step by step")
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--policy", default="fcfs", help="instance policy (fcfs, rps, edf, ...)")
     args = ap.parse_args()
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
     lengths = load_lengths()
     rng = np.random.default_rng(args.seed)
-    policy = FCFSPolicy()
+    policy = make_policy_for_profile(args.policy, prof)
+    native = lookahead.jump
+    source = None
+    if lookahead.NATIVE:
+        spec = importlib.util.spec_from_file_location("rps_astro_cli.sim._jump_source", Path(lookahead.__file__).with_name("jump.py"))
+        source = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(source)
     print(f"profile {prof.profile_id}; blocks {cfg.num_gpu_blocks}×{cfg.block_size}, "
-          f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}")
+          f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}; policy {args.policy}; "
+          f"engine {'mypyc build' if lookahead.NATIVE else 'interpreted source'}")
     print(f"{'running':>7} {'waiting':>7} | {'jump med µs':>11} {'jump p99 µs':>11} "
-          f"{'cpu med µs':>10} {'cpu p99 µs':>10} | {'step med µs':>11} {'ratio':>7} | "
+          f"{'cpu med µs':>10} {'cpu p99 µs':>10} | {'src med µs':>10} {'×src':>5} | {'step med µs':>11} {'ratio':>7} | "
           f"{'steps':>7} {'events':>7} {'max rel diff':>12}")
     for n_run in (8, 48):
         for n_wait in (0, 50, 200):
@@ -99,6 +112,17 @@ def main() -> None:
                 cpu_us.append((time.process_time() - c0) * 1e6)
                 steps.append(est.steps_simulated)
                 events.append(est.events)
+            src_med, src_ratio = float("nan"), float("nan")
+            if source is not None:  # the interpreted engine on the same snapshots
+                lookahead.jump = source
+                src_us = []
+                for st, cand in snaps:
+                    t0 = time.perf_counter()
+                    predict(st, cand, lat, policy)
+                    src_us.append((time.perf_counter() - t0) * 1e6)
+                lookahead.jump = native
+                src_med = float(np.median(src_us))
+                src_ratio = src_med / float(np.median(fast_us))
             slow_us, fast_sub, maxdiff = [], [], 0.0
             for (st, cand), f_us in zip(snaps[: args.stepwise], fast_us[: args.stepwise]):
                 t0 = time.perf_counter()
@@ -114,6 +138,7 @@ def main() -> None:
             ratio = smed / float(np.median(fast_sub)) if slow_us else float("nan")
             cmed, cp99 = float(np.median(cpu_us)), float(np.percentile(cpu_us, 99))
             print(f"{n_run:>7} {n_wait:>7} | {med:>11.0f} {p99:>11.0f} {cmed:>10.0f} {cp99:>10.0f} | "
+                  f"{src_med:>10.0f} {src_ratio:>4.1f}× | "
                   f"{smed:>11.0f} {ratio:>6.0f}× | "
                   f"{np.mean(steps):>7.0f} {np.mean(events):>7.0f} {maxdiff:>12.1e}", flush=True)
 

@@ -268,31 +268,38 @@ class FastLookahead:
 
     def _pop_finished(self, t: float) -> bool:
         """Remove pooled requests whose last step is done; True if the candidate was one."""
-        heap, G, bs, cnt2 = self.heap, self.G, self.bs, self.cnt2
-        running = self.running
+        self.S, self.B, self.free, done = self._pop_due(t, self.G, self.S, self.B, self.free)
+        return done
+
+    def _pop_due(self, t: float, G: int, S: int, B: int, F: int) -> tuple[int, int, int, bool]:
+        """`_pop_finished` on a loop's local state: remove every pooled decoder whose
+        last tick is before tick G (it finished in the step that ended at `t`), giving
+        back its KV blocks. Returns (context sum, decoders, free blocks, candidate
+        finished)."""
+        heap, bs, cnt2, run = self.heap, self.bs, self.cnt2, self.running
         done = False
         while heap and heap[0][0] < G:
             _f, sq, r = heapq.heappop(heap)
-            if r.pool_seq != sq or r.pool_g < 0:
+            pg = r.pool_g
+            if r.pool_seq != sq or pg < 0:
                 continue  # stale entry of a preempted request
             c_e = r.num_computed_tokens
-            d = G - r.pool_g
-            c = c_e + d
-            rho = (r.pool_g - c_e) % bs
+            c = c_e + G - pg
+            rho = (pg - c_e) % bs
             cnt2[rho] -= 1
             cnt2[rho + bs] -= 1
-            self.B -= 1
-            self.S -= c + 1
-            self.free += -(-c // bs)
+            B -= 1
+            S -= c + 1
+            F += -(-c // bs)
             r.num_computed_tokens = c
-            r.num_generated_tokens += d
+            r.num_generated_tokens += G - pg
             r.kv_blocks = 0
             r.pool_g = -1
-            running.remove(r)
+            run.remove(r)
             if r.request_id == CANDIDATE_ID:
                 r.finish_s = t
                 done = True
-        return done
+        return S, B, F, done
 
     def _join(self, r: LReq) -> None:
         """A request that just sampled (and did not finish) joins the decode pool."""
@@ -925,9 +932,7 @@ class FastLookahead:
                 S += B
                 steps += 1
                 if heap[0][0] < G:
-                    self.G, self.S, self.B, self.free = G, S, B, F
-                    done = self._pop_finished(t)
-                    S, B, F = self.S, self.B, self.free
+                    S, B, F, done = self._pop_due(t, G, S, B, F)
                     if done:
                         break
                 continue
@@ -1013,9 +1018,8 @@ class FastLookahead:
                         r.pool_seq = seq
                         heappush(heap, (G + r.target_output_tokens - g - 1, seq, r))
             if heap and heap[0][0] < G:
-                self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
-                done = self._pop_finished(t) or done
-                S, B, F = self.S, self.B, self.free
+                S, B, F, popped = self._pop_due(t, G, S, B, F)
+                done = popped or done
             if done:
                 break
         self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
@@ -1114,28 +1118,8 @@ class FastLookahead:
                 S += B
                 steps += 1
                 pop = heap[0][0] < G
-            if pop:  # `_pop_finished`, inlined
-                while heap and heap[0][0] < G:
-                    _f, sq, r = heappop(heap)
-                    pg = r.pool_g
-                    if r.pool_seq != sq or pg < 0:
-                        continue
-                    c_e = r.num_computed_tokens
-                    c = c_e + G - pg
-                    rho = (pg - c_e) % bs
-                    cnt2[rho] -= 1
-                    cnt2[rho + bs] -= 1
-                    B -= 1
-                    S -= c + 1
-                    F += -(-c // bs)
-                    r.num_computed_tokens = c
-                    r.num_generated_tokens += G - pg
-                    r.kv_blocks = 0
-                    r.pool_g = -1
-                    run.remove(r)
-                    if r is cand:
-                        r.finish_s = t
-                        done = True
+            if pop:
+                S, B, F, done = self._pop_due(t, G, S, B, F)
                 if done or B == 0:
                     break
             if not added and t >= arrival:
@@ -1178,7 +1162,6 @@ class FastLookahead:
         run, waiting, nondec, heap, cnt2 = self.running, self.waiting, self.nondec, self.heap, self.cnt2
         bs, M, maxs = self.bs, self.M, self.maxs
         seq_s, tok_s, dec, pre = self.seq_s, self.tok_s, self.dec, self.pre
-        heappop = heapq.heappop
         xt = x.prompt_tokens + x.num_generated_tokens
         xc = x.num_computed_tokens
         xkv = x.kv_blocks
@@ -1236,28 +1219,8 @@ class FastLookahead:
             G += 1
             S += B
             steps += 1
-            if heap[0][0] < G:  # `_pop_finished`, inlined
-                while heap and heap[0][0] < G:
-                    _f, sq, r = heappop(heap)
-                    pg = r.pool_g
-                    if r.pool_seq != sq or pg < 0:
-                        continue
-                    c_e = r.num_computed_tokens
-                    c = c_e + G - pg
-                    rho = (pg - c_e) % bs
-                    cnt2[rho] -= 1
-                    cnt2[rho + bs] -= 1
-                    B -= 1
-                    S -= c + 1
-                    F += -(-c // bs)
-                    r.num_computed_tokens = c
-                    r.num_generated_tokens += G - pg
-                    r.kv_blocks = 0
-                    r.pool_g = -1
-                    run.remove(r)
-                    if r is cand:
-                        r.finish_s = t
-                        done = True
+            if heap[0][0] < G:
+                S, B, F, done = self._pop_due(t, G, S, B, F)
                 if done:
                     break
         if x_in:
