@@ -296,3 +296,54 @@ def test_pure_python_switch() -> None:
     env = {**os.environ, "ASTRO_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+# --- policies whose order is a sort key: the look-ahead keeps its queue sorted ----------
+
+def _mixed(g: np.random.Generator, status: InstanceStatus, modalities: tuple[str, ...]) -> InstanceStatus:
+    """The snapshot with arrivals spread over the last second (ties kept: 0.25 s grid)
+    and modalities drawn from `modalities` (image/video requests get vision tokens)."""
+    def redo(r: RequestStatus) -> RequestStatus:
+        m = str(g.choice(modalities))
+        return dataclasses.replace(r, arrival_s=float(g.integers(0, 5)) * 0.25, modality=m,
+                                   vision_tokens=0 if m == "text" else min(r.prompt_tokens, 150))
+    return dataclasses.replace(status, running=tuple(map(redo, status.running)),
+                               waiting=tuple(map(redo, status.waiting)))
+
+
+KEYED = ["naive_aging", "naive_class", "static_class", "edf", "rps"]
+
+
+@pytest.mark.parametrize("name", KEYED)
+def test_order_key_gives_the_policy_order(name: str) -> None:
+    # The `order_key` contract: any subset, any queue order, any time → sorted by key.
+    from rps_astro_cli.policies import make_policy
+
+    g = np.random.default_rng(3)
+    for trial in range(60):
+        mods = ("text",) if trial % 2 else ("text", "image", "video")
+        reqs = [SimRequest(f"q{i}", float(g.integers(0, 6)) * 0.5, int(g.integers(1, 300)), 10,
+                           modality=str(g.choice(mods)), vision_tokens=int(g.integers(0, 100)))
+                for i in range(int(g.integers(2, 30)))]
+        pol = make_policy(name)
+        key = pol.order_key(reqs)
+        if key is None:  # only rps, only with mixed classes
+            assert name == "rps" and len({pol.classify(r) for r in reqs}) > 1
+            continue
+        for now in (3.0, 3.7, 50.0, 1e4):
+            sub = [r for r in reqs if g.random() < 0.7]
+            g.shuffle(sub)
+            assert pol.order_waiting(sub, now) == sorted(sub, key=key)
+
+
+@pytest.mark.parametrize("name", KEYED)
+def test_keyed_policies_jump_equals_stepwise(name: str) -> None:
+    # Under KV pressure (admit / preempt / readmit), one class and mixed classes.
+    from rps_astro_cli.policies import make_policy
+
+    g = np.random.default_rng(17)
+    for trial in range(160):
+        lat, status, cand = _seeded_scenario(g)
+        status = _mixed(g, status, ("text",) if trial % 2 else ("text", "image", "video"))
+        pol = make_policy(name, profile=lat.profile) if name == "edf" else make_policy(name)
+        _same(predict_stepwise(status, cand, lat, pol), predict(status, cand, lat, pol))

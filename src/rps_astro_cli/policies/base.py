@@ -15,7 +15,7 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rps_astro_cli.registry import Registry
@@ -37,6 +37,27 @@ class InstancePolicy:
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
         """The running request to preempt by recompute. `running` is non-empty."""
         raise NotImplementedError
+
+    def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
+        """A sort key that gives this policy's waiting order for `requests`, or None.
+
+        Contract (what the Predictor's look-ahead relies on to keep its queue sorted
+        instead of asking for the order at every step): for every subset `ws` of
+        `requests`, in any queue order, and every time `now_s`,
+        `order_waiting(ws, now_s) == sorted(ws, key=key)` (a stable sort, so ties keep
+        the queue order). None (the default) promises nothing.
+        """
+        return None
+
+    def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
+        """A key that names this policy's preemption victim among `requests`, or None.
+
+        Contract (the look-ahead's, as for `order_key`): for every non-empty subset
+        `running` of `requests`, in any order, and every time `now_s`,
+        `preemption_victim(running, now_s)` is the `running[i]` with the largest
+        `(key(running[i]), i)`. None (the default) promises nothing.
+        """
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Name and parameters, for `/status` and reports."""

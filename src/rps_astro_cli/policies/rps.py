@@ -32,7 +32,7 @@ happens only when a running request cannot grow (the `InstanceSim` contract).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,14 @@ class _StaticOrder(ClassAwarePolicy):
         keyed.sort()
         return [waiting[k[2]] for k in keyed]
 
+    def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """(class rank, arrival): the order above, for any set of requests."""
+        return lambda r: (CLASS_RANK[self.classify(r)], r.arrival_s)
+
+    def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """Class rank: the victim above (heaviest class, latest scheduled)."""
+        return lambda r: CLASS_RANK[self.classify(r)]
+
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
         best = max(range(len(running)), key=lambda i: (CLASS_RANK[self.classify(running[i])], i))
         return running[best]
@@ -162,6 +170,14 @@ class NaiveAgingPolicy(InstancePolicy):
         keyed = sorted((r.arrival_s, i) for i, r in enumerate(waiting))
         return [waiting[i] for _, i in keyed]
 
+    def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """Arrival time: the order above, for any set of requests."""
+        return _GET_ARRIVAL
+
+    def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """Arrival time: the youngest is the victim (latest scheduled on ties)."""
+        return _GET_ARRIVAL
+
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
         return running[max(range(len(running)), key=lambda i: (running[i].arrival_s, i))]
 
@@ -174,7 +190,9 @@ class RPSPolicy(ClassAwarePolicy):
     `w = now_s − arrival_s` (s); ties by arrival then queue position.
     Victim: among running requests heavier than sand (all of them if only sand runs),
     the worst score (lowest P), latest scheduled on ties — so sand is never preempted
-    while a pebble or rock runs.
+    while a pebble or rock runs. With one class only, both rules reduce (P grows with the
+    wait) to arrival order and the youngest victim, which is how they are computed then
+    (`order_key` / `victim_key` give them to the look-ahead).
 
     Args:
         classifier: artifact name / folder / classifier object; None → naive fallback.
@@ -215,6 +233,10 @@ class RPSPolicy(ClassAwarePolicy):
         ks = list(map(rank.get, map(_GET_CLASS, waiting)))
         if None in ks:  # unlabelled: classify once (labels them)
             ks = [k if k is not None else rank[self.classify(waiting[i])] for i, k in enumerate(ks)]
+        if ks.count(ks[0]) == n:
+            # one class: P_c(w) grows with the wait, so the order is oldest first (by
+            # definition here, rather than up to float rounding of P), at any time
+            return sorted(waiting, key=_GET_ARRIVAL)
         cls = np.array(ks, dtype=np.intp)
         arr = np.fromiter(map(_GET_ARRIVAL, waiting), dtype=np.float64, count=n)
         w = np.maximum(now_s - arr, 0.0)
@@ -222,8 +244,26 @@ class RPSPolicy(ClassAwarePolicy):
         order = np.lexsort((np.arange(n), arr, -p))
         return [waiting[i] for i in order.tolist()]
 
+    def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
+        """Arrival time when all `requests` are of one class (then `order_waiting` is
+        oldest first at any time, see there); None when classes mix (the order changes
+        as requests age)."""
+        classes = {self.classify(r) for r in requests}
+        return _GET_ARRIVAL if len(classes) <= 1 else None
+
+    def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
+        """Arrival time when all `requests` are of one class (the victim is then the
+        youngest, see `preemption_victim`); None when classes mix."""
+        return self.order_key(requests)
+
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
-        pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(len(running))
+        n = len(running)
+        first = self.classify(running[0])
+        if all(self.classify(r) == first for r in running):
+            # one class: the lowest P_c(w) is the shortest wait, so the youngest, latest
+            # scheduled on ties (by definition here, rather than up to float rounding)
+            return running[max(range(n), key=lambda i: (running[i].arrival_s, i))]
+        pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(n)
         pr = self.regulator.priority
         best = min(pool, key=lambda i: (pr(running[i].req_class, now_s - running[i].arrival_s), -i))
         return running[best]
@@ -282,6 +322,14 @@ class EDFPolicy(InstancePolicy):
         keyed = [(self.deadline(r), r.arrival_s, i) for i, r in enumerate(waiting)]
         keyed.sort()
         return [waiting[k[2]] for k in keyed]
+
+    def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """(deadline, arrival): the order above, for any set of requests."""
+        return lambda r: (self.deadline(r), r.arrival_s)
+
+    def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any]:
+        """Deadline: the latest deadline is the victim (latest scheduled on ties)."""
+        return self.deadline
 
     def preemption_victim(self, running: Sequence[SimRequest], now_s: float) -> SimRequest:
         return running[max(range(len(running)), key=lambda i: (self.deadline(running[i]), i))]

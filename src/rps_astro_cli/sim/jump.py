@@ -10,8 +10,11 @@ build that is older than it, so an edit here always takes effect.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
+from collections.abc import Callable
+from operator import attrgetter
 from typing import Any, cast
 
 from rps_astro_cli.policies.base import InstancePolicy
@@ -24,6 +27,7 @@ from rps_astro_cli.status import RequestStatus
 CANDIDATE_ID = "__candidate__"
 PREEMPTED_ONLY = -1.0  # a step that only preempted: nothing ran, no time passed
 MAX_LOOKAHEAD_STEPS = 2_000_000
+_OKEY = attrgetter("okey")
 
 
 # ---------------------------------------------------------------------------------------
@@ -63,7 +67,8 @@ class LReq:
     """A look-ahead request: the fields of `SimRequest` (same names, order and units;
     `InstanceSim` and the instance policies read and step it as one) plus the tick it
     joined the decode pool (`pool_g`, -1 = not pooled; its token/block fields are then
-    current) and the sequence number of its live heap entry (`pool_seq`).
+    current), the sequence number of its live heap entry (`pool_seq`), and its policy
+    sort keys (`okey`, `vkey`, see `InstancePolicy.order_key` / `victim_key`).
 
     A class of its own rather than a `SimRequest` subclass so that mypyc can compile it
     (a compiled class cannot extend an interpreted one); tests/test_lookahead.py checks
@@ -73,7 +78,7 @@ class LReq:
         "request_id", "arrival_s", "prompt_tokens", "target_output_tokens", "modality",
         "vision_tokens", "encoder_s", "req_class", "predicted_output_tokens", "deadline_s",
         "num_computed_tokens", "num_generated_tokens", "kv_blocks", "num_preemptions",
-        "first_scheduled_s", "first_token_s", "finish_s", "pool_g", "pool_seq",
+        "first_scheduled_s", "first_token_s", "finish_s", "pool_g", "pool_seq", "okey", "vkey",
     )
 
     def __init__(self, request_id: str, arrival_s: float, prompt_tokens: int, target_output_tokens: int,
@@ -100,6 +105,8 @@ class LReq:
         self.finish_s: float | None = None
         self.pool_g = -1
         self.pool_seq = 0
+        self.okey: Any = None  # the policy's `order_key` / `victim_key` values, when it has them
+        self.vkey: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -207,6 +214,14 @@ class FastLookahead:
         self.nondec: list[LReq] = []
         self.seq = 0
         self._sim: InstanceSim | None = None
+        # Queue order: FCFS keeps the list order; a policy with an `order_key` for these
+        # requests (candidate included: the caller sets it in `run`) has the list kept
+        # sorted by that key, so its head is the policy's head without asking; any other
+        # policy is asked for the order at each step that admits.
+        self.keyfn: Callable[[Any], Any] | None = None
+        self.ordered = False
+        self.vkeyed = False  # LReq.vkey names the victim (`InstancePolicy.victim_key`)
+        self.tdep = False
         self.M = cfg.max_num_batched_tokens
         self.maxs = cfg.max_num_seqs
         # the step-shape tables (see `LatencyModel`), sized for every step a chunked
@@ -261,10 +276,30 @@ class FastLookahead:
         res = sim.step(t)
         self.free = sim.free_blocks
         self.G += 1
+        if self.keyfn is not None:  # victims went to the front: stable re-sort
+            self.waiting.sort(key=self.keyfn)
         self._rebuild()
         if not res.scheduled:
             return PREEMPTED_ONLY if res.preempted else None
         return res.duration_s
+
+    def _requeue(self, r: LReq) -> None:
+        """A preempted request back to the queue: the front (vLLM `prepend_request`),
+        or, in a key-sorted queue, before the first request of an equal key."""
+        keyfn = self.keyfn
+        if keyfn is None:
+            self.waiting.insert(0, r)
+        else:
+            self.waiting.insert(bisect.bisect_left(self.waiting, keyfn(r), key=keyfn), r)
+
+    def _enqueue(self, r: LReq) -> None:
+        """A new arrival (the candidate) to the queue: the back, or, in a key-sorted
+        queue, after the last request of an equal key."""
+        keyfn = self.keyfn
+        if keyfn is None:
+            self.waiting.append(r)
+        else:
+            self.waiting.insert(bisect.bisect_right(self.waiting, keyfn(r), key=keyfn), r)
 
     def _pop_finished(self, t: float) -> bool:
         """Remove pooled requests whose last step is done; True if the candidate was one."""
@@ -332,7 +367,7 @@ class FastLookahead:
         else:
             room = cfg.prefill_budget
             free_after = self.free
-        if self.policy.time_dependent or not fcfs:
+        if self.tdep or not self.ordered:
             # whatever order the policy picks, the head is blocked if every waiting
             # request is (its first chunk needs more blocks than are free, or in
             # prioritized mode its prompt exceeds the prefill budget)
@@ -348,9 +383,9 @@ class FastLookahead:
                     break
             else:
                 return True
-            if self.policy.time_dependent:
+            if self.tdep:
                 return False
-        head = waiting[0] if fcfs else self.policy.order_waiting(waiting, t)[0]
+        head = waiting[0] if self.ordered else self.policy.order_waiting(waiting, t)[0]
         c = head.num_computed_tokens
         n = head.prompt_tokens + head.num_generated_tokens - c
         if chunked:
@@ -392,7 +427,7 @@ class FastLookahead:
         if waiting and budget > 0 and len(running) < cfg.max_num_seqs:  # else no admission
             nrun = len(running)
             maxs = cfg.max_num_seqs
-            order = waiting if fcfs else self.policy.order_waiting(waiting, t)
+            order = waiting if self.ordered else self.policy.order_waiting(waiting, t)
             admitted = 0
             for r in order:
                 if nrun >= maxs or budget <= 0:
@@ -407,7 +442,7 @@ class FastLookahead:
                 admitted += 1
             if admitted:
                 new = [e[0] for e in sched[len(sched) - admitted:]]
-                if fcfs:
+                if self.ordered:  # the admitted are the queue's head
                     del waiting[:admitted]
                 else:
                     for r in new:
@@ -480,7 +515,7 @@ class FastLookahead:
             budget = cfg.prefill_budget
             nrun = len(running)
             maxs = cfg.max_num_seqs
-            order = waiting if fcfs else self.policy.order_waiting(waiting, t)
+            order = waiting if self.ordered else self.policy.order_waiting(waiting, t)
             tokens = 0
             for r in order:
                 c = r.num_computed_tokens
@@ -500,7 +535,7 @@ class FastLookahead:
                 nrun += 1
             if sched:
                 new = [e[0] for e in sched]
-                if fcfs:
+                if self.ordered:
                     del waiting[: len(new)]
                 else:
                     for r in new:
@@ -549,8 +584,18 @@ class FastLookahead:
             n, nb = _next_chunk(r, budget, bs)
             self_victim = False
             while nb > F:
-                victim = policy.preemption_victim(run, t)
-                vidx = run.index(victim)
+                if self.vkeyed:  # the largest (vkey, index), without calling the policy
+                    vidx = 0
+                    vk = run[0].vkey
+                    for j in range(1, len(run)):
+                        kj = run[j].vkey
+                        if not kj < vk:
+                            vidx = j
+                            vk = kj
+                    victim = run[vidx]
+                else:
+                    victim = policy.preemption_victim(run, t)
+                    vidx = run.index(victim)
                 if vidx < i:  # already in this step: undo it (vLLM V1 does too)
                     for j, e in enumerate(sched):
                         if e[0] is victim:
@@ -573,7 +618,7 @@ class FastLookahead:
                 victim.kv_blocks = 0
                 victim.num_computed_tokens = 0
                 victim.num_preemptions += 1
-                waiting.insert(0, victim)
+                self._requeue(victim)
                 preempted = True
                 if victim is r:
                     self_victim = True
@@ -1314,7 +1359,21 @@ class FastLookahead:
         max_tok = cfg.max_num_batched_tokens
         maxs = cfg.max_num_seqs
         pbudget = cfg.prefill_budget
-        tdep = self.policy.time_dependent
+        if not fcfs:  # keys computed once per request (they do not change)
+            everyone = [*self.running, *self.waiting, cand]
+            okey = self.policy.order_key(everyone)
+            if okey is not None:
+                for r in everyone:
+                    r.okey = okey(r)
+                self.keyfn = _OKEY
+                self.waiting.sort(key=_OKEY)
+            vkey = self.policy.victim_key(everyone)
+            if vkey is not None:
+                for r in everyone:
+                    r.vkey = vkey(r)
+                self.vkeyed = True
+        self.ordered = fcfs or self.keyfn is not None
+        tdep = self.tdep = bool(self.policy.time_dependent) and self.keyfn is None
         fcfs_chunked = fcfs and chunked and not tdep
         dec = self.latency.profile.decode_attn_s_per_ctx_token
         arrival = cand.arrival_s
@@ -1326,7 +1385,7 @@ class FastLookahead:
         while True:
             events += 1
             if not added and t >= arrival:
-                self.waiting.append(cand)
+                self._enqueue(cand)
                 added = True
             if fcfs_chunked:
                 t, k, ev, added, done = self._fcfs_chunked_loop(t, arrival, added, cand)
@@ -1344,7 +1403,7 @@ class FastLookahead:
                 W = self.waiting
                 if not W or B >= maxs or (chunked and max_tok <= B):
                     blocked = True
-                elif fcfs and not tdep:  # inline `_admission_blocked` for the FCFS head
+                elif self.ordered and not tdep:  # inline `_admission_blocked` for the head
                     head = W[0]
                     c = head.num_computed_tokens
                     n = head.prompt_tokens + head.num_generated_tokens - c
