@@ -315,8 +315,9 @@ KEYED = ["naive_aging", "naive_class", "static_class", "edf", "rps"]
 
 
 @pytest.mark.parametrize("name", KEYED)
-def test_order_key_gives_the_policy_order(name: str) -> None:
-    # The `order_key` contract: any subset, any queue order, any time → sorted by key.
+def test_order_and_victim_keys_give_the_policy_decisions(name: str) -> None:
+    # The `order_key` / `victim_key` contracts: any subset, any queue order, any time →
+    # the policy's order is the stable sort by key, its victim the largest (key, index).
     from rps_astro_cli.policies import make_policy
 
     g = np.random.default_rng(3)
@@ -330,10 +331,14 @@ def test_order_key_gives_the_policy_order(name: str) -> None:
         if key is None:  # only rps, only with mixed classes
             assert name == "rps" and len({pol.classify(r) for r in reqs}) > 1
             continue
+        vkey = pol.victim_key(reqs)
+        assert vkey is not None
         for now in (3.0, 3.7, 50.0, 1e4):
-            sub = [r for r in reqs if g.random() < 0.7]
+            sub = [r for r in reqs if g.random() < 0.7] or reqs[:1]
             g.shuffle(sub)
             assert pol.order_waiting(sub, now) == sorted(sub, key=key)
+            best = max(range(len(sub)), key=lambda i: (vkey(sub[i]), i))
+            assert pol.preemption_victim(sub, now) is sub[best]
 
 
 @pytest.mark.parametrize("name", KEYED)
