@@ -43,8 +43,27 @@ def load_lengths() -> np.ndarray:
     return d[(d[:, 0] > 0) & (d[:, 1] > 0)]
 
 
+IMAGE_TOKENS, FRAME_TOKENS, VIDEO_FRAMES = 729, 196, 8  # LLaVA-OneVision (artifacts/profiles)
+
+
+def dress(p: int, mix: tuple[float, float], rng: np.random.Generator) -> dict:
+    """A request's media under `--mix IMAGE,VIDEO` (fractions): one image (729 vision
+    tokens) or an 8-frame video (196 tokens a frame) added to the text prompt `p`. All
+    text, with no random draw, by default: the default snapshots are those of the
+    figures in BENCHMARKS.md."""
+    if mix == (0.0, 0.0):
+        return {"prompt_tokens": p, "modality": "text", "vision_tokens": 0}
+    u = rng.random()
+    if u < mix[0]:
+        return {"prompt_tokens": p + IMAGE_TOKENS, "modality": "image", "vision_tokens": IMAGE_TOKENS}
+    if u < mix[0] + mix[1]:
+        v = FRAME_TOKENS * VIDEO_FRAMES
+        return {"prompt_tokens": p + v, "modality": "video", "vision_tokens": v}
+    return {"prompt_tokens": p, "modality": "text", "vision_tokens": 0}
+
+
 def make_snapshot(lengths: np.ndarray, cfg: InstanceConfig, n_running: int, n_waiting: int,
-                  rng: np.random.Generator) -> tuple[InstanceStatus, CandidateRequest]:
+                  rng: np.random.Generator, mix: tuple[float, float] = (0.0, 0.0)) -> tuple[InstanceStatus, CandidateRequest]:
     bs = cfg.block_size
     running: list[RequestStatus] = []
     used = 0
@@ -52,6 +71,8 @@ def make_snapshot(lengths: np.ndarray, cfg: InstanceConfig, n_running: int, n_wa
     while len(running) < n_running and tries < 100 * n_running:
         tries += 1
         p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
+        m = dress(p, mix, rng)
+        p = m["prompt_tokens"]
         if o < 2 or p + o > cfg.max_model_len:
             continue
         g = int(rng.integers(1, o))
@@ -60,18 +81,26 @@ def make_snapshot(lengths: np.ndarray, cfg: InstanceConfig, n_running: int, n_wa
         if used + kv > cfg.num_gpu_blocks - 8:
             continue
         used += kv
-        running.append(RequestStatus(f"r{len(running)}", 0.0, p, c, g, o, kv_blocks=kv))
+        running.append(RequestStatus(f"r{len(running)}", 0.0, p, c, g, o, kv_blocks=kv,
+                                     modality=m["modality"], vision_tokens=m["vision_tokens"]))
     waiting = []
     while len(waiting) < n_waiting:
         p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
-        if p + o <= cfg.max_model_len:
-            waiting.append(RequestStatus(f"w{len(waiting)}", 0.5, p, 0, 0, o))
+        m = dress(p, mix, rng)
+        if m["prompt_tokens"] + o <= cfg.max_model_len:
+            # with --mix, arrivals spread over the last second (mixed classes then age
+            # differently); else all at 0.5 s
+            arr = float(rng.uniform(0.0, 1.0)) if mix != (0.0, 0.0) else 0.5
+            waiting.append(RequestStatus(f"w{len(waiting)}", arr, m["prompt_tokens"],
+                                         0, 0, o, modality=m["modality"], vision_tokens=m["vision_tokens"]))
+    waiting.sort(key=lambda r: r.arrival_s)
     while True:
         p, o = (int(x) for x in lengths[rng.integers(len(lengths))])
-        if p + o <= cfg.max_model_len:
+        m = dress(p, mix, rng)
+        if m["prompt_tokens"] + o <= cfg.max_model_len:
             break
     status = InstanceStatus("bench", 1.0, cfg, cfg.num_gpu_blocks - used, tuple(running), tuple(waiting))
-    return status, CandidateRequest(p, o)
+    return status, CandidateRequest(m["prompt_tokens"], o, modality=m["modality"], vision_tokens=m["vision_tokens"])
 
 
 def main() -> None:
@@ -81,12 +110,17 @@ def main() -> None:
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--policy", default="fcfs", help="instance policy (fcfs, rps, edf, ...)")
+    ap.add_argument("--mix", default="0,0", help="IMAGE,VIDEO: fractions of requests with one image / an "
+                    "8-frame video (LLaVA-OneVision token counts); default all text")
     args = ap.parse_args()
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
     lengths = load_lengths()
     rng = np.random.default_rng(args.seed)
     policy = make_policy_for_profile(args.policy, prof)
+    mix = tuple(float(x) for x in args.mix.split(","))
+    if len(mix) != 2 or min(mix) < 0 or sum(mix) > 1:
+        raise SystemExit("--mix: two fractions IMAGE,VIDEO, each ≥ 0, summing to ≤ 1 (e.g. 0.2,0.1)")
     native = lookahead.jump
     source = None
     if lookahead.NATIVE:
@@ -101,7 +135,7 @@ def main() -> None:
           f"{'steps':>7} {'events':>7} {'max rel diff':>12}")
     for n_run in (8, 48):
         for n_wait in (0, 50, 200):
-            snaps = [make_snapshot(lengths, cfg, n_run, n_wait, rng) for _ in range(args.snapshots)]
+            snaps = [make_snapshot(lengths, cfg, n_run, n_wait, rng, mix) for _ in range(args.snapshots)]
             lat = LatencyModel(prof)  # warm memo, as a long-lived Predictor has
             fast_us, cpu_us, steps, events = [], [], [], []
             for st, cand in snaps:
