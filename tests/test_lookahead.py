@@ -352,3 +352,32 @@ def test_keyed_policies_jump_equals_stepwise(name: str) -> None:
         status = _mixed(g, status, ("text",) if trial % 2 else ("text", "image", "video"))
         pol = make_policy(name, profile=lat.profile) if name == "edf" else make_policy(name)
         _same(predict_stepwise(status, cand, lat, pol), predict(status, cand, lat, pol))
+
+
+def test_rps_order_and_victim_groups_with_mixed_classes() -> None:
+    # `order_groups`: each class appears oldest first (queue order on ties) in the
+    # policy's order; `victim_groups`: the victim is the one chosen among each class's
+    # youngest. Any subset, any queue order, times from "just arrived" to saturated P.
+    from rps_astro_cli.policies import make_policy
+
+    pol = make_policy("rps")
+    g = np.random.default_rng(23)
+    for _ in range(200):
+        reqs = [SimRequest(f"q{i}", float(g.integers(0, 40)) * 0.25, int(g.integers(1, 300)), 10,
+                           modality=str(g.choice(("text", "image", "video"))))
+                for i in range(int(g.integers(2, 40)))]
+        groups, vgroups = pol.order_groups(reqs), pol.victim_groups(reqs)
+        for now in (10.0, 12.3, 60.0, 1e3):
+            sub = [r for r in reqs if g.random() < 0.7] or reqs[:1]
+            g.shuffle(sub)
+            order = pol.order_waiting(sub, now)
+            for cls in {groups(r)[0] for r in sub}:
+                members = [r for r in sub if groups(r)[0] == cls]
+                assert [r for r in order if groups(r)[0] == cls] == sorted(members, key=lambda r: groups(r)[1])
+            best: dict = {}
+            for i, r in enumerate(sub):
+                c, k = vgroups(r)
+                if c not in best or not k < vgroups(sub[best[c]])[1]:
+                    best[c] = i
+            reps = [sub[i] for i in sorted(best.values())]
+            assert pol.preemption_victim(sub, now) is pol.preemption_victim(reps, now)

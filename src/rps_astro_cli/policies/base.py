@@ -59,6 +59,23 @@ class InstancePolicy:
         """
         return None
 
+    def order_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]] | None:
+        """For a time-dependent order: a function r → (group, key) such that, for every
+        subset `ws` of `requests` and every time `now_s`, `order_waiting(ws, now_s)`
+        lists the members of each group in stable key order (ties: queue order). The
+        first request in the order is then always some group's head, which is all the
+        look-ahead needs to know when nothing can be admitted. None promises nothing.
+        """
+        return None
+
+    def victim_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]] | None:
+        """For a time-dependent victim: a function r → (group, key) such that, for every
+        non-empty subset `running` of `requests` and every time, the victim among
+        `running` is the victim among its representatives: in each group the member
+        with the largest (key, index), kept in running order. None promises nothing.
+        """
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Name and parameters, for `/status` and reports."""
         return {"name": self.name}

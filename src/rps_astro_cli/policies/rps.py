@@ -189,8 +189,9 @@ class RPSPolicy(ClassAwarePolicy):
     Waiting order: highest `P_c(w)` first, i.e. lowest `score = −log P_c(w)`, where
     `w = now_s − arrival_s` (s); ties by arrival then queue position.
     Victim: among running requests heavier than sand (all of them if only sand runs),
-    the worst score (lowest P), latest scheduled on ties — so sand is never preempted
-    while a pebble or rock runs. With one class only, both rules reduce (P grows with the
+    the worst score (lowest P); on ties (P saturates at S + 1 for long waits) the
+    youngest, then the latest scheduled — so sand is never preempted while a pebble or
+    rock runs. With one class only, both rules reduce (P grows with the
     wait) to arrival order and the youngest victim, which is how they are computed then
     (`order_key` / `victim_key` give them to the look-ahead).
 
@@ -251,6 +252,17 @@ class RPSPolicy(ClassAwarePolicy):
         classes = {self.classify(r) for r in requests}
         return _GET_ARRIVAL if len(classes) <= 1 else None
 
+    def order_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]]:
+        """(class, arrival): inside a class the order is oldest first, since P_c(w)
+        grows with the wait (numpy's P, as computed in `order_waiting`, was checked
+        monotone on 14 M waits; tests/test_lookahead.py checks the contract)."""
+        return lambda r: (self.classify(r), r.arrival_s)
+
+    def victim_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]]:
+        """(class, arrival): in a class the lowest P_c(w) is the youngest (latest
+        scheduled on ties), so the victim is among each class's youngest."""
+        return lambda r: (self.classify(r), r.arrival_s)
+
     def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
         """Arrival time when all `requests` are of one class (the victim is then the
         youngest, see `preemption_victim`); None when classes mix."""
@@ -265,7 +277,8 @@ class RPSPolicy(ClassAwarePolicy):
             return running[max(range(n), key=lambda i: (running[i].arrival_s, i))]
         pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(n)
         pr = self.regulator.priority
-        best = min(pool, key=lambda i: (pr(running[i].req_class, now_s - running[i].arrival_s), -i))
+        best = min(pool, key=lambda i: (pr(running[i].req_class, now_s - running[i].arrival_s),
+                                        -running[i].arrival_s, -i))
         return running[best]
 
     def describe(self) -> dict[str, Any]:

@@ -221,6 +221,8 @@ class FastLookahead:
         self.keyfn: Callable[[Any], Any] | None = None
         self.ordered = False
         self.vkeyed = False  # LReq.vkey names the victim (`InstancePolicy.victim_key`)
+        self.grouped = False  # LReq.okey is (group, key) (`InstancePolicy.order_groups`)
+        self.vgrouped = False  # LReq.vkey is (group, key) (`InstancePolicy.victim_groups`)
         self.tdep = False
         self.M = cfg.max_num_batched_tokens
         self.maxs = cfg.max_num_seqs
@@ -282,6 +284,17 @@ class FastLookahead:
         if not res.scheduled:
             return PREEMPTED_ONLY if res.preempted else None
         return res.duration_s
+
+    def _group_heads(self) -> list[LReq]:
+        """The first waiting request of each `order_groups` group (smallest key, queue
+        order on ties; `okey` holds (group, key))."""
+        best: dict[Any, LReq] = {}
+        for w in self.waiting:
+            g = w.okey[0]
+            b = best.get(g)
+            if b is None or w.okey[1] < b.okey[1]:
+                best[g] = w
+        return list(best.values())
 
     def _requeue(self, r: LReq) -> None:
         """A preempted request back to the queue: the front (vLLM `prepend_request`),
@@ -369,9 +382,10 @@ class FastLookahead:
             free_after = self.free
         if self.tdep or not self.ordered:
             # whatever order the policy picks, the head is blocked if every waiting
-            # request is (its first chunk needs more blocks than are free, or in
-            # prioritized mode its prompt exceeds the prefill budget)
-            for w in waiting:
+            # request that can be first is (its first chunk needs more blocks than are
+            # free, or in prioritized mode its prompt exceeds the prefill budget): any
+            # request, or with `order_groups` only the groups' heads
+            for w in (self._group_heads() if self.grouped else waiting):
                 c = w.num_computed_tokens
                 n = w.prompt_tokens + w.num_generated_tokens - c
                 if n > room:
@@ -593,6 +607,17 @@ class FastLookahead:
                             vidx = j
                             vk = kj
                     victim = run[vidx]
+                elif self.vgrouped:  # ask the policy among each group's last (key, index)
+                    best: dict[Any, int] = {}
+                    for j in range(len(run)):
+                        g, kj = run[j].vkey
+                        b = best.get(g)
+                        if b is None or not kj < run[b].vkey[1]:
+                            best[g] = j
+                    idxs = sorted(best.values())
+                    reps = [run[j] for j in idxs]
+                    victim = policy.preemption_victim(reps, t)
+                    vidx = idxs[reps.index(victim)]
                 else:
                     victim = policy.preemption_victim(run, t)
                     vidx = run.index(victim)
@@ -1367,11 +1392,23 @@ class FastLookahead:
                     r.okey = okey(r)
                 self.keyfn = _OKEY
                 self.waiting.sort(key=_OKEY)
+            elif self.policy.time_dependent:
+                groups = self.policy.order_groups(everyone)
+                if groups is not None:
+                    for r in everyone:
+                        r.okey = groups(r)
+                    self.grouped = True
             vkey = self.policy.victim_key(everyone)
             if vkey is not None:
                 for r in everyone:
                     r.vkey = vkey(r)
                 self.vkeyed = True
+            else:
+                vgroups = self.policy.victim_groups(everyone)
+                if vgroups is not None:
+                    for r in everyone:
+                        r.vkey = vgroups(r)
+                    self.vgrouped = True
         self.ordered = fcfs or self.keyfn is not None
         tdep = self.tdep = bool(self.policy.time_dependent) and self.keyfn is None
         fcfs_chunked = fcfs and chunked and not tdep
