@@ -11,6 +11,12 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
   last one scheduled, vLLM V1's `running.pop()`).
 - `time_dependent` is False when the order cannot change while time passes without new
   events (FCFS, static classes, EDF); the look-ahead uses it to skip re-sorting.
+- Optional, for the Predictor's look-ahead (each a promise about the two methods above,
+  for a given set of requests, tested per policy in tests/test_lookahead.py):
+  `order_key` / `victim_key` (the order and the victim are sort keys: the look-ahead
+  keeps its queue sorted and never asks), `order_groups` / `victim_groups` (a
+  time-dependent order that is fixed inside groups: only group heads can come first,
+  only each group's last can be the victim).
 """
 
 from __future__ import annotations

@@ -55,7 +55,9 @@ _OKEY = attrgetter("okey")
 #   most one partial prefill at the tail), admissions, and preemption, where the FCFS
 #   victims are a suffix of the running list found by peeling it from the end;
 # - other policies / prioritized prefill: `_fast_step_*` for steps without preemption
-#   (FCFS preemption: `_fcfs_preempt_*`);
+#   (FCFS preemption: `_fcfs_preempt_*`); a policy with `order_key` / `victim_key` has
+#   the queue kept sorted by cached keys (`okey`, `vkey`) and is never asked; one with
+#   `order_groups` / `victim_groups` is asked only about group heads / group lasts;
 # - anything else (a preemption under another policy, an unusual running order) is
 #   handed to `InstanceSim.step` itself on materialized requests (`_careful_step`), so
 #   both look-aheads share one definition of a step.
