@@ -38,9 +38,10 @@ def _load_jump() -> ModuleType:
     origin = spec.origin if spec is not None else None
     if origin and not origin.endswith(".py"):
         src = os.path.join(os.path.dirname(origin), "jump.py")
-        stale = os.path.exists(src) and os.path.getmtime(src) > os.path.getmtime(origin) + 2.0
+        has_src = os.path.exists(src)  # (an install without the .py can only run the build)
+        stale = has_src and os.path.getmtime(src) > os.path.getmtime(origin) + 2.0
         forced = os.environ.get("ASTRO_PURE_PYTHON") == "1"
-        if forced or stale:
+        if has_src and (forced or stale):
             if stale and not forced:
                 warnings.warn("the compiled look-ahead is older than sim/jump.py: using the source "
                               "(reinstall with `pip install -e .` to rebuild it)", stacklevel=2)
