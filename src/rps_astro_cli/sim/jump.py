@@ -831,8 +831,10 @@ class FastLookahead:
             if k < n:
                 n = k
         r0 = G % bs
-        q, m = divmod(n, bs)
-        need = q * B + sum(cnt2[r0:r0 + m])
+        q = n // bs
+        need = q * B
+        for j in range(r0, r0 + n - q * bs):
+            need += cnt2[j]
         if need <= F:
             return n, a, need, False
         q = F // B
@@ -1137,8 +1139,10 @@ class FastLookahead:
                     k = self._steps_to_reach(arrival - t, a, dec, S, B)
                     if k < n:
                         n = k
-                q, m = divmod(n, bs)
-                need = q * B + sum(cnt2[r0:r0 + m])
+                q = n // bs
+                need = q * B
+                for i in range(r0, r0 + n - q * bs):  # (a loop, not sum(slice): no list built)
+                    need += cnt2[i]
                 exhausted = need > F
                 if exhausted:  # stop at the last step whose allocations fit
                     q = F // B
