@@ -381,3 +381,53 @@ def test_rps_order_and_victim_groups_with_mixed_classes() -> None:
                     best[c] = i
             reps = [sub[i] for i in sorted(best.values())]
             assert pol.preemption_victim(sub, now) is pol.preemption_victim(reps, now)
+
+
+# --- requests still in preprocessing (`InstanceStatus.arriving`) -----------------------
+
+def _with_arriving(g: np.random.Generator, status: InstanceStatus) -> InstanceStatus:
+    """The snapshot plus 0–4 requests still in preprocessing, ready from 'now' (or
+    earlier: it must then join at once) to 0.4 s ahead, some at the same time."""
+    now = status.time_s
+    arriving = tuple(
+        RequestStatus(f"a{i}", now - 0.1, int(g.integers(1, 300)), predicted_output_tokens=int(g.integers(1, 150)),
+                      modality=str(g.choice(("text", "image"))), encoder_s=float(g.choice([0.0, 0.02])),
+                      ready_s=now + float(g.choice([-0.05, 0.0, 0.1, 0.1, 0.25, 0.4])))
+        for i in range(int(g.integers(0, 5))))
+    return dataclasses.replace(status, arriving=arriving)
+
+
+@pytest.mark.parametrize("name", ["fcfs", "spf", "aging", *KEYED])
+def test_arriving_requests_jump_equals_stepwise(name: str) -> None:
+    from rps_astro_cli.policies import make_policy
+
+    g = np.random.default_rng(31)
+    for trial in range(120):
+        lat, status, cand = _seeded_scenario(g)
+        status = _with_arriving(g, _mixed(g, status, ("text",) if trial % 2 else ("text", "image")))
+        if name in POLICIES:
+            pol = POLICIES[name]()
+        else:
+            pol = make_policy(name, profile=lat.profile) if name == "edf" else make_policy(name)
+        _same(predict_stepwise(status, cand, lat, pol), predict(status, cand, lat, pol))
+
+
+def test_a_request_in_preprocessing_delays_the_candidate() -> None:
+    # Hand-made: empty instance, step = 10 ms + 0.1 ms/token. A 100-token request ready
+    # at 0.05 s and the candidate (100 tokens, 2 output tokens) arriving at 0.1 s.
+    # Without the arriving request: prefill at 0.1 → first token at 0.1 + 0.020.
+    # With it: its prefill 0.05–0.07, decodes of 0.0101 s end at 0.0801, 0.0902, 0.1003;
+    # the candidate (arrived at 0.1) joins the step from 0.1003: 100 + 1 tokens, 0.0201 s
+    # → first token at 0.1204; its decode beside a's: 2 tokens, 0.0102 s → 0.1306.
+    cfg = InstanceConfig(max_model_len=4096)
+    lat = LatencyModel(HAND)
+    cand = CandidateRequest(100, 2, preprocess_s=0.1)
+    bare = InstanceStatus("i", 0.0, cfg, cfg.num_gpu_blocks)
+    a = RequestStatus("a", 0.0, 100, predicted_output_tokens=50, ready_s=0.05)
+    busy = dataclasses.replace(bare, arriving=(a,))
+    for predict_fn in (predict_stepwise, predict):
+        e0 = predict_fn(bare, cand, lat, FCFSPolicy())
+        e1 = predict_fn(busy, cand, lat, FCFSPolicy())
+        assert e0.ttft_s == pytest.approx(0.1 + 0.020, abs=1e-12)
+        assert e1.ttft_s == pytest.approx(0.1204, abs=1e-12)
+        assert e1.e2e_s == pytest.approx(0.1306, abs=1e-12)

@@ -12,6 +12,7 @@ from rps_astro_cli.engine.openai_api import ApiError, ParsedRequest, VisionCharg
 from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
+from rps_astro_cli.status import InstanceStatus
 
 
 def make_profile(**kw) -> ExecutionProfile:
@@ -162,14 +163,22 @@ def test_multimodal_preprocess_and_encoder():
             er = eng.submit(req(20, max_tokens=2, ignore_eos=True, num_images=1),
                             VisionCharge(vision_tokens=100, preprocess_s=0.2, encoder_s=0.3))
             in_queue_early = eng.num_waiting + eng.num_running
+            st_early = eng.status()
             await drain(er)
+            st_late = eng.status()
         finally:
             await eng.close()
-        return er, in_queue_early
+        return er, in_queue_early, st_early, st_late
 
-    er, early = run(main())
+    er, early, st_early, st_late = run(main())
     s = er.sim
     assert early == 0  # still preprocessing: not yet in the waiting queue
+    # ... but /status shows it arriving, ready when its 0.2 s of preprocessing end
+    assert [a.request_id for a in st_early.arriving] == [s.request_id]
+    assert st_early.arriving[0].ready_s == pytest.approx(s.arrival_s + 0.2, abs=1e-12)
+    assert st_early.arriving[0].prompt_tokens == 120 and st_early.waiting == ()
+    assert st_late.arriving == ()
+    assert InstanceStatus.from_dict(st_early.to_dict()) == st_early
     assert (s.prompt_tokens, s.vision_tokens, s.modality) == (120, 100, "image")
     assert s.first_scheduled_s - s.arrival_s >= 0.2 * 0.98
     assert s.first_token_s - s.first_scheduled_s == pytest.approx(0.322, abs=1e-9)

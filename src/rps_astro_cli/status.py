@@ -12,6 +12,8 @@ request's waiting time is `time_s - arrival_s`):
      "num_preemptions_total": int,
      "running": [RequestStatus...],   # in running (batch) order
      "waiting": [RequestStatus...],   # in queue order (front first)
+     "arriving": [RequestStatus...],  # still in multimodal preprocessing; each has
+                                      # ready_s, when it joins the queue (optional)
      "classes": {class: {"queue_len", "mean_wait_s", "prefill_backlog_s"}}  # optional
     }
 """
@@ -36,6 +38,8 @@ class RequestStatus:
     known (else None → Predictor uses its default). modality: text/image/video.
     vision_tokens: tokens from media. encoder_s: remaining encoder charge (s).
     req_class: sand/pebbles/rocks or None. kv_blocks: blocks held.
+    ready_s: for a request still in preprocessing (`InstanceStatus.arriving`), when it
+    joins the waiting queue (engine clock, s); None for queued and running requests.
     """
 
     request_id: str
@@ -50,6 +54,7 @@ class RequestStatus:
     req_class: str | None = None
     kv_blocks: int = 0
     deadline_s: float | None = None
+    ready_s: float | None = None
 
     @classmethod
     def from_sim(cls, r: SimRequest) -> RequestStatus:
@@ -83,6 +88,7 @@ class InstanceStatus:
     profile_id: str = ""
     num_preemptions_total: int = 0
     classes: dict[str, Any] = field(default_factory=dict)
+    arriving: tuple[RequestStatus, ...] = ()
 
     @property
     def kv_blocks_total(self) -> int:
@@ -100,6 +106,7 @@ class InstanceStatus:
             "num_preemptions_total": self.num_preemptions_total,
             "running": [asdict(r) for r in self.running],
             "waiting": [asdict(r) for r in self.waiting],
+            "arriving": [asdict(r) for r in self.arriving],
             "classes": self.classes,
         }
 
@@ -124,6 +131,7 @@ class InstanceStatus:
                 profile_id=d.get("profile_id", ""),
                 num_preemptions_total=int(d.get("num_preemptions_total", 0)),
                 classes=d.get("classes") or {},
+                arriving=tuple(RequestStatus(**r) for r in d.get("arriving", ())),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, AstroUserError):

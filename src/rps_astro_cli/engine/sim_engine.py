@@ -43,7 +43,7 @@ from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, snapshot
+from rps_astro_cli.status import InstanceStatus, RequestStatus, snapshot
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ class EngineRequest:
     finish_reason: str
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
     preprocess_task: asyncio.Task | None = None
+    ready_s: float | None = None  # engine clock: when preprocessing ends (it joins the queue)
     aborted: bool = False
     done: bool = False
 
@@ -216,6 +217,7 @@ class SimEngine:
         er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason)
         self._live[rid] = er
         if charge.preprocess_s > 0:
+            er.ready_s = sim.arrival_s + charge.preprocess_s
             er.preprocess_task = asyncio.create_task(self._preprocess(er, charge.preprocess_s))
         else:
             self._enqueue(er)
@@ -268,10 +270,16 @@ class SimEngine:
         return self.inst.num_blocks_used / self.config.num_gpu_blocks
 
     def status(self) -> InstanceStatus:
-        """The `/status` snapshot at the engine's now."""
+        """The `/status` snapshot at the engine's now, with the requests still in
+        multimodal preprocessing as `arriving` (each with its `ready_s`)."""
         now = self.now_s()
         snap = snapshot(self.instance_id, now, self.inst, self.profile.profile_id)
-        return replace(snap, classes=self.class_metrics(now))
+        arriving = tuple(
+            replace(RequestStatus.from_sim(er.sim), ready_s=er.ready_s)
+            for er in self._live.values()
+            if er.preprocess_task is not None and not er.preprocess_task.done() and not er.aborted
+        )
+        return replace(snap, classes=self.class_metrics(now), arriving=arriving)
 
     def class_metrics(self, now_s: float | None = None) -> dict[str, dict[str, float]]:
         """Per-class queue length, mean wait and prefill backlog of the waiting queue

@@ -226,6 +226,8 @@ class FastLookahead:
         self.grouped = False  # LReq.okey is (group, key) (`InstancePolicy.order_groups`)
         self.vgrouped = False  # LReq.vkey is (group, key) (`InstancePolicy.victim_groups`)
         self.tdep = False
+        self.pending: list[tuple[float, LReq]] = []  # future queue arrivals (see `run`)
+        self.pending_i = 0
         self.M = cfg.max_num_batched_tokens
         self.maxs = cfg.max_num_seqs
         # the step-shape tables (see `LatencyModel`), sized for every step a chunked
@@ -307,8 +309,20 @@ class FastLookahead:
         else:
             self.waiting.insert(bisect.bisect_left(self.waiting, keyfn(r), key=keyfn), r)
 
+    def _arrive(self, t: float) -> tuple[float, bool]:
+        """Queue every pending arrival due by `t` (in order). Returns (the next pending
+        arrival time, or +inf; True when none is left)."""
+        p, i = self.pending, self.pending_i
+        while i < len(p) and t >= p[i][0]:
+            self._enqueue(p[i][1])
+            i += 1
+        self.pending_i = i
+        if i < len(p):
+            return p[i][0], False
+        return math.inf, True
+
     def _enqueue(self, r: LReq) -> None:
-        """A new arrival (the candidate) to the queue: the back, or, in a key-sorted
+        """A new arrival (the candidate, a request done preprocessing) to the queue: the back, or, in a key-sorted
         queue, after the last request of an equal key."""
         keyfn = self.keyfn
         if keyfn is None:
@@ -864,7 +878,7 @@ class FastLookahead:
         return e, N, F
 
     def _fcfs_chunked_loop(self, t: float, arrival: float, added: bool,
-                           cand: LReq) -> tuple[float, int, int, bool, bool]:
+                           cand: LReq) -> tuple[float, int, int, float, bool, bool]:
         """The FCFS chunked-prefill event loop with all state in local variables (the
         hot path of `predict`). It handles the layout vLLM keeps under FCFS — the B
         pooled decoders followed by at most one partial prefill X at the tail — and
@@ -874,7 +888,7 @@ class FastLookahead:
         `_fcfs_preempt_tail`). Anything else returns to `run` for one general step.
         Float operations per step are those of `_apply`.
 
-        Returns (time, steps, events, candidate added, candidate finished)."""
+        Returns (time, steps, events, next arrival, all arrived, candidate finished)."""
         run, waiting, nondec, heap, cnt2 = self.running, self.waiting, self.nondec, self.heap, self.cnt2
         G, S, B, F = self.G, self.S, self.B, self.free
         bs, M, maxs = self.bs, self.M, self.maxs
@@ -885,8 +899,7 @@ class FastLookahead:
         done = False
         while steps <= MAX_LOOKAHEAD_STEPS:
             if not added and t >= arrival:
-                waiting.append(cand)
-                added = True
+                arrival, added = self._arrive(t)
             room = M - B
             if B == 0 or room < 0:
                 break
@@ -918,7 +931,7 @@ class FastLookahead:
                     blocked = hk > 0 and hk > F - n_t
                 if blocked:
                     # jumps, finishes and preemptions until the head can be admitted
-                    t, G, S, B, F, k, ev, added, done = self._d_run(t, G, S, B, F, added, arrival, cand)
+                    t, G, S, B, F, k, ev, arrival, added, done = self._d_run(t, G, S, B, F, added, arrival, cand)
                     steps += k
                     events += ev
                     if done:
@@ -1097,10 +1110,10 @@ class FastLookahead:
             if done:
                 break
         self.G, self.S, self.B, self.free, self.seq = G, S, B, F, seq
-        return t, steps, events, added, done
+        return t, steps, events, arrival, added, done
 
     def _d_run(self, t: float, G: int, S: int, B: int, F: int, added: bool, arrival: float,
-               cand: LReq) -> tuple[float, int, int, int, int, int, int, bool, bool]:
+               cand: LReq) -> tuple[float, int, int, int, int, int, int, float, bool, bool]:
         """The blocked regime of `_fcfs_chunked_loop`: all running requests are the B
         pooled decoders and the queue head cannot be admitted (or the queue is empty, or
         `max_num_seqs` is reached). Repeats, with all state in locals: a closed-form jump
@@ -1114,8 +1127,8 @@ class FastLookahead:
         admissible, the pool empties, or the candidate finishes. Float operations are
         those of the loop's jump and preemption step.
 
-        Returns (time, tick, context sum, decoders, free blocks, steps, events,
-        candidate added, candidate finished)."""
+        Returns (time, tick, context sum, decoders, free blocks, steps, events, next
+        arrival, all arrived, candidate finished)."""
         run, waiting, heap, cnt2 = self.running, self.waiting, self.heap, self.cnt2
         bs, M, maxs = self.bs, self.M, self.maxs
         seq_s, tok_s, dec, pre = self.seq_s, self.tok_s, self.dec, self.pre
@@ -1199,8 +1212,7 @@ class FastLookahead:
                 if done or B == 0:
                     break
             if not added and t >= arrival:
-                waiting.append(cand)
-                added = True
+                arrival, added = self._arrive(t)
             # ---- still blocked? (the loop's admission test) ----
             room = M - B
             if waiting and B < maxs and room > 0:
@@ -1212,7 +1224,7 @@ class FastLookahead:
                 hk = -(-(hc + hn) // bs) - h.kv_blocks
                 if hk <= 0 or hk <= F - cnt2[G % bs]:
                     break
-        return t, G, S, B, F, steps, events, added, done
+        return t, G, S, B, F, steps, events, arrival, added, done
 
     def _x_run(self, t: float, G: int, S: int, B: int, F: int, x: LReq, x_in: bool,
                cand: LReq) -> tuple[float, int, int, int, int, int, bool]:
@@ -1382,8 +1394,17 @@ class FastLookahead:
         return t, G, S, F, steps
 
     # -- the loop -------------------------------------------------------------------
-    def run(self, cand: LReq, t0: float) -> tuple[float, float, int, int]:
-        """Run until the candidate finishes: (TTFT s, E2E s from t0, steps, events)."""
+    def run(self, cand: LReq, t0: float,
+            pending: list[tuple[float, LReq]] | None = None) -> tuple[float, float, int, int]:
+        """Run until the candidate finishes: (TTFT s, E2E s from t0, steps, events).
+
+        pending: the future queue arrivals in order, (time s, request), the candidate
+        among them (`lookahead.arrivals_order`); default: the candidate alone at its
+        `arrival_s`."""
+        if pending is None:
+            pending = [(cand.arrival_s, cand)]
+        self.pending = pending
+        self.pending_i = 0
         cfg, bs = self.cfg, self.bs
         fcfs = _is_fcfs(self.policy)
         chunked = cfg.chunked_prefill
@@ -1391,7 +1412,7 @@ class FastLookahead:
         maxs = cfg.max_num_seqs
         pbudget = cfg.prefill_budget
         if not fcfs:  # keys computed once per request (they do not change)
-            everyone = [*self.running, *self.waiting, cand]
+            everyone = [*self.running, *self.waiting, *(r for _t, r in pending)]
             okey = self.policy.order_key(everyone)
             if okey is not None:
                 for r in everyone:
@@ -1419,7 +1440,7 @@ class FastLookahead:
         tdep = self.tdep = bool(self.policy.time_dependent) and self.keyfn is None
         fcfs_chunked = fcfs and chunked and not tdep
         dec = self.latency.profile.decode_attn_s_per_ctx_token
-        arrival = cand.arrival_s
+        arrival = pending[0][0]
         t = t0
         added = False
         steps = 0
@@ -1428,10 +1449,9 @@ class FastLookahead:
         while True:
             events += 1
             if not added and t >= arrival:
-                self._enqueue(cand)
-                added = True
+                arrival, added = self._arrive(t)
             if fcfs_chunked:
-                t, k, ev, added, done = self._fcfs_chunked_loop(t, arrival, added, cand)
+                t, k, ev, arrival, added, done = self._fcfs_chunked_loop(t, arrival, added, cand)
                 if ev:
                     steps += k
                     events += ev
@@ -1484,8 +1504,7 @@ class FastLookahead:
                     # decoders, so peel FCFS victims off the tail until the decoders'
                     # needs fit (see `_fcfs_preempt_tail`), then run the survivors.
                     if not added and t >= arrival:
-                        self.waiting.append(cand)
-                        added = True
+                        arrival, added = self._arrive(t)
                     run = self.running
                     B = self.B
                     if len(run) != B:

@@ -173,6 +173,23 @@ def build_sim(
     return sim
 
 
+def _ready_s(r: RequestStatus, now_s: float) -> float:
+    """When an arriving request joins the queue: its `ready_s` (now when unset or past)."""
+    return r.ready_s if r.ready_s is not None and r.ready_s > now_s else now_s
+
+
+def arrivals_order(status: InstanceStatus, candidate_arrival_s: float) -> list[tuple[float, int]]:
+    """The future queue arrivals of a look-ahead, in the order they join the queue:
+    (time s, index into `status.arriving`, or -1 for the candidate). Ordered by time;
+    on a tie the snapshot's arriving requests (submitted earlier) go first."""
+    now = status.time_s
+    events = [(_ready_s(r, now), i) for i, r in enumerate(status.arriving)]
+    events.append((candidate_arrival_s, len(status.arriving)))
+    events.sort()
+    n = len(status.arriving)
+    return [(t, -1 if i == n else i) for t, i in events]
+
+
 def predict_stepwise(
     status: InstanceStatus,
     candidate: CandidateRequest,
@@ -182,7 +199,9 @@ def predict_stepwise(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
 ) -> LatencyEstimate:
-    """Reference look-ahead: step `InstanceSim` until the candidate finishes.
+    """Reference look-ahead: step `InstanceSim` until the candidate finishes. Requests
+    still in preprocessing (`status.arriving`) and the candidate join the queue at their
+    ready times (`arrivals_order`).
 
     Raises:
         AstroUserError: the candidate cannot fit the instance at all.
@@ -192,13 +211,16 @@ def predict_stepwise(
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
     cand = candidate_to_sim(candidate, status.time_s)
+    ext, dflt = extension_tokens, default_output_tokens
+    pending = [(ts, cand if i < 0 else _to_sim(status.arriving[i], expected_output_tokens(status.arriving[i], ext, dflt)))
+               for ts, i in arrivals_order(status, cand.arrival_s)]
     t = status.time_s
     added = False
     steps = 0
     while cand.finish_s is None:
-        if not added and t >= cand.arrival_s:
-            sim.add(cand)
-            added = True
+        while pending and t >= pending[0][0]:
+            sim.add(pending.pop(0)[1])
+        added = not pending
         res = sim.step(t)
         if res.scheduled:
             t += res.duration_s
@@ -208,7 +230,7 @@ def predict_stepwise(
             # the pass) and nothing else ran: no time passes, the next step goes on
             pass
         elif not added:
-            t = cand.arrival_s
+            t = pending[0][0]
         else:
             raise RuntimeError("look-ahead made no progress (instance cannot admit any request)")
         if steps > MAX_LOOKAHEAD_STEPS:
@@ -258,8 +280,12 @@ def predict(
     ext, dflt = extension_tokens, default_output_tokens
     running = jump.lreqs_from_status(status.running, ext, dflt)
     waiting = jump.lreqs_from_status(status.waiting, ext, dflt)
+    pending = None
+    if status.arriving:
+        arriving = jump.lreqs_from_status(status.arriving, ext, dflt)
+        pending = [(ts, cand if i < 0 else arriving[i]) for ts, i in arrivals_order(status, cand.arrival_s)]
     ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s)
+        cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s, pending)
     return LatencyEstimate(ttft, e2e, steps, events)
 
 
