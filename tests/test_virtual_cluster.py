@@ -81,6 +81,22 @@ def test_busy_instance_prediction_is_shifted_to_arrival() -> None:
     assert r1.decide_us > 0
 
 
+def test_prediction_sees_a_request_still_in_preprocessing() -> None:
+    # One instance. r0 (image, 400 tok, 3 out) is dispatched at 0 and spends 0.2 s in
+    # preprocessing; r1 (text, 300 tok, 3 out) arrives at 0.19: prefill 0.19–0.23 (300 tok
+    # → 0.04). r0 joins the queue at 0.2, so the next step is r1's decode + r0's 400-token
+    # prefill (0.0501 → 0.2801), then both decode (0.0102 → 0.2903): r1's E2E 0.1003 s.
+    # The look-ahead at 0.19 must count r0 (seeing only the empty queue it would say
+    # 0.04 + 2 × 0.0101 = 0.0602).
+    reqs = [TimedRequest("r0", 0.0, 400, 3, modality="image", vision_tokens=300, preprocess_s=0.2),
+            TimedRequest("r1", 0.19, 300, 3)]
+    res = simulate_cluster(reqs, 1, make_dispatch("power_of_k", k=1), HAND, CFG, None, np.random.default_rng(0))
+    r1 = res.records[1]
+    assert r1.ttft_s == pytest.approx(0.04, abs=1e-12) and r1.e2e_s == pytest.approx(0.1003, abs=1e-12)
+    assert r1.predicted_ttft_s == pytest.approx(0.04, abs=1e-12)
+    assert r1.predicted_e2e_s == pytest.approx(0.1003, abs=1e-12)
+
+
 def test_prediction_guided_dispatch_avoids_the_loaded_instance() -> None:
     # r0 is long (400 prompt, 50 out); r1 arrives 1 ms later and must go to the idle
     # instance, where its predicted (and actual) E2E is 0.02 + 0.0101 = 0.0301.

@@ -210,6 +210,7 @@ def simulate_cluster(
     busy_until = [0.0] * num_instances
     stepping = [False] * num_instances
     pending_finished: list[list[SimRequest]] = [[] for _ in range(num_instances)]
+    arriving: list[list[SimRequest]] = [[] for _ in range(num_instances)]  # dispatched, still preprocessing
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
     needs_pred = dispatch.needs_predictions
@@ -277,6 +278,7 @@ def simulate_cluster(
             i = records[x].instance  # type: ignore[union-attr]
             sr = sim_reqs[x]
             assert sr is not None
+            arriving[i].remove(sr)
             sr.arrival_s = now
             sims[i].add(sr)
             if not stepping[i]:
@@ -308,7 +310,7 @@ def simulate_cluster(
                 c = cand
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
-                est = predict_instance(sims[i], t_snap, c, extension_tokens=extension_tokens,
+                est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
@@ -336,6 +338,7 @@ def simulate_cluster(
         if req.preprocess_s > 0:
             seq += 1
             heapq.heappush(heap, (enqueue_s, _ENQUEUE, seq, x))
+            arriving[i].append(sr)  # what a Predictor sees as `arriving` until then
         else:
             sims[i].add(sr)
             if not stepping[i]:

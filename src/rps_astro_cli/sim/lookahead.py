@@ -178,15 +178,14 @@ def _ready_s(r: RequestStatus, now_s: float) -> float:
     return r.ready_s if r.ready_s is not None and r.ready_s > now_s else now_s
 
 
-def arrivals_order(status: InstanceStatus, candidate_arrival_s: float) -> list[tuple[float, int]]:
-    """The future queue arrivals of a look-ahead, in the order they join the queue:
-    (time s, index into `status.arriving`, or -1 for the candidate). Ordered by time;
-    on a tie the snapshot's arriving requests (submitted earlier) go first."""
-    now = status.time_s
-    events = [(_ready_s(r, now), i) for i, r in enumerate(status.arriving)]
-    events.append((candidate_arrival_s, len(status.arriving)))
+def arrivals_order(ready_s: list[float], candidate_arrival_s: float) -> list[tuple[float, int]]:
+    """The future queue arrivals of a look-ahead in the order they join the queue:
+    (time s, index into `ready_s`, or -1 for the candidate). By time; on a tie the
+    requests already in preprocessing (submitted earlier) go first, in their order."""
+    events = [(t, i) for i, t in enumerate(ready_s)]
+    n = len(ready_s)
+    events.append((candidate_arrival_s, n))
     events.sort()
-    n = len(status.arriving)
     return [(t, -1 if i == n else i) for t, i in events]
 
 
@@ -212,8 +211,9 @@ def predict_stepwise(
     _check_fits(candidate, cfg.max_model_len)
     cand = candidate_to_sim(candidate, status.time_s)
     ext, dflt = extension_tokens, default_output_tokens
+    ready = [_ready_s(r, status.time_s) for r in status.arriving]
     pending = [(ts, cand if i < 0 else _to_sim(status.arriving[i], expected_output_tokens(status.arriving[i], ext, dflt)))
-               for ts, i in arrivals_order(status, cand.arrival_s)]
+               for ts, i in arrivals_order(ready, cand.arrival_s)]
     t = status.time_s
     added = False
     steps = 0
@@ -283,7 +283,8 @@ def predict(
     pending = None
     if status.arriving:
         arriving = jump.lreqs_from_status(status.arriving, ext, dflt)
-        pending = [(ts, cand if i < 0 else arriving[i]) for ts, i in arrivals_order(status, cand.arrival_s)]
+        ready = [_ready_s(r, status.time_s) for r in status.arriving]
+        pending = [(ts, cand if i < 0 else arriving[i]) for ts, i in arrivals_order(ready, cand.arrival_s)]
     ttft, e2e, steps, events = jump.FastLookahead(
         cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s, pending)
     return LatencyEstimate(ttft, e2e, steps, events)
@@ -295,12 +296,15 @@ def predict_instance(
     candidate: CandidateRequest,
     *,
     policy: InstancePolicy | None = None,
+    arriving: list[SimRequest] | tuple[SimRequest, ...] = (),
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
 ) -> LatencyEstimate:
     """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
     without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
 
+    arriving: requests dispatched to the instance but still in preprocessing; each
+    joins the queue at its `arrival_s` (the virtual cluster's enqueue time).
     The look-ahead sees each request's `predicted_output_tokens` (never its true
     `target_output_tokens`), as a Predictor reading `/status` does. Same errors as
     `predict`.
@@ -311,6 +315,11 @@ def predict_instance(
     ext, dflt = extension_tokens, default_output_tokens
     running = jump.lreqs_from_sim(inst.running, ext, dflt)
     waiting = jump.lreqs_from_sim(inst.waiting, ext, dflt)
+    pending = None
+    if arriving:
+        arr = jump.lreqs_from_sim(arriving, ext, dflt)
+        ready = [max(r.arrival_s, now_s) for r in arriving]
+        pending = [(ts, cand if i < 0 else arr[i]) for ts, i in arrivals_order(ready, cand.arrival_s)]
     ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s)
+        cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s, pending)
     return LatencyEstimate(ttft, e2e, steps, events)
