@@ -17,6 +17,8 @@ runner = CliRunner()
     (["--virtual", "--length-model", "bogus"], "--length-model", "--model:"),
     (["--virtual", "--profile", "/nonexistent-profile.json"], "--profile", None),
     (["--virtual", "--instance-policy", "bogus"], "bogus", None),
+    (["--virtual", "--objective", "fast"], "--objective: unknown objective 'fast'", None),
+    (["--base-url", "http://127.0.0.1:9", "--objective", "ttft"], "--objective only apply to --virtual", None),
 ])
 def test_flags_fail_before_the_workload_loads(args, needle, not_needle):
     res = runner.invoke(app, ["bench", "--no-report", "-n", "3", *args])

@@ -67,6 +67,16 @@ def test_prediction_noise_multiplies_each_prediction():
     assert pol.needs_predictions and pol.describe()["prediction_noise_sigma"] == 0.5
 
 
+def test_objective_reaches_power_of_k_only(tmp_path):
+    reqs = [BenchRequest("t", "hi", 10, 5)]
+    cfg = BenchConfig(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True, objective="ttft")
+    tgt = VirtualTarget(cfg, Workload("w", reqs, "test"), len)
+    tgt.use_policy("power_of_k", "2")
+    assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft"}
+    tgt.use_policy("llumnix", None)  # no objective to set: left alone
+    assert tgt.make_dispatch(np.random.default_rng(0)).name == "llumnix"
+
+
 def test_report_folder_for_a_multimodal_sweep(tmp_path):
     from rps_astro_cli.bench.runner import run_bench
 

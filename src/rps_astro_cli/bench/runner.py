@@ -52,9 +52,9 @@ class BenchConfig:
     rates: a sweep of request rates (overrides request_rate).
     cluster / base_url / model / endpoint / send_true_lengths / ignore_eos / timeout_s /
     api_key: live target (see `client`). virtual: use the virtual cluster instead.
-    instances / profile / instance_policy / policies / ks / oracle_lengths /
-    prediction_noise / prediction_noise_fraction / length_model / max_num_seqs: virtual
-    cluster (policies also live).
+    instances / profile / instance_policy / policies / ks / objective (power_of_k: e2e
+    or ttft) / oracle_lengths / prediction_noise / prediction_noise_fraction /
+    length_model / max_num_seqs: virtual cluster (policies also live).
     slo / slo_scale: SLO (see `slo`). capacity: search SLO capacity on `capacity_metric`
     at `capacity_percentile` against `capacity_threshold_s` (default: the `--slo` value
     of that metric, else 10 s as in Astrolabe). capacity_* bound the search.
@@ -94,6 +94,7 @@ class BenchConfig:
     instance_policy: str = "fcfs"
     policies: list[str] | None = None
     ks: list[str] | None = None
+    objective: str | None = None
     oracle_lengths: bool = False
     prediction_noise: float = 0.0
     prediction_noise_fraction: float = 1.0
@@ -185,6 +186,7 @@ def _check(cfg: BenchConfig) -> None:
                              fix="pass --cluster cluster.json, --base-url URL, or --virtual")
     if not cfg.virtual:
         flags = [f for f, on in (("--oracle-lengths", cfg.oracle_lengths), ("--prediction-noise", cfg.prediction_noise > 0),
+                                 ("--objective", cfg.objective is not None),
                                  ("--length-model", cfg.length_model is not None),
                                  ("--max-num-seqs", cfg.max_num_seqs is not None)) if on]
         if flags:
@@ -207,6 +209,8 @@ def _check(cfg: BenchConfig) -> None:
                              fix="choose ttft, tpot, e2el or nlat")
     if cfg.prediction_noise < 0:
         raise AstroUserError("must be ≥ 0", field="--prediction-noise")
+    if cfg.objective is not None and cfg.objective not in ("e2e", "ttft"):
+        raise AstroUserError(f"unknown objective {cfg.objective!r}", field="--objective", fix="use e2e or ttft")
     if not 0 <= cfg.prediction_noise_fraction <= 1:
         raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
     if cfg.fail_under is not None and not (0 <= cfg.fail_under <= 1):

@@ -158,6 +158,8 @@ class VirtualTarget:
         params: dict[str, Any] = {}
         if self.k is not None:
             params["k"] = self.k if self.k == "all" else int(self.k)
+        if self.cfg.objective is not None and self.policy == "power_of_k":
+            params["objective"] = self.cfg.objective
         pol = make_dispatch(self.policy, **params)
         if self.cfg.prediction_noise > 0:
             pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng, self.cfg.prediction_noise_fraction)
