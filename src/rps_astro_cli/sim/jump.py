@@ -198,7 +198,7 @@ def _is_fcfs(policy: InstancePolicy) -> bool:
 class FastLookahead:
     """The event loop of `predict` (one instance per call)."""
 
-    def __init__(self, cfg, latency: LatencyModel, policy: InstancePolicy,
+    def __init__(self, cfg: InstanceConfig, latency: LatencyModel, policy: InstancePolicy,
                  running: list[LReq], waiting: list[LReq], free_blocks: int):
         self.cfg = cfg
         self.latency = latency
@@ -483,7 +483,7 @@ class FastLookahead:
             return None
         return self._apply(t, sched, B, free, cfg.max_num_batched_tokens - budget, True)
 
-    def _apply(self, t: float, sched, B: int, free: int, num_tokens: int, decode_pool: bool) -> float:
+    def _apply(self, t: float, sched: list[tuple[LReq, int, int]], B: int, free: int, num_tokens: int, decode_pool: bool) -> float:
         """Charge a fast step's latency and apply its outputs. `sched` lists the explicit
         (non-pooled) requests (request, new tokens, new blocks); `B` pooled decoders ride
         along when `decode_pool`."""
