@@ -415,7 +415,7 @@ class FastLookahead:
                 return True
             if self.tdep:
                 return False
-        head = waiting[0] if self.ordered else self.policy.order_waiting(waiting, t)[0]
+        head: LReq = waiting[0] if self.ordered else self.policy.order_waiting(waiting, t)[0]
         c = head.num_computed_tokens
         n = head.prompt_tokens + head.num_generated_tokens - c
         if chunked:
@@ -457,7 +457,7 @@ class FastLookahead:
         if waiting and budget > 0 and len(running) < cfg.max_num_seqs:  # else no admission
             nrun = len(running)
             maxs = cfg.max_num_seqs
-            order = waiting if self.ordered else self.policy.order_waiting(waiting, t)
+            order: list[LReq] = waiting if self.ordered else self.policy.order_waiting(waiting, t)
             admitted = 0
             for r in order:
                 if nrun >= maxs or budget <= 0:
@@ -545,7 +545,7 @@ class FastLookahead:
             budget = cfg.prefill_budget
             nrun = len(running)
             maxs = cfg.max_num_seqs
-            order = waiting if self.ordered else self.policy.order_waiting(waiting, t)
+            order: list[LReq] = waiting if self.ordered else self.policy.order_waiting(waiting, t)
             tokens = 0
             for r in order:
                 c = r.num_computed_tokens
