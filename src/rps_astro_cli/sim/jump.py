@@ -3,7 +3,7 @@ DESIGN.md §2): an event loop over an instance snapshot that advances pure decod
 closed form. `lookahead.py` holds the public API and the step-by-step reference.
 
 This module is plain Python and is also compiled with mypyc when the package is
-installed (setup.py; same source, ~2x faster; `ASTRO_PURE_PYTHON=1` skips the build
+installed (setup.py; same source, 3–5x faster; `ASTRO_PURE_PYTHON=1` skips the build
 and the import of a build). `lookahead.py` loads this source instead of a compiled
 build that is older than it, so an edit here always takes effect.
 """
