@@ -847,20 +847,22 @@ class FastLookahead:
         r0 = G % bs
         q = n // bs
         need = q * B
-        for j in range(r0, r0 + n - q * bs):
+        for j in range(r0, r0 + n - q * bs):  # (a loop, not sum(slice): no list built)
             need += cnt2[j]
         if need <= F:
             return n, a, need, False
+        # the last step whose allocations fit: q whole periods of bs ticks (B blocks
+        # each), then residues while the running need stays within what is left
         q = F // B
         rem = F - q * B
         acc = 0
-        i = 0
+        i = r0
         while True:
-            acc += cnt2[r0 + i]
+            acc += cnt2[i]
             if acc > rem:
                 break
             i += 1
-        return q * bs + i, a, q * B + sum(cnt2[r0:r0 + i]), True  # step n + 1 would preempt
+        return q * bs + i - r0, a, q * B + acc - cnt2[i], True  # step n + 1 would preempt
 
     @staticmethod
     def _peel_pooled(run: list[LReq], e: int, N: int, F: int, G: int, bs: int) -> tuple[int, int, int]:
@@ -1145,30 +1147,7 @@ class FastLookahead:
             r0 = G % bs
             pop = False
             if cnt2[r0] <= F:  # (else the very next step runs out of blocks: no jump)
-                # ---- jump: `_jump_len`, inlined ----
-                n = top[0] - G + 1
-                a = seq_s[B] + tok_s[B]
-                if not added and t + n * a + dec * (n * S + B * (n * (n - 1) // 2)) >= arrival:
-                    k = self._steps_to_reach(arrival - t, a, dec, S, B)
-                    if k < n:
-                        n = k
-                q = n // bs
-                need = q * B
-                for i in range(r0, r0 + n - q * bs):  # (a loop, not sum(slice): no list built)
-                    need += cnt2[i]
-                exhausted = need > F
-                if exhausted:  # stop at the last step whose allocations fit
-                    q = F // B
-                    rem = F - q * B
-                    acc = 0
-                    i = r0
-                    while True:
-                        acc += cnt2[i]
-                        if acc > rem:
-                            break
-                        i += 1
-                    n = q * bs + i - r0
-                    need = q * B + acc - cnt2[i]
+                n, a, need, exhausted = self._jump_len(t, G, S, B, F, top[0], added, arrival)
                 t += n * a + dec * (n * S + B * (n * (n - 1) // 2))
                 G += n
                 S += n * B
