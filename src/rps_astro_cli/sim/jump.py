@@ -939,17 +939,9 @@ class FastLookahead:
                     if done:
                         break
                     continue
-                elif (hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room
-                      and top[0] - G >= 2):
-                    # the head's prompt (or recompute) is longer than the budget: run
-                    # whole admit / continue / preempt cycles at once (a cycle has at
-                    # least 2 steps, all before the next decoder finish at tick top[0])
-                    res = self._x_cycles(t, G, S, B, F, h, room, top[0])
-                    if res is not None:
-                        t, G, S, F, k = res
-                        steps += k
-                        events += 1
-                        continue
+                elif hc == 0 and h.kv_blocks == 0 and h.prompt_tokens + h.num_generated_tokens > room:
+                    # the head's prompt (or recompute) is longer than the budget: its
+                    # admit / continue / preempt cycles tick by tick (see `_x_run`)
                     t, G, S, B, F, k, done = self._x_run(t, G, S, B, F, h, False, cand)
                     if k:
                         steps += k
@@ -1294,83 +1286,6 @@ class FastLookahead:
             x.num_computed_tokens = xc
             x.kv_blocks = xkv
         return t, G, S, B, F, steps, done
-
-    def _x_cycles(self, t: float, G: int, S: int, B: int, F: int, x: LReq, room: int,
-                  fmin: int) -> tuple[float, int, int, int, int] | None:
-        """Whole FCFS thrash cycles of a long waiting head X under KV pressure, O(1) float
-        work per cycle: X is admitted with a chunk of `room` tokens (= the budget the B
-        decoders leave), continues with further partial chunks while they fit, and is
-        preempted (victim = last running = X) by the first chunk that does not; X is then
-        the queue head again with nothing computed. A cycle is committed only if it is
-        exactly that (no decoder finishes in it, X's prefill does not complete, evicting
-        X alone frees enough blocks); the caller runs anything else step by step.
-
-        A cycle of L steps from tick τ with the decoders' context sum S takes
-        (L-1)·shape(B+1, B+room) + shape(B, B) + decode_attn·(L·S + B·L(L-1)/2)
-        + prefill_attn·Σ_{i<L-1} pairs(room, i·room) + encoder_s(X): the step formula
-        of `_apply` summed in closed form (equal to step-by-step up to float rounding).
-        X's arrival at the queue (the candidate) does not change these steps: admission
-        stops at X's partial chunk and preempting steps admit nothing.
-
-        Returns (time, tick, context sum, free blocks, steps) after the cycles, or None
-        when not even one cycle qualifies.
-        """
-        bs, cnt2 = self.bs, self.cnt2
-        nx = x.prompt_tokens + x.num_generated_tokens
-        n_partial = -(-nx // room) - 1  # chunks that leave X unfinished
-        if n_partial < 1:
-            return None
-        aX = self.latency.shape_s(B + 1, B + room)
-        aP = self.latency.shape_s(B, B)
-        dec, pre = self.dec, self.pre
-        enc = x.encoder_s or 0.0
-        half = room * (room + 1) / 2
-        rr = room * room
-        steps = cycles = 0
-        while True:
-            # simulate one cycle's block accounting from tick G with F free
-            Fi = F
-            held = 0
-            i = 0
-            ok = False
-            while True:
-                tick = G + i
-                if tick >= fmin:
-                    break  # a decoder finishes within the cycle
-                n_t = cnt2[tick % bs]
-                done_tokens = (i + 1) * room
-                if done_tokens > nx:
-                    done_tokens = nx  # the last chunk is shorter
-                k = -(-done_tokens // bs) - held
-                if n_t + k <= Fi:
-                    if i >= n_partial:
-                        break  # this chunk would complete X's prefill
-                    Fi -= n_t + k
-                    held += k
-                    i += 1
-                    continue
-                if i == 0:
-                    break  # X is not admitted (blocked, or the decoders run out)
-                if n_t > Fi + held:
-                    break  # evicting X is not enough
-                Fi += held - n_t
-                ok = True
-                break
-            if not ok:
-                break
-            L = i + 1
-            m = L - 1
-            t += (m * aX + aP + dec * (L * S + B * (L * m // 2))
-                  + pre * (rr * (m * (m - 1) // 2) + m * half) + enc)
-            G += L
-            S += L * B
-            F = Fi
-            steps += L
-            cycles += 1
-        if not cycles:
-            return None
-        x.num_preemptions += cycles
-        return t, G, S, F, steps
 
     # -- the loop -------------------------------------------------------------------
     def run(self, cand: LReq, t0: float,
