@@ -17,8 +17,10 @@ import importlib.util
 import os
 import sys
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import InstancePolicy
@@ -178,15 +180,14 @@ def _ready_s(r: RequestStatus, now_s: float) -> float:
     return r.ready_s if r.ready_s is not None and r.ready_s > now_s else now_s
 
 
-def arrivals_order(ready_s: list[float], candidate_arrival_s: float) -> list[tuple[float, int]]:
+def arrivals_order(ready_s: Sequence[float], requests: Sequence[Any], candidate: Any) -> list[tuple[float, Any]]:
     """The future queue arrivals of a look-ahead in the order they join the queue:
-    (time s, index into `ready_s`, or -1 for the candidate). By time; on a tie the
-    requests already in preprocessing (submitted earlier) go first, in their order."""
-    events = [(t, i) for i, t in enumerate(ready_s)]
-    n = len(ready_s)
-    events.append((candidate_arrival_s, n))
-    events.sort()
-    return [(t, -1 if i == n else i) for t, i in events]
+    (time s, request) for `requests` (still in preprocessing, ready at `ready_s`) and
+    the candidate (at its `arrival_s`). By time; on a tie the requests already in
+    preprocessing (submitted earlier) go first, in their order."""
+    n = len(requests)
+    events = sorted([(t, i) for i, t in enumerate(ready_s)] + [(candidate.arrival_s, n)])
+    return [(t, candidate if i == n else requests[i]) for t, i in events]
 
 
 def predict_stepwise(
@@ -211,9 +212,8 @@ def predict_stepwise(
     _check_fits(candidate, cfg.max_model_len)
     cand = candidate_to_sim(candidate, status.time_s)
     ext, dflt = extension_tokens, default_output_tokens
-    ready = [_ready_s(r, status.time_s) for r in status.arriving]
-    pending = [(ts, cand if i < 0 else _to_sim(status.arriving[i], expected_output_tokens(status.arriving[i], ext, dflt)))
-               for ts, i in arrivals_order(ready, cand.arrival_s)]
+    arriving = [_to_sim(r, expected_output_tokens(r, ext, dflt)) for r in status.arriving]
+    pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
     t = status.time_s
     added = False
     steps = 0
@@ -283,8 +283,7 @@ def predict(
     pending = None
     if status.arriving:
         arriving = jump.lreqs_from_status(status.arriving, ext, dflt)
-        ready = [_ready_s(r, status.time_s) for r in status.arriving]
-        pending = [(ts, cand if i < 0 else arriving[i]) for ts, i in arrivals_order(ready, cand.arrival_s)]
+        pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
     ttft, e2e, steps, events = jump.FastLookahead(
         cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s, pending)
     return LatencyEstimate(ttft, e2e, steps, events)
@@ -318,8 +317,7 @@ def predict_instance(
     pending = None
     if arriving:
         arr = jump.lreqs_from_sim(arriving, ext, dflt)
-        ready = [max(r.arrival_s, now_s) for r in arriving]
-        pending = [(ts, cand if i < 0 else arr[i]) for ts, i in arrivals_order(ready, cand.arrival_s)]
+        pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
     ttft, e2e, steps, events = jump.FastLookahead(
         cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s, pending)
     return LatencyEstimate(ttft, e2e, steps, events)
