@@ -194,3 +194,17 @@ def test_context_limit_and_bad_options():
         SimEngine(make_profile(), time_scale=0)
     with pytest.raises(AstroUserError):
         SimEngine(make_profile(), policy="nope")
+
+
+def test_status_entry_with_an_unknown_field_names_list_index_and_fields():
+    d = {"time_s": 1.0, "kv_blocks_free": 10,
+         "limits": {"block_size": 16, "num_gpu_blocks": 100, "max_num_seqs": 4,
+                    "max_num_batched_tokens": 64, "max_model_len": 512},
+         "waiting": [{"request_id": "w", "arrival_s": 0.0, "prompt_tokens": 5}],
+         "arriving": [{"request_id": "a", "arrival_s": 0.0, "prompt_tokens": 5, "ready": 2.0}]}
+    with pytest.raises(AstroUserError) as ei:
+        InstanceStatus.from_dict(d)
+    msg = str(ei.value)
+    assert ei.value.field == "status" and "arriving[0]" in msg and "'ready'" in msg and "ready_s" in msg
+    d["arriving"][0]["ready_s"] = d["arriving"][0].pop("ready")
+    assert InstanceStatus.from_dict(d).arriving[0].ready_s == 2.0

@@ -125,18 +125,36 @@ class InstanceStatus:
                 time_s=float(d["time_s"]),
                 limits=InstanceConfig(**lim),
                 kv_blocks_free=int(d["kv_blocks_free"]),
-                running=tuple(RequestStatus(**r) for r in d.get("running", ())),
-                waiting=tuple(RequestStatus(**r) for r in d.get("waiting", ())),
+                running=_requests(d, "running"),
+                waiting=_requests(d, "waiting"),
                 policy=d.get("policy") or {"name": "fcfs"},
                 profile_id=d.get("profile_id", ""),
                 num_preemptions_total=int(d.get("num_preemptions_total", 0)),
                 classes=d.get("classes") or {},
-                arriving=tuple(RequestStatus(**r) for r in d.get("arriving", ())),
+                arriving=_requests(d, "arriving"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, AstroUserError):
                 raise
             raise AstroUserError(f"malformed status snapshot: {exc!r}", field="status") from None
+
+
+def _requests(d: dict[str, Any], key: str) -> tuple[RequestStatus, ...]:
+    """The `key` list of a `/status` body as `RequestStatus`es.
+
+    Raises:
+        AstroUserError: an entry is not an object with RequestStatus's fields (the
+            message names the list and the entry's index).
+    """
+    out = []
+    for i, r in enumerate(d.get(key) or ()):
+        try:
+            out.append(RequestStatus(**r))
+        except TypeError as exc:
+            names = ", ".join(RequestStatus.__dataclass_fields__)
+            raise AstroUserError(f"{key}[{i}]: {exc}", field="status",
+                                 fix=f"each entry takes the fields {names}") from None
+    return tuple(out)
 
 
 def snapshot(instance_id: str, now_s: float, inst, profile_id: str = "") -> InstanceStatus:
