@@ -20,7 +20,8 @@ from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, RequestStatus, snapshot
+from rps_astro_cli.sim.snapshot import snapshot
+from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 HAND = ExecutionProfile(
     profile_id="hand", model="hand", gpu="paper", tp=1,

@@ -20,7 +20,7 @@ from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengt
 from rps_astro_cli.services.tagger import Tagger, TaggerSettings, create_app as tagger_app
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 
 # -- recipes -------------------------------------------------------------------------

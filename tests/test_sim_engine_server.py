@@ -186,7 +186,7 @@ def test_status_and_metrics_agree_under_load_and_disconnect_aborts():
         assert (r0["prompt_tokens"], r0["predicted_output_tokens"], r0["req_class"]) == (32, 100, "pebbles")
         assert s["limits"]["max_num_seqs"] == 4 and s["instance_id"] == "e1"
         assert s["time_s"] >= r0["arrival_s"]
-        assert [w["computed_tokens"] for w in s["waiting"]] == [0, 0]
+        assert [w["num_computed_tokens"] for w in s["waiting"]] == [0, 0]
         # disconnects aborted every request and freed every block
         after = wait_for(lambda: (lambda x: x if not x["running"] and not x["waiting"] else None)(
             status(srv.url)))

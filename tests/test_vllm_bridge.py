@@ -18,7 +18,7 @@ from rps_astro_cli.engine import vllm_bridge as vb
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.status import InstanceStatus
+from rps_astro_cli.types import InstanceStatus
 
 
 @dataclass(eq=False)
@@ -165,7 +165,7 @@ def test_status_board_snapshot_schema():
     d = json.loads(_board().to_json())
     assert d["plugin"] == {"steps": 3}
     back = InstanceStatus.from_dict(d)  # the Predictor's parser accepts it
-    assert back.num_preemptions_total == 2 and back.running[0].computed_tokens == 33
+    assert back.num_preemptions_total == 2 and back.running[0].num_computed_tokens == 33
     assert back.policy == {"name": "static_class", "classifier": "naive"}
 
 

@@ -15,67 +15,15 @@ cluster simulation (which calls the look-ahead directly):
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from rps_astro_cli.registry import Registry
-from rps_astro_cli.sim.lookahead import LatencyEstimate
+# defined with the wire vocabulary (rps_astro_cli.types); re-exported here
+from rps_astro_cli.types import DispatchDecision, InstanceLoad, LatencyEstimate
 
 DISPATCH_POLICIES: Registry[type[DispatchPolicy]] = Registry("dispatch policy")
-
-
-@dataclass(frozen=True, slots=True)
-class InstanceLoad:
-    """What the dispatcher knows of one instance without predicting.
-
-    index: position in the cluster's instance list.
-    healthy: passes health checks (circuit breaker closed).
-    outstanding_requests: requests the dispatcher sent there that have not ended.
-    kv_blocks_free / kv_blocks_total: from the latest status (None if unknown).
-    num_running / num_waiting: from the latest status (None if unknown).
-    waiting_blocks_needed: KV blocks the waiting queue needs for its prompts (None if
-        unknown).
-    """
-
-    index: int
-    healthy: bool = True
-    outstanding_requests: int = 0
-    kv_blocks_free: int | None = None
-    kv_blocks_total: int | None = None
-    num_running: int | None = None
-    num_waiting: int | None = None
-    waiting_blocks_needed: int | None = None
-
-
-@dataclass(frozen=True)
-class DispatchDecision:
-    """One dispatch decision.
-
-    policy: the policy's name. candidates: instance indices considered.
-    predictions: index → (ttft_s, e2e_s) for candidates that answered.
-    choice: the chosen instance index. reason: short text ("lowest e2e",
-    "fallback: no predictor answered", ...). decide_us: microseconds spent deciding
-    (filled by the caller, which also times the RPCs).
-    """
-
-    policy: str
-    candidates: tuple[int, ...]
-    choice: int
-    reason: str
-    predictions: Mapping[int, tuple[float, float]] = field(default_factory=dict)
-    decide_us: float = 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "policy": self.policy,
-            "candidates": list(self.candidates),
-            "predictions": {str(k): {"ttft_s": v[0], "e2e_s": v[1]} for k, v in self.predictions.items()},
-            "choice": self.choice,
-            "reason": self.reason,
-            "decide_us": self.decide_us,
-        }
 
 
 class DispatchPolicy:

@@ -43,7 +43,8 @@ from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, RequestStatus, snapshot
+from rps_astro_cli.sim.snapshot import request_status, snapshot
+from rps_astro_cli.types import InstanceStatus
 
 log = logging.getLogger(__name__)
 
@@ -275,7 +276,7 @@ class SimEngine:
         now = self.now_s()
         snap = snapshot(self.instance_id, now, self.inst, self.profile.profile_id)
         arriving = tuple(
-            replace(RequestStatus.from_sim(er.sim), ready_s=er.ready_s)
+            replace(request_status(er.sim), ready_s=er.ready_s)
             for er in self._live.values()
             if er.preprocess_task is not None and not er.preprocess_task.done() and not er.aborted
         )

@@ -54,7 +54,7 @@ from rps_astro_cli.policies import make_policy
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.policies.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
 ENV_POLICY_PARAMS = "ASTRO_VLLM_POLICY_PARAMS"
@@ -286,8 +286,8 @@ def preemption_possible(running: Iterable[Any], free_blocks: int, block_size: in
     return False
 
 
-# A captured request: (request_id, arrival_s, prompt_tokens, computed_tokens,
-# generated_tokens, view) — the view supplies the static astro fields.
+# A captured request: (request_id, num_computed_tokens, generated tokens, view) — the
+# view supplies the static astro fields.
 _Cap = tuple
 
 
@@ -331,7 +331,7 @@ class StatusBoard:
             rid, computed, generated, v = c
             return RequestStatus(
                 request_id=rid, arrival_s=v.arrival_s, prompt_tokens=v.prompt_tokens,
-                computed_tokens=computed, generated_tokens=generated,
+                num_computed_tokens=computed, generated_tokens=generated,
                 predicted_output_tokens=v.predicted_output_tokens, modality=v.modality,
                 vision_tokens=v.vision_tokens, encoder_s=0.0, req_class=v.req_class,
                 kv_blocks=-(-computed // bs) if running else 0, deadline_s=v.deadline_s,

@@ -1,13 +1,14 @@
 """Predictor sidecar (one per engine; Astrolabe §4, DESIGN.md §2).
 
 `POST /predict` takes a candidate request and answers how long it would take on this
-predictor's engine:
+predictor's engine. Both bodies are `rps_astro_cli.types`' codec, which the scheduler
+uses at the other end:
 
-    request  {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1,
+    request  `PredictRequest`: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1,
               "modality": "text"|"image"|"video" = "text", "vision_tokens": int = 0,
               "encoder_s": float = 0, "preprocess_s": float = 0,
-              "req_class": str|null, "objective": "e2e"|"ttft" = "e2e"}
-    response {"ttft_s", "e2e_s": seconds from the snapshot time,
+              "req_class": str|null, "deadline_s": float|null, "objective": "e2e"|"ttft" = "e2e"}
+    response `PredictReply`: {"ttft_s", "e2e_s": seconds from the snapshot time,
               "objective_s": the requested objective's value,
               "snapshot_age_s": how old the engine status used was (s),
               "lookahead_us": look-ahead time (µs), "instance_id": str}
@@ -61,13 +62,12 @@ from rps_astro_cli.services.http_common import (
 from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.sim import lookahead as _lookahead
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
-from rps_astro_cli.status import InstanceStatus
+from rps_astro_cli.types import MODALITIES, CandidateRequest, InstanceStatus, LatencyEstimate, PredictReply, PredictRequest
 
 log = logging.getLogger("astro.predictor")
 
-MODALITIES = ("text", "image", "video")
+__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_candidate", "run_predictor"]
 
 
 def lookahead_fn():
@@ -103,45 +103,16 @@ class PredictorSettings:
 
 
 def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
-    """The candidate and objective from a /predict body.
+    """The candidate and objective from a /predict body (`PredictRequest.from_dict`).
 
     Raises:
         HTTPUserError: 400 naming the missing or malformed field.
     """
-
-    def _int(name: str, default: int | None = None, minimum: int = 0) -> int:
-        v = body.get(name, default)
-        if v is None:
-            raise HTTPUserError(400, f"missing field {name!r}", name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise HTTPUserError(400, f"{name} must be an integer ≥ {minimum}, got {v!r}", name)
-        return v
-
-    def _float(name: str) -> float:
-        v = body.get(name, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-            raise HTTPUserError(400, f"{name} must be a number ≥ 0, got {v!r}", name)
-        return float(v)
-
-    modality = body.get("modality", "text")
-    if modality not in MODALITIES:
-        raise HTTPUserError(400, f"modality must be one of {', '.join(MODALITIES)}, got {modality!r}", "modality")
-    objective = body.get("objective", "e2e")
-    if objective not in ("e2e", "ttft"):
-        raise HTTPUserError(400, f"objective must be 'e2e' or 'ttft', got {objective!r}", "objective")
-    req_class = body.get("req_class")
-    if req_class is not None and not isinstance(req_class, str):
-        raise HTTPUserError(400, "req_class must be a string or null", "req_class")
-    cand = CandidateRequest(
-        prompt_tokens=_int("prompt_tokens", minimum=1),
-        predicted_output_tokens=_int("predicted_output_tokens", minimum=1),
-        modality=modality,
-        vision_tokens=_int("vision_tokens", 0),
-        encoder_s=_float("encoder_s"),
-        preprocess_s=_float("preprocess_s"),
-        req_class=req_class,
-    )
-    return cand, objective
+    try:
+        q = PredictRequest.from_dict(body)
+    except AstroUserError as exc:
+        raise HTTPUserError(400, exc.args[0], exc.field) from None
+    return q.candidate, q.objective
 
 
 class Predictor:
@@ -297,16 +268,10 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         m_look.observe(look_s)
         m_age.observe(age_s)
         m_req.labels("ok").inc()
-        out = {
-            "ttft_s": est.ttft_s,
-            "e2e_s": est.e2e_s,
-            "objective_s": est.ttft_s if objective == "ttft" else est.e2e_s,
-            "snapshot_age_s": age_s,
-            "lookahead_us": look_s * 1e6,
-            "instance_id": status.instance_id,
-        }
+        out = PredictReply(est.ttft_s, est.e2e_s, est.ttft_s if objective == "ttft" else est.e2e_s,
+                           age_s, look_s * 1e6, status.instance_id)
         m_predict.observe(time.perf_counter() - t0)
-        return JSONResponse(out)
+        return JSONResponse(out.to_dict())
 
     app.add_api_route("/predict", predict, methods=["POST"])
     return FastRoutes(app, {("POST", "/predict"): predict})

@@ -2,7 +2,7 @@
 
 Request: an OpenAI `/v1/chat/completions` or `/v1/completions` body (the scheduler
 forwards the client's body as is; `messages` → chat, `prompt` → completions).
-Response:
+Response (`rps_astro_cli.types.TagResult`, the codec the scheduler reads it with):
     {"predicted_output_tokens": int ≥ 1,   # the length model's prediction (tokens)
      "prompt_tokens": int,                 # text tokens + vision tokens (tokens)
      "text_tokens": int, "vision_tokens": int,
@@ -52,6 +52,7 @@ from rps_astro_cli.services.http_common import (
 )
 from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengthModel
 from rps_astro_cli.sim.profile import VisionCosts, load_profile
+from rps_astro_cli.types import TagResult
 
 log = logging.getLogger("astro.tagger")
 
@@ -165,6 +166,14 @@ class Tagger:
         self.limits = oa.ApiLimits(max_body_bytes=settings.max_body_bytes)
 
     def tag(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The `/tag` JSON of one request body (`tag_result(body).to_dict()`).
+
+        Raises:
+            oa.ApiError: 400 naming the bad field.
+        """
+        return self.tag_result(body).to_dict()
+
+    def tag_result(self, body: dict[str, Any]) -> TagResult:
         """The tag of one request body (see module docstring).
 
         Raises:
@@ -179,19 +188,19 @@ class Tagger:
         prompt_tokens = req.text_tokens + charge.vision_tokens
         messages = body["messages"] if req.endpoint == "chat" else None
         pred = self._predict(prompt_text(body), prompt_tokens, messages=messages)
-        return {
-            "predicted_output_tokens": int(pred),
-            "prompt_tokens": prompt_tokens,
-            "text_tokens": req.text_tokens,
-            "vision_tokens": charge.vision_tokens,
-            "modality": req.modality,
-            "num_images": req.num_images,
-            "num_frames": req.num_frames,
-            "encoder_s": charge.encoder_s,
-            "preprocess_s": charge.preprocess_s,
-            "length_model": self.name,
-            "tag_us": (time.perf_counter() - t0) * 1e6,
-        }
+        return TagResult(
+            predicted_output_tokens=int(pred),
+            prompt_tokens=prompt_tokens,
+            text_tokens=req.text_tokens,
+            vision_tokens=charge.vision_tokens,
+            modality=req.modality,
+            num_images=req.num_images,
+            num_frames=req.num_frames,
+            encoder_s=charge.encoder_s,
+            preprocess_s=charge.preprocess_s,
+            length_model=self.name,
+            tag_us=(time.perf_counter() - t0) * 1e6,
+        )
 
 
 def create_app(settings: TaggerSettings) -> FastRoutes:

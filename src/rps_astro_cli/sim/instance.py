@@ -26,68 +26,12 @@ request.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-
-
-@dataclass(frozen=True)
-class InstanceConfig:
-    """Batching limits of one instance (vLLM's `SchedulerConfig` + cache config).
-
-    block_size: tokens per KV block (16).
-    num_gpu_blocks: KV blocks in the pool (1056 for Llama-2-7B on A30).
-    max_num_seqs: most requests in one batch (48 in the Astrolabe setup).
-    max_num_batched_tokens: token budget per step (512, the chunk size).
-    max_model_len: longest sequence, prompt + output (tokens).
-    chunked_prefill: True = vLLM V1 chunked prefill; False = prioritized prefill.
-    prefill_budget_tokens: prioritized mode's token budget for one prefill batch
-        (defaults to max(max_num_batched_tokens, max_model_len) so any prompt fits).
-    """
-
-    block_size: int = 16
-    num_gpu_blocks: int = 1056
-    max_num_seqs: int = 48
-    max_num_batched_tokens: int = 512
-    max_model_len: int = 4096
-    chunked_prefill: bool = True
-    prefill_budget_tokens: int | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            if getattr(self, name) <= 0:
-                raise AstroUserError(f"must be > 0, got {getattr(self, name)}", field=name)
-        if self.num_gpu_blocks * self.block_size < self.max_model_len:
-            raise AstroUserError(
-                f"num_gpu_blocks × block_size = {self.num_gpu_blocks * self.block_size} tokens "
-                f"is below max_model_len = {self.max_model_len}",
-                field="num_gpu_blocks",
-                fix="raise num_gpu_blocks or lower max_model_len",
-            )
-
-    @property
-    def prefill_budget(self) -> int:
-        return self.prefill_budget_tokens or max(self.max_num_batched_tokens, self.max_model_len)
-
-    @classmethod
-    def from_profile(cls, profile: ExecutionProfile, **overrides) -> InstanceConfig:
-        """The profile's default limits, with `overrides` (None values ignored)."""
-        base = cls(
-            block_size=profile.block_size,
-            num_gpu_blocks=profile.num_gpu_blocks,
-            max_num_seqs=profile.max_num_seqs,
-            max_num_batched_tokens=profile.max_num_batched_tokens,
-            max_model_len=profile.max_model_len,
-        )
-        return replace(base, **{k: v for k, v in overrides.items() if v is not None})
-
-    def blocks_for(self, tokens: int) -> int:
-        """KV blocks holding `tokens` tokens: ceil(tokens / block_size)."""
-        return -(-tokens // self.block_size)
+from rps_astro_cli.types import InstanceConfig  # the `/status` limits; defined with the wire types
 
 
 @dataclass(slots=True)

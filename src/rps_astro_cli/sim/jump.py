@@ -22,7 +22,7 @@ from rps_astro_cli.policies.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import RequestStatus
+from rps_astro_cli.types import RequestStatus
 
 CANDIDATE_ID = "__candidate__"
 PREEMPTED_ONLY = -1.0  # a step that only preempted: nothing ran, no time passed
@@ -145,7 +145,7 @@ def lreqs_from_status(reqs: Any, ext: int, dflt: int) -> list[LReq]:
         out.append(LReq(
             r.request_id, r.arrival_s, r.prompt_tokens, expected_tokens(r.predicted_output_tokens, g, ext, dflt),
             r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens, r.deadline_s,
-            r.computed_tokens, g, r.kv_blocks,
+            r.num_computed_tokens, g, r.kv_blocks,
         ))
     return out
 

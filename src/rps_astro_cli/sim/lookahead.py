@@ -18,7 +18,6 @@ import os
 import sys
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
@@ -27,7 +26,8 @@ from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+# the value types are defined with the wire vocabulary; re-exported here for callers
+from rps_astro_cli.types import CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
 
 
 def _load_jump() -> ModuleType:
@@ -63,43 +63,6 @@ MAX_LOOKAHEAD_STEPS: int = jump.MAX_LOOKAHEAD_STEPS
 NATIVE: bool = not str(jump.__file__).endswith(".py")
 
 
-@dataclass(frozen=True)
-class CandidateRequest:
-    """The request being placed.
-
-    prompt_tokens: prompt length incl. vision tokens (tokens).
-    predicted_output_tokens: the tagger's predicted output length (tokens, ≥ 1).
-    modality: text / image / video. vision_tokens: tokens from media (informational).
-    encoder_s: vision-encoder seconds charged to its first prefill step.
-    preprocess_s: CPU preprocessing seconds before it reaches the engine queue.
-    req_class: sand / pebbles / rocks when classified, else None.
-    """
-
-    prompt_tokens: int
-    predicted_output_tokens: int
-    modality: str = "text"
-    vision_tokens: int = 0
-    encoder_s: float = 0.0
-    preprocess_s: float = 0.0
-    req_class: str | None = None
-    deadline_s: float | None = None
-
-
-@dataclass(frozen=True)
-class LatencyEstimate:
-    """Predicted latencies of the candidate, in seconds from the snapshot time.
-
-    ttft_s: until its first output token. e2e_s: until its last token.
-    steps_simulated: engine steps the look-ahead advanced (jumps count their steps).
-    events: loop iterations the look-ahead ran (equals steps for the stepwise one).
-    """
-
-    ttft_s: float
-    e2e_s: float
-    steps_simulated: int
-    events: int
-
-
 def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_output_tokens: int) -> int:
     """Output length the look-ahead assumes for a queued/running request (tokens):
     its predicted length, or `generated + extension_tokens` once it has reached that."""
@@ -119,7 +82,7 @@ def _to_sim(r: RequestStatus, target: int) -> SimRequest:
         req_class=r.req_class,
         predicted_output_tokens=r.predicted_output_tokens,
         deadline_s=r.deadline_s,
-        num_computed_tokens=r.computed_tokens,
+        num_computed_tokens=r.num_computed_tokens,
         num_generated_tokens=r.generated_tokens,
         kv_blocks=r.kv_blocks,
     )

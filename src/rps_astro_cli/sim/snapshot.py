@@ -1,0 +1,43 @@
+"""An `InstanceSim`'s state as the `/status` vocabulary (`rps_astro_cli.types`): what the
+sim engine serves and the look-ahead tests compare against."""
+
+from __future__ import annotations
+
+from rps_astro_cli.sim.instance import InstanceSim
+from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.types import InstanceStatus, RequestStatus
+
+
+def request_status(r: SimRequest) -> RequestStatus:
+    """One simulated request as `/status` shows it (no `ready_s`: the caller sets it
+    for a request still in preprocessing)."""
+    return RequestStatus(
+        request_id=r.request_id,
+        arrival_s=r.arrival_s,
+        prompt_tokens=r.prompt_tokens,
+        num_computed_tokens=r.num_computed_tokens,
+        generated_tokens=r.num_generated_tokens,
+        predicted_output_tokens=r.predicted_output_tokens,
+        modality=r.modality,
+        vision_tokens=r.vision_tokens,
+        encoder_s=r.encoder_s,
+        req_class=r.req_class,
+        kv_blocks=r.kv_blocks,
+        deadline_s=r.deadline_s,
+    )
+
+
+def snapshot(instance_id: str, now_s: float, inst: InstanceSim, profile_id: str = "") -> InstanceStatus:
+    """Snapshot `inst` at `now_s` (its running and waiting requests, free KV blocks,
+    policy and preemption count)."""
+    return InstanceStatus(
+        instance_id=instance_id,
+        time_s=now_s,
+        limits=inst.config,
+        kv_blocks_free=inst.free_blocks,
+        running=tuple(request_status(r) for r in inst.running),
+        waiting=tuple(request_status(r) for r in inst.waiting),
+        policy=inst.policy.describe(),
+        profile_id=profile_id,
+        num_preemptions_total=inst.num_preemptions_total,
+    )
