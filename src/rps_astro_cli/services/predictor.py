@@ -129,6 +129,9 @@ class Predictor:
         self._policies: dict[str, InstancePolicy] = {}
         self._fixed_profile: ExecutionProfile | None = load_profile(settings.profile) if settings.profile else None
         self._predict = lookahead_fn()
+        # the model and policy of the last status predicted on: a cached status serves
+        # many predicts, so they are resolved once per fetched status, not per predict
+        self._resolved: tuple[InstanceStatus, LatencyModel, InstancePolicy] | None = None
 
     # -- engine status -----------------------------------------------------------------
     async def status(self) -> tuple[InstanceStatus, float]:
@@ -203,8 +206,11 @@ class Predictor:
 
     def predict(self, status: InstanceStatus, cand: CandidateRequest) -> LatencyEstimate:
         """Run the look-ahead of `cand` on `status` (CPU-bound, ~1 ms with the fast one)."""
+        res = self._resolved
+        if res is None or res[0] is not status:
+            res = self._resolved = (status, self.latency_model(status), self.policy(status))
         return self._predict(
-            status, cand, self.latency_model(status), self.policy(status),
+            status, cand, res[1], res[2],
             extension_tokens=self.settings.extension_tokens,
             default_output_tokens=self.settings.default_output_tokens,
         )

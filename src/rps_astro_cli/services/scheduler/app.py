@@ -1,0 +1,121 @@
+"""The scheduler service: its parts wired together (`Scheduler`) and its ASGI app."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from rps_astro_cli.services.http_common import FastRoutes, check_api_key, install_error_handlers, metrics_response
+from rps_astro_cli.services.scheduler.clients import Clients
+from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
+from rps_astro_cli.services.scheduler.front_door import FrontDoor
+from rps_astro_cli.services.scheduler.health import HealthMonitor
+from rps_astro_cli.services.scheduler.instances import Instances
+from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+from rps_astro_cli.services.scheduler.predictions import PredictClient
+from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.services.scheduler.tagging import TagClient
+
+
+class Scheduler:
+    """One scheduler's parts: instances and their breakers, connection pools, health
+    checks, tag and predict clients, the dispatcher and the front door."""
+
+    def __init__(self, settings: SchedulerSettings):
+        if not settings.instances:
+            raise ValueError("the scheduler needs at least one instance")
+        self.s = settings
+        self.m = SchedulerMetrics()
+        self.models: set[str] = set(settings.served_models)
+        self.instances = Instances(settings.instances, self.m)
+        self.clients = Clients(settings.upstream_timeout_s)
+        self.tags = TagClient(settings, self.clients, self.m)
+        predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
+        self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
+        self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
+                                    self.models)
+        self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
+                                    self.models)
+
+    async def start(self) -> None:
+        await self.health.start()
+
+    async def close(self) -> None:
+        await self.health.stop()
+        await self.clients.close()
+
+
+def create_app(settings: SchedulerSettings) -> FastRoutes:
+    """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models,
+    /health, /metrics, /decisions, /instances (a `FastRoutes` over a FastAPI app; the
+    Scheduler is `app.state.scheduler`)."""
+    from contextlib import asynccontextmanager
+
+    sched = Scheduler(settings)
+    door = sched.front_door
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await sched.start()
+        try:
+            yield
+        finally:
+            await sched.close()
+
+    app = FastAPI(title="astro scheduler", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.scheduler = sched
+    install_error_handlers(app)
+
+    async def chat(request: Request):
+        return await door.handle(request, "chat")
+
+    async def completions(request: Request):
+        return await door.handle(request, "completions")
+
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])  # reached via FastRoutes only
+    app.add_api_route("/v1/completions", completions, methods=["POST"])
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        check_api_key(request, settings.api_key)
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "astro"}
+                                           for m in sorted(sched.models)]}
+
+    @app.get("/health")
+    async def health():
+        n = sum(st.healthy for st in sched.instances)
+        body = {"status": "ok" if n else "degraded", "role": "scheduler", "healthy_instances": n,
+                "instances": len(sched.instances), "policy": sched.dispatcher.describe()}
+        return JSONResponse(body, status_code=200 if n else 503)
+
+    @app.get("/instances")
+    async def instances(request: Request):
+        check_api_key(request, settings.api_key)
+        return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
+                 "healthy": st.healthy, "outstanding_requests": st.outstanding, "dispatched": st.dispatched}
+                for st in sched.instances]
+
+    @app.get("/decisions")
+    async def decisions(request: Request, n: int = 100):
+        check_api_key(request, settings.api_key)
+        kept = door.decisions
+        n = max(0, min(n, len(kept)))
+        return [r.to_dict() for r in list(kept)[len(kept) - n:]] if n else []
+
+    @app.get("/metrics")
+    async def metrics():
+        return metrics_response(sched.m.registry)
+
+    return FastRoutes(app, {("POST", "/v1/chat/completions"): chat, ("POST", "/v1/completions"): completions})
+
+
+def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",
+                  ready_file: str | None = None) -> None:
+    """Serve the scheduler until SIGINT/SIGTERM (blocking)."""
+    from rps_astro_cli.services.http_common import run_app
+
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_app(create_app(settings), host, port, log_level, ready_file)

@@ -1,0 +1,71 @@
+"""Choosing an instance for one request: the scheduler's only contact with `dispatch/`.
+
+The policy's `candidates` (power-of-k: k distinct healthy instances), then for
+prediction-guided policies the candidates' predictions (`PredictClient`, deadline
+`predict_deadline_s`; late or failed ones are absent), then the policy's `choose`
+(falling back to least outstanding requests when no prediction arrived). The decision
+is timed here, predict RPCs included (`decide_us`, `astro_dispatch_decide_seconds`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+
+import numpy as np
+
+from rps_astro_cli.dispatch import make_dispatch
+from rps_astro_cli.services.scheduler.instances import Instances
+from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+from rps_astro_cli.services.scheduler.predictions import PredictClient
+from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.types import CandidateRequest, DispatchDecision, PredictRequest
+
+log = logging.getLogger("astro.scheduler")
+
+
+class Dispatcher:
+    """The dispatch policy of the settings, with the scheduler's seeded Generator."""
+
+    def __init__(self, settings: SchedulerSettings, instances: Instances, predict: PredictClient,
+                 metrics: SchedulerMetrics):
+        self.policy = make_dispatch(settings.policy, **settings.policy_params)
+        self.policy_name = settings.policy
+        self.rng = np.random.default_rng(settings.seed)
+        self.instances = instances
+        self.predict = predict
+        self.m = metrics
+        self.objective: str = self.policy.describe().get("objective") or "e2e"
+
+    @property
+    def needs_status(self) -> bool:
+        """Whether the policy reads engine `/status` (the health loop then polls it)."""
+        return bool(self.policy.needs_status)
+
+    def describe(self) -> dict:
+        return self.policy.describe()
+
+    async def choose(self, candidate: CandidateRequest, excluded: frozenset[int]) -> DispatchDecision | None:
+        """Choose an instance for `candidate` outside `excluded` (None when every
+        instance is excluded)."""
+        t0 = time.perf_counter()
+        loads = [st.load(excluded) for st in self.instances]
+        if not any(ld.healthy for ld in loads):
+            # every instance broken: still try the non-excluded ones (a health check may lag)
+            loads = [replace(ld, healthy=ld.index not in excluded) for ld in loads]
+            if not any(ld.healthy for ld in loads):
+                return None
+        cands = self.policy.candidates(loads, self.rng)
+        cands = [i for i in cands if loads[i].healthy]
+        preds = (await self.predict.predict_many(cands, PredictRequest(candidate, self.objective))
+                 if self.policy.needs_predictions else {})
+        dec = self.policy.choose(loads, cands, preds, self.rng)
+        dt = time.perf_counter() - t0
+        dec = replace(dec, decide_us=dt * 1e6)
+        self.m.decisions.labels(self.policy_name, dec.reason).inc()
+        self.m.decide.labels(self.policy_name).observe(dt)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision %s", dec.to_dict())
+        return dec
+

@@ -1,0 +1,191 @@
+"""The front door: one OpenAI request from arrival to the response handed back.
+
+1. Read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw
+   body at once; validate the body with the engine's own parser
+   (`engine/openai_api.py`) while the tagger works. Bad input → 4xx naming the field,
+   and nothing reaches an engine; an unknown `model` → 404.
+2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
+   client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
+   `Dispatcher` choose an instance.
+3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
+   the dispatch used (so the engine's `/status` shows it) and relay the response
+   (`relay.py`). A request whose instance fails before anything was sent to the client
+   is retried once on another instance (the failed one's breaker opens).
+
+Every request ends in a response or an error the client sees, and in one
+`DecisionRecord` (`GET /decisions`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import time
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
+from rps_astro_cli.services.rpc import RpcError
+from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
+from rps_astro_cli.services.scheduler.instances import Instances
+from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
+from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.services.scheduler.clients import Clients
+from rps_astro_cli.services.scheduler.tagging import TagClient
+from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
+
+_PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+
+
+def candidate_of(tag: TagResult | None, parsed: oa.ParsedRequest, default_output_tokens: int,
+                 oracle_lengths: bool) -> CandidateRequest:
+    """The request as the dispatch sees it: the tag's lengths and media costs (without a
+    tag: the parser's text tokens and `default_output_tokens`), the client's true length
+    instead when `oracle_lengths` and it sent one, capped by `max_tokens`."""
+    if tag is not None:
+        cand = CandidateRequest(tag.prompt_tokens, tag.predicted_output_tokens, tag.modality, tag.vision_tokens,
+                                tag.encoder_s, tag.preprocess_s)
+    else:
+        cand = CandidateRequest(max(1, parsed.text_tokens), default_output_tokens, parsed.modality)
+    out_tokens = cand.predicted_output_tokens
+    if oracle_lengths and parsed.output_tokens is not None:
+        out_tokens = parsed.output_tokens
+    if parsed.max_tokens is not None:
+        out_tokens = max(1, min(out_tokens, parsed.max_tokens))
+    if out_tokens != cand.predicted_output_tokens or parsed.req_class:
+        cand = CandidateRequest(cand.prompt_tokens, out_tokens, cand.modality, cand.vision_tokens, cand.encoder_s,
+                                cand.preprocess_s, parsed.req_class or None)
+    return cand
+
+
+class FrontDoor:
+    """`handle` one `/v1/chat/completions` or `/v1/completions` request (see module
+    docstring). `decisions` holds the last `decisions_kept` records."""
+
+    def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients, tags: TagClient,
+                 dispatcher: Dispatcher, metrics: SchedulerMetrics, models: set[str]):
+        self.s = settings
+        self.instances = instances
+        self.clients = clients
+        self.tags = tags
+        self.dispatcher = dispatcher
+        self.m = metrics
+        self.models = models
+        self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
+        self._n = 0
+
+    def check_model(self, parsed: oa.ParsedRequest) -> None:
+        """404 when the request names a model no engine serves."""
+        if parsed.model is not None and self.models and parsed.model not in self.models:
+            raise HTTPUserError(404, f"model {parsed.model!r} is not served here; use one of: "
+                                f"{', '.join(sorted(self.models))}", "model", "NotFoundError")
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        t0 = time.perf_counter()
+        check_api_key(request, self.s.api_key)
+        raw = await read_body(request, self.s.max_body_bytes)
+        tag_task = self.tags.start(raw)  # in parallel with parsing:
+        if tag_task is not None:
+            await asyncio.sleep(0)  # let the tag RPC go out before we parse
+        try:
+            body = oa.decode_json_body(raw)
+            if endpoint == "chat":
+                parsed = oa.parse_chat_request(body, limits=oa.ApiLimits(max_body_bytes=self.s.max_body_bytes))
+            else:
+                parsed = oa.parse_completion_request(body)
+            self.check_model(parsed)
+        except (oa.ApiError, HTTPUserError) as exc:
+            self.tags.abandon(tag_task)
+            self.m.requests.labels(endpoint, "client_error").inc()
+            if isinstance(exc, oa.ApiError):
+                return JSONResponse(exc.to_dict(), status_code=exc.status_code)
+            raise
+        t_tag = time.perf_counter()
+        tag = await self.tags.finish(tag_task, raw)
+        tag_wait_us = (time.perf_counter() - t_tag) * 1e6
+        cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+        xargs = dict(body.get("vllm_xargs") or {})
+        xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
+        body["vllm_xargs"] = xargs
+        payload = json.dumps(body).encode()
+        self._n += 1
+        rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
+        return await self._forward(endpoint, payload, parsed.stream, cand, rec, t0)
+
+    async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
+                       rec: DecisionRecord, t0: float) -> Response:
+        path = _PATHS[endpoint]
+        excluded: frozenset[int] = frozenset()
+        last_err = "no instance available"
+        overhead = 0.0
+        for attempt in range(2):
+            dec = await self.dispatcher.choose(cand, excluded)
+            if dec is None:
+                break
+            st = self.instances[dec.choice]
+            self.instances.acquire(st)
+            rec.decision = dec
+            rec.instance = st.ep.name
+            pool = self.clients.pool(st.ep.engine_url)
+            t_send = time.perf_counter()
+            overhead += t_send - t0
+            resp = None
+            try:
+                resp = await asyncio.wait_for(
+                    pool.request("POST", path, payload, {"content-type": "application/json"}),
+                    self.s.upstream_timeout_s)
+                it = resp.chunks().__aiter__()
+                if stream and resp.status == 200:
+                    first = await first_chunk(it)
+                    t1 = time.perf_counter()
+                    rec.observed_ttft_s = t1 - t_send
+                    overhead += time.perf_counter() - t1
+                    stream_overhead = overhead
+
+                    def on_end(r: DecisionRecord, outcome: str) -> None:
+                        self.m.requests.labels(endpoint, outcome).inc()
+                        self._finish(r, stream_overhead, outcome)
+
+                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end)
+                data = await resp.read()
+            except (RpcError, asyncio.TimeoutError) as exc:
+                if resp is not None:
+                    await resp.aclose()
+                self.instances.release(st)
+                self.instances.mark_failed(st, f"{type(exc).__name__}: {exc}")
+                last_err = f"instance {st.ep.name} failed: {type(exc).__name__}"
+                excluded = excluded | {st.index}
+                if attempt == 0:
+                    self.m.retries.inc()
+                    rec.retries = 1
+                t0 = time.perf_counter()
+                continue
+            except BaseException:
+                if resp is not None:
+                    await resp.aclose()
+                self.instances.release(st)
+                raise
+            t1 = time.perf_counter()
+            self.instances.release(st)
+            rec.observed_e2e_s = t1 - t_send
+            outcome = "ok" if resp.status < 400 else "client_error" if resp.status < 500 else "engine_error"
+            self.m.requests.labels(endpoint, outcome).inc()
+            out = Response(data, status_code=resp.status, headers=relay_headers(resp, st.ep.name))
+            overhead += time.perf_counter() - t1
+            self._finish(rec, overhead, outcome)
+            return out
+        self.m.requests.labels(endpoint, "no_instance").inc()
+        rec.outcome = "no_instance"
+        self.decisions.append(rec)
+        return error_response(503, f"no engine could take the request ({last_err}); retry later",
+                              None, "engine_unavailable")
+
+    def _finish(self, rec: DecisionRecord, overhead_s: float, outcome: str) -> None:
+        rec.overhead_us = overhead_s * 1e6
+        rec.outcome = outcome
+        self.m.overhead.observe(overhead_s)
+        self.decisions.append(rec)

@@ -1,0 +1,99 @@
+"""Health checks: readmit instances whose circuit breaker opened, poll `/status` for
+status-based policies, and learn the served model names.
+
+A connection error or timeout on the hot path marks an instance unhealthy at once
+(`Instances.mark_failed`); this loop re-checks the broken ones every
+`recheck_interval_s` and every instance every `health_interval_s` (`GET /health`), or
+every `status_interval_s` with `GET /status` when the policy reads engine status
+(llumnix), storing the status's `InstanceLoad` fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import httpx
+
+from rps_astro_cli.services.rpc import RpcError
+from rps_astro_cli.services.scheduler.clients import Clients
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
+from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.types import InstanceLoad, InstanceStatus
+
+log = logging.getLogger("astro.scheduler")
+
+
+class HealthMonitor:
+    """The background checks (see module docstring). `models` is filled from the first
+    engine's `/v1/models` when the settings name none."""
+
+    def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
+                 needs_status: bool, models: set[str]):
+        self.s = settings
+        self.instances = instances
+        self.clients = clients
+        self.needs_status = needs_status
+        self.models = models
+        self._task: asyncio.Task | None = None
+
+    async def check(self, st: InstanceState) -> None:
+        """One health check of `st` (status poll for status-based policies)."""
+        c = self.clients.http(st.ep.engine_url)
+        try:
+            if self.needs_status:  # polled every status_interval_s: the lean client
+                async with asyncio.timeout(1.0):
+                    resp = await self.clients.pool(st.ep.engine_url).request("GET", "/status")
+                    body = await resp.read()
+                if resp.status != 200:
+                    raise ValueError(f"/status answered {resp.status}")
+                st.load_fields = InstanceLoad.status_fields(InstanceStatus.from_dict(json.loads(body)))
+            else:
+                r = await c.get("/health", timeout=1.0)
+                r.raise_for_status()
+            if not self.models:
+                r = await c.get("/v1/models", timeout=1.0)
+                if r.status_code == 200:
+                    self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
+        except (httpx.HTTPError, RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+            self.instances.mark_failed(st, f"health check: {exc!r}")
+            return
+        self.instances.mark_ok(st)
+
+    async def check_all(self) -> None:
+        await asyncio.gather(*(self.check(st) for st in self.instances))
+
+    async def start(self) -> None:
+        """Build every engine's httpx client up front (one costs ~10 ms), check every
+        instance once, then run the loop in the background."""
+        for st in self.instances:
+            self.clients.http(st.ep.engine_url)
+        await self.check_all()
+        self._task = asyncio.create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _loop(self) -> None:
+        """Every `recheck_interval_s`: re-check the broken instances (fast readmission);
+        every `health_interval_s` (`status_interval_s` for status-based policies): all."""
+        full_period = self.s.status_interval_s if self.needs_status else self.s.health_interval_s
+        tick = min(self.s.recheck_interval_s, full_period)
+        last_full = time.monotonic()
+        while True:
+            await asyncio.sleep(tick)
+            try:
+                if time.monotonic() - last_full >= full_period:
+                    last_full = time.monotonic()
+                    await self.check_all()
+                else:
+                    broken = [st for st in self.instances if not st.healthy]
+                    if broken:
+                        await asyncio.gather(*(self.check(st) for st in broken))
+            except Exception:  # pragma: no cover - keep the loop alive whatever happens
+                log.exception("health loop")

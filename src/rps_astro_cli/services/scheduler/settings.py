@@ -1,0 +1,65 @@
+"""The scheduler's configuration: the instances it dispatches to and its knobs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rps_astro_cli.services.http_common import DEFAULT_MAX_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class InstanceEndpoint:
+    """One instance the scheduler dispatches to."""
+
+    # label in headers and metrics ("engine-0")
+    name: str
+    # its OpenAI-compatible server
+    engine_url: str
+    # its Predictor sidecar, or None (no predictions for it)
+    predictor_url: str | None = None
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    """Scheduler configuration (all times in seconds).
+
+    instances: the engines (≥ 1). policy / policy_params: a registered dispatch policy
+    and its constructor arguments (power_of_k: k, objective; llumnix: variant).
+    tagger_url: the tagger service, or None to tag in-process with `length_model`.
+    predict_deadline_s: deadline of the parallel predict RPCs (50 ms).
+    tag_deadline_s: deadline of the tag RPC; on miss `default_output_tokens` is used.
+    health_interval_s: health-check period; status_interval_s: `/status` poll period
+    for status-based policies (llumnix); recheck_interval_s: how often instances out of
+    rotation are re-checked (readmission delay). max_body_bytes: front-door body limit.
+    served_models: model names accepted (empty = learn them from the engines).
+    api_key: bearer token required on /v1/* when set. seed: the dispatch Generator's seed.
+    upstream_timeout_s: read timeout towards engines. decisions_kept: ring size.
+    predictor_breaker_failures / predictor_breaker_s: after that many consecutive
+    late/failed predict RPCs a Predictor is not asked for that long (then probed again).
+    oracle_lengths: use the request's true length (`vllm_xargs.astro_output_tokens`, which
+    the bench sends) as the predicted length when present — the Astrolabe "oracle"
+    ablation; the tagger is still called for the modality facts.
+    """
+
+    instances: tuple[InstanceEndpoint, ...]
+    policy: str = "power_of_k"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    tagger_url: str | None = None
+    length_model: str | None = None
+    profile: str | None = None
+    predict_deadline_s: float = 0.05
+    tag_deadline_s: float = 0.05
+    default_output_tokens: int = 256
+    health_interval_s: float = 0.5
+    status_interval_s: float = 0.1
+    recheck_interval_s: float = 0.1
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    served_models: tuple[str, ...] = ()
+    api_key: str | None = None
+    seed: int = 0
+    upstream_timeout_s: float = 600.0
+    decisions_kept: int = 1000
+    predictor_breaker_failures: int = 3
+    predictor_breaker_s: float = 1.0
+    oracle_lengths: bool = False

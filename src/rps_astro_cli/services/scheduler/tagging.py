@@ -1,0 +1,68 @@
+"""Tagging a front-door request: its predicted output length and media facts, from the
+tagger service (`POST /tag`, sent on the raw body as soon as it is read so it runs while
+the scheduler parses) or an in-process `Tagger`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from rps_astro_cli.services.rpc import RpcError
+from rps_astro_cli.services.scheduler.clients import Clients, swallow
+from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.types import TagResult
+
+
+class TagClient:
+    """`start` the tag of a body, then `finish` it (counting `astro_tag_rpcs_total`)."""
+
+    def __init__(self, settings: SchedulerSettings, clients: Clients, metrics: SchedulerMetrics):
+        self.s = settings
+        self.clients = clients
+        self.m = metrics
+        self._tagger = None
+        if settings.tagger_url is None:
+            from rps_astro_cli.services.tagger import Tagger, TaggerSettings
+
+            self._tagger = Tagger(TaggerSettings(settings.length_model, settings.profile))
+
+    def start(self, raw: bytes) -> asyncio.Future | None:
+        """Send the tag RPC for `raw` now (None when tagging in-process)."""
+        if self._tagger is not None:
+            return None
+        assert self.s.tagger_url is not None
+        return asyncio.ensure_future(self.clients.post_json(self.s.tagger_url, "/tag", raw))
+
+    def abandon(self, task: asyncio.Future | None) -> None:
+        """Leave a started tag RPC to finish in the background (not cancelled: that
+        keeps its keep-alive connection)."""
+        if task is not None:
+            task.add_done_callback(swallow)
+
+    async def finish(self, task: asyncio.Future | None, raw: bytes) -> TagResult | None:
+        """The tag, or None if it failed or missed `tag_deadline_s` (a late RPC is left to
+        finish in the background)."""
+        if task is None:  # in-process tagger
+            try:
+                out = self._tagger.tag_result(json.loads(raw))  # type: ignore[union-attr]
+            except Exception:
+                self.m.tag_rpcs.labels("error").inc()
+                return None
+            self.m.tag_rpcs.labels("ok").inc()
+            return out
+        done, _ = await asyncio.wait({task}, timeout=self.s.tag_deadline_s)
+        if not done:
+            task.add_done_callback(swallow)
+            self.m.tag_rpcs.labels("timeout").inc()
+            return None
+        try:
+            status, body = task.result()
+            if status != 200:
+                raise ValueError(f"status {status}")
+            tag = TagResult.from_dict(json.loads(body))
+        except (RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+            self.m.tag_rpcs.labels("error").inc()
+            return None
+        self.m.tag_rpcs.labels("ok").inc()
+        return tag
