@@ -5,7 +5,7 @@ scheduler, all separate processes on loopback), then:
 
 1. Overhead at a fixed rate: Poisson arrivals at `--rate` req/s (default 200) for
    `--seconds`, non-streaming completions with 2 output tokens. Overhead per request is
-   what the scheduler itself adds, excluding engine time (see `services/scheduler.py`):
+   what the scheduler itself adds, excluding engine time (see `services/scheduler/`):
    arrival → body handed to the engine connection (body read, tag RPC, parse, dispatch
    incl. the k predict RPCs, serialization) + engine response → response handed to the
    server. Read from the scheduler's `/decisions` (`overhead_us`). Also printed: the

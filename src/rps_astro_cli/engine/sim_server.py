@@ -237,8 +237,10 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             "root": ctx.model, "max_model_len": engine.config.max_model_len}]}
 
     @app.get("/status")
-    async def status() -> dict[str, Any]:
-        return engine.status().to_dict()
+    async def status() -> JSONResponse:
+        # the codec's dict rendered directly (the same bytes as returning the dict, without
+        # FastAPI's response-model validation and jsonable_encoder pass over every request)
+        return JSONResponse(engine.status().to_dict())
 
     @app.get("/metrics")
     async def metrics() -> Response:
