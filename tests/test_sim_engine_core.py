@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from rps_astro_cli.engine.openai_api import ApiError, ParsedRequest, VisionCharge
+from rps_astro_cli.protocol.openai import ApiError, ParsedRequest, VisionCharge
 from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts

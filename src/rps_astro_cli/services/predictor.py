@@ -47,7 +47,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,

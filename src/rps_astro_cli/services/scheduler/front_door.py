@@ -2,7 +2,7 @@
 
 1. Read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw
    body at once; validate the body with the engine's own parser
-   (`engine/openai_api.py`) while the tagger works. Bad input → 4xx naming the field,
+   (`protocol/openai.py`) while the tagger works. Bad input → 4xx naming the field,
    and nothing reaches an engine; an unknown `model` → 404.
 2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
    client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
@@ -26,7 +26,7 @@ import time
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher

@@ -1,11 +1,18 @@
-"""An `InstanceSim`'s state as the `/status` vocabulary (`rps_astro_cli.types`): what the
-sim engine serves and the look-ahead tests compare against."""
+"""An `InstanceSim`'s state in the `/status` vocabulary.
+
+The status types themselves (`InstanceStatus`, `RequestStatus`) and their JSON codec
+live in `rps_astro_cli.types`, the bottom layer; they are re-exported here, where the
+simulator's callers have imported them from. `snapshot` and `request_status` turn a
+simulated instance (the sim engine's, or a look-ahead test's) into them.
+"""
 
 from __future__ import annotations
 
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import InstanceStatus, RequestStatus
+
+__all__ = ["InstanceStatus", "RequestStatus", "request_status", "snapshot"]
 
 
 def request_status(r: SimRequest) -> RequestStatus:
