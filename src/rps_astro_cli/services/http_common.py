@@ -211,7 +211,7 @@ def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
     return _bind(host, port)
 
 
-def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
+def run_app(app: FastAPI | FastRoutes, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
             ready_file: str | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port.
     Once listening, prints `ready: http://HOST:PORT` and writes that URL to `ready_file`
