@@ -35,13 +35,26 @@ from rps_astro_cli.tokens import TokenCounter
 class NoisyDispatch(DispatchPolicy):
     """Wraps a policy; multiplies a latency prediction by max(0, 1 + σ·z), z ~ N(0, 1) —
     every prediction when `fraction` = 1, else each with probability `fraction` (the
-    Astrolabe robustness grid is (noise level, share of predictions noised))."""
+    Astrolabe robustness grid is (noise level, share of predictions noised)). Every
+    pipeline stage but the scoring input is the inner policy's."""
 
     def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator, fraction: float = 1.0):
         self.inner, self.sigma, self.rng, self.fraction = inner, sigma, rng, fraction
-        self.name = inner.name
-        self.needs_predictions = inner.needs_predictions
-        self.needs_status = inner.needs_status
+        self.name = inner.name  # type: ignore[misc]
+
+    @property
+    def needs_predictions(self) -> bool:
+        return self.inner.needs_predictions
+
+    @property
+    def needs_status(self) -> bool:
+        return self.inner.needs_status
+
+    def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
+        return self.inner.filter(loads)
+
+    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        return self.inner.sample(pool, rng)
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         return self.inner.candidates(loads, rng)
