@@ -161,7 +161,8 @@ class Param:
             return self.convert(value)
         except ParamError as exc:
             where = f"{owner} parameter {self.name}: " if owner else ""
-            fix = f"use one of: {', '.join(map(str, self.choices))}" if self.choices else f"give {self.expected()}"
+            fix = (f"use one of: {', '.join(map(str, self.choices))}" if self.choices
+                   else f"{self.name}: {self.help}" if self.type is object else f"give {self.expected()}")
             raise AstroUserError(f"{where}{exc}", field=field or self.name, fix=fix) from None
 
 

@@ -53,7 +53,9 @@ class BenchConfig:
     cluster / base_url / model / endpoint / send_true_lengths / ignore_eos / timeout_s /
     api_key: live target (see `client`). virtual: use the virtual cluster instead.
     instances / profile / instance_policy / policies / ks / objective (power_of_k: e2e
-    or ttft) / oracle_lengths / prediction_noise / prediction_noise_fraction /
+    or ttft) / policy_params (`--param NAME=VALUE`: given to every policy of the run
+    that declares NAME) / instance_policy_params (`--instance-param NAME=VALUE`) /
+    oracle_lengths / prediction_noise / prediction_noise_fraction /
     length_model / max_num_seqs: virtual cluster (policies also live).
     slo / slo_scale: SLO (see `slo`). capacity: search SLO capacity on `capacity_metric`
     at `capacity_percentile` against `capacity_threshold_s` (default: the `--slo` value
@@ -95,6 +97,8 @@ class BenchConfig:
     policies: list[str] | None = None
     ks: list[str] | None = None
     objective: str | None = None
+    policy_params: dict[str, str] | None = None
+    instance_policy_params: dict[str, str] | None = None
     oracle_lengths: bool = False
     prediction_noise: float = 0.0
     prediction_noise_fraction: float = 1.0
@@ -187,6 +191,7 @@ def _check(cfg: BenchConfig) -> None:
     if not cfg.virtual:
         flags = [f for f, on in (("--oracle-lengths", cfg.oracle_lengths), ("--prediction-noise", cfg.prediction_noise > 0),
                                  ("--objective", cfg.objective is not None),
+                                 ("--instance-param", bool(cfg.instance_policy_params)),
                                  ("--length-model", cfg.length_model is not None),
                                  ("--max-num-seqs", cfg.max_num_seqs is not None)) if on]
         if flags:
@@ -209,8 +214,10 @@ def _check(cfg: BenchConfig) -> None:
                              fix="choose ttft, tpot, e2el or nlat")
     if cfg.prediction_noise < 0:
         raise AstroUserError("must be ≥ 0", field="--prediction-noise")
-    if cfg.objective is not None and cfg.objective not in ("e2e", "ttft"):
-        raise AstroUserError(f"unknown objective {cfg.objective!r}", field="--objective", fix="use e2e or ttft")
+    if cfg.objective is not None:
+        from rps_astro_cli.dispatch import alias_param
+
+        alias_param("objective").check(cfg.objective, field="--objective")
     if not 0 <= cfg.prediction_noise_fraction <= 1:
         raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
     if cfg.fail_under is not None and not (0 <= cfg.fail_under <= 1):
@@ -226,8 +233,15 @@ def _check(cfg: BenchConfig) -> None:
         for p in cfg.policies:
             DISPATCH_POLICIES.get(p)  # raises listing the valid names
     for k in cfg.ks or []:
-        if k != "all" and not (k.isdigit() and int(k) >= 1):
-            raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all")
+        from rps_astro_cli.dispatch import alias_param
+        from rps_astro_cli.params import ParamError
+
+        try:
+            alias_param("k").convert(k)
+        except ParamError:
+            raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all") from None
+    if cfg.policy_params:
+        _check_policy_params(cfg)
     if cfg.cluster:
         from rps_astro_cli.bench.live import read_cluster_json
 
@@ -236,7 +250,8 @@ def _check(cfg: BenchConfig) -> None:
         from rps_astro_cli.policies import make_policy
         from rps_astro_cli.sim.profile import load_profile
 
-        make_policy(cfg.instance_policy)  # raises listing the valid names
+        ip = cfg.instance_policy_params or {}
+        make_policy(cfg.instance_policy, fields={n: f"--instance-param {n}" for n in ip}, **ip)  # names the field
         if cfg.profile:
             try:
                 load_profile(cfg.profile)
@@ -244,13 +259,39 @@ def _check(cfg: BenchConfig) -> None:
                 raise AstroUserError(str(exc), field="--profile") from None
 
 
+def _check_policy_params(cfg: BenchConfig) -> None:
+    """Each `--param NAME=VALUE` is declared by some policy of the run and passes each
+    declaring policy's check."""
+    from rps_astro_cli.dispatch import dispatch_params, make_dispatch
+
+    pols = [p for p in _policy_names(cfg) if p is not None]
+    if not pols:
+        raise AstroUserError("--param sets the parameters of the policies this run starts", field="--param",
+                             fix="add --virtual or --policies, or set them in the cluster's recipe for astro serve")
+    for name, value in (cfg.policy_params or {}).items():
+        takers = [p for p in pols if any(q.name == name for q in dispatch_params(p))]
+        if not takers:
+            declared = sorted({f"{p}: {q.name}" for p in pols for q in dispatch_params(p)})
+            raise AstroUserError(f"no dispatch policy of this run ({', '.join(pols)}) takes {name!r}",
+                                 field=f"--param {name}",
+                                 fix=f"their parameters: {'; '.join(declared)}" if declared else "they take none")
+        for p in takers:
+            make_dispatch(p, fields={name: f"--param {name}"}, **{name: value})
+
+
+def _policy_names(cfg: BenchConfig) -> list[str | None]:
+    """The dispatch policies of the run: live without --policies, the running cluster's
+    own (None); virtual, astro serve's default."""
+    return list(cfg.policies) if cfg.policies else (["power_of_k"] if cfg.virtual else [None])
+
+
 def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
-    """(policy, k) pairs to run; k only varies for power_of_k."""
-    # live without --policies: the running cluster's own policy; virtual: astro serve's default
-    pols: list[str | None] = list(cfg.policies) if cfg.policies else (["power_of_k"] if cfg.virtual else [None])
+    """(policy, k) pairs to run; `--k` varies k for the policies that declare it."""
+    from rps_astro_cli.dispatch import dispatch_params
+
     out: list[tuple[str | None, str | None]] = []
-    for p in pols:
-        if p == "power_of_k" and cfg.ks:
+    for p in _policy_names(cfg):
+        if p is not None and cfg.ks and any(q.name == "k" for q in dispatch_params(p)):
             out += [(p, k) for k in cfg.ks]
         else:
             out.append((p, None))

@@ -166,14 +166,17 @@ class VirtualTarget:
         self.k = k
 
     def make_dispatch(self, rng: np.random.Generator) -> DispatchPolicy:
-        from rps_astro_cli.dispatch import make_dispatch
+        from rps_astro_cli.dispatch import dispatch_params, make_dispatch
 
-        params: dict[str, Any] = {}
-        if self.k is not None:
-            params["k"] = self.k if self.k == "all" else int(self.k)
-        if self.cfg.objective is not None and self.policy == "power_of_k":
-            params["objective"] = self.cfg.objective
-        pol = make_dispatch(self.policy, **params)
+        # flags reach the policies that declare them: --param NAME=VALUE, --k, --objective
+        declared = {p.name for p in dispatch_params(self.policy)}
+        params: dict[str, Any] = {n: v for n, v in (self.cfg.policy_params or {}).items() if n in declared}
+        fields = {n: f"--param {n}" for n in params}
+        if self.k is not None and "k" in declared:
+            params["k"], fields["k"] = self.k, "--k"
+        if self.cfg.objective is not None and "objective" in declared:
+            params["objective"], fields["objective"] = self.cfg.objective, "--objective"
+        pol = make_dispatch(self.policy, fields=fields, **params)
         if self.cfg.prediction_noise > 0:
             pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng, self.cfg.prediction_noise_fraction)
         return pol
@@ -226,14 +229,15 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    make_policy(cfg.instance_policy)  # unknown name → AstroUserError listing the valid ones
+    ip = cfg.instance_policy_params or {}
+    make_policy(cfg.instance_policy, **ip)  # unknown name / bad parameter → AstroUserError naming it
     icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.max_num_seqs)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
     res = simulate_cluster(timed, cfg.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.instance_policy), rng)
+                           lambda: make_policy(cfg.instance_policy, **ip), rng)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None

@@ -26,5 +26,6 @@ __all__ = ["DISPATCH_POLICIES", "alias_param", "DispatchDecision", "DispatchPoli
 BUILTIN_MODULES = (
     "rps_astro_cli.dispatch.simple",  # round_robin, random
     "rps_astro_cli.dispatch.guided",  # least_requests, llumnix, power_of_k
+    "rps_astro_cli.dispatch.least_kv",  # least_kv
 )
 import_plugins("dispatch policy", BUILTIN_MODULES)

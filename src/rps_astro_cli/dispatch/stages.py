@@ -202,24 +202,28 @@ class Picker:
         raise NotImplementedError
 
 
-def pick_min(values: Mapping[int, float], rng: np.random.Generator) -> int:
-    """Key with the lowest value; ties broken uniformly at random (one draw, only when
-    there is a tie; in the mapping's order)."""
+def pick_min(values: Mapping[int, float], rng: np.random.Generator, tolerance: float = 0.0) -> int:
+    """Key with the lowest value; values within `tolerance` of it are ties, broken
+    uniformly at random (one draw, only when there is a tie; in the mapping's order)."""
     best = min(values.values())
-    tied = [k for k, v in values.items() if v == best]
+    tied = [k for k, v in values.items() if v <= best + tolerance]
     return tied[0] if len(tied) == 1 else tied[int(rng.integers(len(tied)))]
 
 
 class MinScorePicker(Picker):
-    """The lowest cost; ties uniformly at random. Weakness (llm-d's): equal scores
-    hot-spot without the random tie-break, so it is never skipped."""
+    """The lowest cost; costs within `tolerance` of it are ties, broken uniformly at
+    random. Weakness (llm-d's): equal scores hot-spot without the random tie-break, so
+    it is never skipped."""
 
     name = "min_score"
+
+    def __init__(self, tolerance: float = 0.0) -> None:
+        self.tolerance = tolerance
 
     def pick(self, candidates: Sequence[int], values: Mapping[int, float] | None, n_instances: int,
              rng: np.random.Generator) -> int:
         assert values, "MinScorePicker needs scores"
-        return pick_min(values, rng)
+        return pick_min(values, rng, self.tolerance)
 
 
 class UniformPicker(Picker):

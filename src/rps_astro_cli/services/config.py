@@ -9,7 +9,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     host: str = 127.0.0.1          # bind address of every child
     api_key: str | null            # front-door bearer key (scheduler /v1/*)
     restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
-    engine:    {backend, profile, instance_policy, time_scale, seed, num_gpu_blocks,
+    engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
                 served_model_name, extra_args}
     predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
@@ -43,6 +43,8 @@ class EngineSection(_Strict):
     backend: str = Field("sim", description="engine backend (sim | vllm)")
     profile: str = Field("llama-2-7b-a30", description="execution profile id or JSON path")
     instance_policy: str = Field("fcfs", description="in-instance scheduling policy")
+    instance_policy_params: dict[str, Any] = Field(default_factory=dict, description="its declared parameters by "
+                                                   "name (`astro serve --instance-param NAME=VALUE`)")
     time_scale: float = Field(1.0, gt=0, description="wall s per engine s (sim; 0.1 = 10x faster)")
     seed: int = Field(0, ge=0, description="engine i gets seed + i")
     num_gpu_blocks: int | None = Field(None, gt=0)
@@ -173,6 +175,7 @@ def parse_config(data: dict[str, Any], source: str = "recipe", names: dict[str, 
         raise _user_error(exc, source, names) from None
     _check_k(cfg, source, names or {})
     _check_policy(cfg, source, names or {})
+    _check_instance_policy(cfg, source, names or {})
     return cfg
 
 
@@ -225,6 +228,32 @@ def _check_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> Non
         fix = (f"give {field} URL per engine, or pick another {pol_field}" if field.startswith("--")
                else f"enable predictors or pick another {pol_field}")
         raise AstroUserError(f"dispatch policy {sec.policy} needs predictors", field=field, fix=fix)
+
+
+def _check_instance_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
+    """The engines' instance policy exists and its parameters pass its declaration
+    (stored converted)."""
+    from rps_astro_cli.params import check_params
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    e = cfg.engine
+    if e.instance_policy not in INSTANCE_POLICIES and e.backend != "sim":
+        return  # a vLLM engine may import more policy modules (ASTRO_VLLM_POLICY_MODULES) and checks there
+    if e.instance_policy not in INSTANCE_POLICIES:
+        field = names.get("engine.instance_policy", "engine.instance_policy")
+        raise AstroUserError(f"unknown instance policy {e.instance_policy!r}", field=field,
+                             fix=f"choose one of: {', '.join(INSTANCE_POLICIES.names())}")
+    if not e.instance_policy_params:
+        return
+    fields = {n: names.get(f"engine.instance_policy_params.{n}", f"engine.instance_policy_params.{n}")
+              for n in e.instance_policy_params}
+    try:
+        e.instance_policy_params = check_params(INSTANCE_POLICIES.get(e.instance_policy).params,
+                                                e.instance_policy_params,
+                                                owner=f"instance policy {e.instance_policy}", fields=fields)
+    except AstroUserError as exc:
+        prefix = "" if (exc.field or "").startswith("--") else f"{source}: "
+        raise AstroUserError(f"{prefix}{exc}", field=exc.field) from None
 
 
 def load_recipe(path: str | Path) -> ClusterConfig:
