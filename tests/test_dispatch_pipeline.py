@@ -142,3 +142,19 @@ def test_unknown_names_list_the_valid_ones():
     with pytest.raises(AstroUserError) as ei:
         make_dispatch("least_kb")
     assert "least_kv" in str(ei.value) and "power_of_k" in str(ei.value)
+
+
+def test_astro_policies_lists_declared_parameters():
+    import json
+
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    r = CliRunner().invoke(app, ["policies", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {(row["family"], row["name"]): row for row in json.loads(r.output)}
+    assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
+        "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
+    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective"]
+    assert ("instance", "rps") in rows and ("instance", "fcfs") in rows

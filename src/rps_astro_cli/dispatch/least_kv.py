@@ -47,7 +47,8 @@ class FreeKvScorer(Scorer):
 
 @DISPATCH_POLICIES.register("least_kv")
 class LeastKv(DispatchPolicy):
-    """Most free KV blocks (see the module docstring)."""
+    """Most free KV blocks in the latest status; ties within `tie_blocks` broken at
+    random; no status anywhere: fewest outstanding. Weakness: blind to the queue."""
 
     name = "least_kv"
     params = (TIE_BLOCKS,)
