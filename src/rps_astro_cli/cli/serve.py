@@ -28,8 +28,8 @@ def cluster(
     ctx: typer.Context,
     instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe YAML (path or name under recipes/).")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy: power_of_k, llumnix, "
-                                               "least_requests, round_robin, random.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (power_of_k, llumnix, least_kv, "
+                                               "...; `astro policies` lists them with their parameters).")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, or 'all' (full fanout).")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.")] = None,
     param: ParamOpt = None,
@@ -171,7 +171,7 @@ def scheduler(
     engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeat per instance).")],
     predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
     tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
+    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all'; default 2, "
                                           "or 1 with one engine.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="e2e | ttft.")] = "e2e",

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         instances: Annotated[int, typer.Option("--instances", help="Number of simulated instances (≥ 1).")] = 12,
         rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
-        policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, random, power_of_k, ...).")] = "round_robin",
+        policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`).")] = "round_robin",
         k: Annotated[Optional[str], typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
         param: ParamOpt = None,
         instance_policy: Annotated[str, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...).")] = "fcfs",
