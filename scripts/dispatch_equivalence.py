@@ -82,8 +82,8 @@ def scenario_lines(n_req: int, rate: float = 14.0, instances: int = 6) -> list[s
             from rps_astro_cli.bench.virtual import NoisyDispatch
 
             pol = NoisyDispatch(pol, noise[0], rng, noise[1])
-        res = simulate_cluster(reqs, instances, pol, prof, cfg, lambda: make_policy(ipol), rng)
-        lines.append(f"{name:15s} {str(params):32s} {ipol:12s} noise={noise}  {digest(res.records)}  "
+        res = simulate_cluster(reqs, instances, pol, prof, cfg, lambda ipol=ipol: make_policy(ipol), rng)
+        lines.append(f"{name:15s} {params!s:32s} {ipol:12s} noise={noise}  {digest(res.records)}  "
                      f"per-instance={res.requests_per_instance}")
     return lines
 

@@ -87,11 +87,9 @@ class Param:
         if self.choices and v not in self.choices:
             raise ParamError(f"unknown {self.name} {value!r}")
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            for bound, ok in ((self.ge, lambda b: v >= b), (self.gt, lambda b: v > b),
-                              (self.le, lambda b: v <= b), (self.lt, lambda b: v < b)):
-                if bound is not None and not ok(bound):
-                    raise ParamError(f"must be {self.expected()}, got {value!r}")
-            if isinstance(v, float) and math.isnan(v):
+            out_of_bounds = ((self.ge is not None and not v >= self.ge) or (self.gt is not None and not v > self.gt)
+                             or (self.le is not None and not v <= self.le) or (self.lt is not None and not v < self.lt))
+            if out_of_bounds or (isinstance(v, float) and math.isnan(v)):
                 raise ParamError(f"must be {self.expected()}, got {value!r}")
         return v
 

@@ -53,8 +53,8 @@ def cluster(
     if ctx.invoked_subcommand is not None:
         return
     from rps_astro_cli.cli.common import console
-    from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
     from rps_astro_cli.params import parse_assignments
+    from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
     from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_overrides
 
     cfg = load_recipe(recipe) if recipe else ClusterConfig()

@@ -20,8 +20,17 @@ from rps_astro_cli.dispatch.base import (
 )
 from rps_astro_cli.registry import import_plugins
 
-__all__ = ["DISPATCH_POLICIES", "alias_param", "DispatchDecision", "DispatchPolicy", "InstanceLoad", "decide", "decide_async",
-           "dispatch_params", "make_dispatch"]
+__all__ = [
+    "DISPATCH_POLICIES",
+    "DispatchDecision",
+    "DispatchPolicy",
+    "InstanceLoad",
+    "alias_param",
+    "decide",
+    "decide_async",
+    "dispatch_params",
+    "make_dispatch",
+]
 
 BUILTIN_MODULES = (
     "rps_astro_cli.dispatch.simple",  # round_robin, random

@@ -42,8 +42,19 @@ from rps_astro_cli.params import Param, check_params
 from rps_astro_cli.registry import Registry
 from rps_astro_cli.sim.lookahead import LatencyEstimate
 
-__all__ = ["DISPATCH_POLICIES", "alias_param", "DispatchDecision", "DispatchPolicy", "Fallback", "InstanceLoad", "decide",
-           "decide_async", "dispatch_params", "make_dispatch", "pick_min"]
+__all__ = [
+    "DISPATCH_POLICIES",
+    "DispatchDecision",
+    "DispatchPolicy",
+    "Fallback",
+    "InstanceLoad",
+    "alias_param",
+    "decide",
+    "decide_async",
+    "dispatch_params",
+    "make_dispatch",
+    "pick_min",
+]
 
 DISPATCH_POLICIES: Registry[type[DispatchPolicy]] = Registry("dispatch policy")
 

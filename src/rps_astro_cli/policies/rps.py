@@ -41,7 +41,6 @@ import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param
-from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.policies.priority import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
@@ -49,8 +48,8 @@ from rps_astro_cli.policies.priority import (
     PriorityRegulator,
 )
 from rps_astro_cli.rps.classes import CLASS_RANK, naive_class
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
-
 
 _GET_CLASS = attrgetter("req_class")
 _GET_ARRIVAL = attrgetter("arrival_s")
