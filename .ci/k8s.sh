@@ -5,9 +5,10 @@
 #    Kubernetes 1.32 OpenAPI schemas (unknown fields are errors). It has no schema for the
 #    Prometheus Operator's PodMonitor/ServiceMonitor and only warns on them; any other
 #    kind without a schema fails this script;
-# 3. the sim overlay holds what the deployment needs: an engine pod template with the
-#    engine container and its Predictor as a native sidecar, the scheduler Deployment
-#    (>= 2 replicas) and the Services;
+# 3. each overlay holds what the deployment needs (.ci/k8s_structure.py): an engine pod
+#    template with the engine container and its Predictor as a native sidecar, the
+#    scheduler Deployment (>= 2 replicas), the Services, the discovery Role; the
+#    Prometheus monitors' selectors and port names match what they scrape;
 # 4. hadolint lints the Dockerfile.
 #
 # Tools: kubectl (with its built-in kustomize) must be on PATH; CI machines have it like
@@ -70,48 +71,9 @@ for o in "${overlays[@]}"; do
   echo "k8s.sh: $o: resources passed: $(grep -c "^INFO .* passed for resource" "$log" || true)"
 done
 
-echo "k8s.sh: structure of the sim overlay"
-"$VENV/bin/python" - "$OUT/sim.yaml" <<'EOF' || status=1
-import sys
-
-import yaml  # kubernetes-validate depends on PyYAML
-
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d]
-by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
-errors = []
-eng = by.get(("Deployment", "astro-engine"))
-if eng is None:
-    errors.append("no Deployment astro-engine")
-else:
-    pod = eng["spec"]["template"]["spec"]
-    main = {c["name"]: c for c in pod.get("containers", [])}
-    side = {c["name"]: c for c in pod.get("initContainers", [])}
-    if "engine" not in main or main["engine"]["args"][:2] != ["serve", "engine"]:
-        errors.append("engine pod: no container 'engine' running `astro serve engine`")
-    p = side.get("predictor")
-    if p is None or p.get("restartPolicy") != "Always" or p["args"][:2] != ["serve", "predictor"]:
-        errors.append("engine pod: no native sidecar 'predictor' (init container, restartPolicy Always)")
-    elif "http://127.0.0.1:8000" not in p["args"]:
-        errors.append("predictor does not read its engine over localhost")
-sched = by.get(("Deployment", "astro-scheduler"))
-if sched is None or sched["spec"].get("replicas", 1) < 2:
-    errors.append("scheduler: no Deployment astro-scheduler with >= 2 replicas")
-svc = by.get(("Service", "astro-engine"))
-if svc is None or svc["spec"].get("clusterIP") != "None":
-    errors.append("no headless Service astro-engine")
-elif {p["name"] for p in svc["spec"]["ports"]} != {"http", "predictor"}:
-    errors.append("Service astro-engine must name its ports http and predictor (discovery maps them)")
-if ("Service", "astro-scheduler") not in by:
-    errors.append("no Service astro-scheduler")
-role = by.get(("Role", "astro-scheduler-discovery"))
-if role is None or role["rules"] != [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-                                      "verbs": ["get", "list", "watch"]}]:
-    errors.append("Role astro-scheduler-discovery is not exactly get/list/watch on endpointslices")
-for e in errors:
-    print("k8s.sh: sim overlay:", e, file=sys.stderr)
-print(f"k8s.sh: sim overlay: {len(docs)} resources, {len(errors)} problems")
-sys.exit(1 if errors else 0)
-EOF
+for o in "${overlays[@]}"; do
+  "$VENV/bin/python" .ci/k8s_structure.py "$o" "$OUT/$o.yaml" || status=1
+done
 
 [ $status -eq 0 ] && echo "k8s.sh: ok (${overlays[*]})" || echo "k8s.sh: FAILED" >&2
 exit $status
