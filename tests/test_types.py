@@ -121,6 +121,6 @@ def test_decision_record_splices_the_decision_and_leaves_out_unset_fields():
     rec.instance, rec.observed_e2e_s, rec.overhead_us, rec.outcome = "engine-2", 0.41, 900.0, "ok"
     d = rec.to_dict()
     assert list(d) == ["request", "endpoint", "prompt_tokens", "predicted_output_tokens", "retries", "tag_wait_us",
-                       "policy", "candidates", "predictions", "choice", "reason", "decide_us", "instance",
+                       "policy", "candidates", "predictions", "choice", "reason", "decide_us", "stage_us", "instance",
                        "observed_e2e_s", "overhead_us", "outcome"]
     assert d["predictions"] == {"0": {"ttft_s": 0.1, "e2e_s": 0.5}, "2": {"ttft_s": 0.1, "e2e_s": 0.4}}

@@ -594,6 +594,9 @@ class DispatchDecision:
     predictions: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     # time spent deciding, predict RPCs included (µs; filled by the caller)
     decide_us: float = 0.0
+    # time per pipeline stage (filter, sample, predict, score, pick; µs), when
+    # `dispatch.decide` ran it
+    stage_us: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -603,6 +606,7 @@ class DispatchDecision:
             "choice": self.choice,
             "reason": self.reason,
             "decide_us": self.decide_us,
+            "stage_us": dict(self.stage_us),
         }
 
 

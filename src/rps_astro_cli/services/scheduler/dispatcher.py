@@ -1,10 +1,12 @@
 """Choosing an instance for one request: the scheduler's only contact with `dispatch/`.
 
-The policy's `candidates` (power-of-k: k distinct healthy instances), then for
-prediction-guided policies the candidates' predictions (`PredictClient`, deadline
-`predict_deadline_s`; late or failed ones are absent), then the policy's `choose`
-(falling back to least outstanding requests when no prediction arrived). The decision
-is timed here, predict RPCs included (`decide_us`, `astro_dispatch_decide_seconds`).
+`dispatch.decide_async` runs the policy's pipeline: filters and sampler (power-of-k: k
+distinct healthy instances), then for prediction-guided policies the candidates'
+predictions (`PredictClient`, deadline `predict_deadline_s`; late or failed ones are
+absent), then scorers and picker (falling back to least outstanding requests when no
+prediction arrived), each stage timed in the decision's `stage_us`. The whole decision
+is timed here, from reading the instances' loads, predict RPCs included (`decide_us`,
+`astro_dispatch_decide_seconds`).
 """
 
 from __future__ import annotations
@@ -15,12 +17,12 @@ from dataclasses import replace
 
 import numpy as np
 
-from rps_astro_cli.dispatch import make_dispatch
+from rps_astro_cli.dispatch import decide_async, make_dispatch
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import CandidateRequest, DispatchDecision, PredictRequest
+from rps_astro_cli.types import CandidateRequest, DispatchDecision, LatencyEstimate, PredictRequest
 
 log = logging.getLogger("astro.scheduler")
 
@@ -56,11 +58,12 @@ class Dispatcher:
             loads = [replace(ld, healthy=ld.index not in excluded) for ld in loads]
             if not any(ld.healthy for ld in loads):
                 return None
-        cands = self.policy.candidates(loads, self.rng)
-        cands = [i for i in cands if loads[i].healthy]
-        preds = (await self.predict.predict_many(cands, PredictRequest(candidate, self.objective))
-                 if self.policy.needs_predictions else {})
-        dec = self.policy.choose(loads, cands, preds, self.rng)
+        query = PredictRequest(candidate, self.objective)
+
+        async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
+            return await self.predict.predict_many(cands, query)
+
+        dec = await decide_async(self.policy, loads, self.rng, predict)
         dt = time.perf_counter() - t0
         dec = replace(dec, decide_us=dt * 1e6)
         self.m.decisions.labels(self.policy_name, dec.reason).inc()
