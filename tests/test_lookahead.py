@@ -240,27 +240,21 @@ def test_jump_equals_stepwise_seeded_sweep() -> None:
         _same(predict_stepwise(status, cand, lat, FCFSPolicy()), predict(status, cand, lat, FCFSPolicy()))
 
 
-# --- the engine module (sim/jump.py), compiled by mypyc at install or interpreted ----------
+# --- the engine package (sim/lookahead_engine/), compiled by mypyc at install or interpreted --
 
 def _source_engine():
-    """sim/jump.py loaded from its source under another module name: the interpreted
-    engine, whatever the install built."""
-    import importlib.util
-    from pathlib import Path
+    """sim/lookahead_engine/ loaded from its source under another package name: the
+    interpreted engine, whatever the install built."""
+    from rps_astro_cli.sim import engine_build
 
-    path = Path(lookahead.__file__).with_name("jump.py")
-    spec = importlib.util.spec_from_file_location("rps_astro_cli.sim._jump_source_for_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return engine_build.load_source("rps_astro_cli.sim._engine_source_for_test")
 
 
 def test_engine_request_mirrors_simrequest_fields() -> None:
     # LReq is SimRequest's field list (same order, so the same positional constructor)
     # plus the pool bookkeeping; InstanceSim and the policies step it as a SimRequest.
     names = [f.name for f in dataclasses.fields(SimRequest)]
-    for engine in (lookahead.jump, _source_engine()):
+    for engine in (lookahead.engine, _source_engine()):
         args = ("a", 1.5, 20, 30, "image", 4, 0.25, "rocks", 7, 9.0, 5, 6, 2)
         r, lr = SimRequest(*args), engine.LReq(*args)
         for n in names:  # every SimRequest field, with the same value
@@ -273,15 +267,15 @@ def test_compiled_and_source_engines_agree(monkeypatch: pytest.MonkeyPatch) -> N
     # The mypyc build must compute exactly what the source does (same IEEE double
     # operations in the same order), under every policy kind.
     if not lookahead.NATIVE:
-        pytest.skip("this install has no mypyc build of sim/jump.py (the source is what runs)")
-    native, source = lookahead.jump, _source_engine()
+        pytest.skip("this install has no mypyc build of sim/lookahead_engine/ (the source is what runs)")
+    native, source = lookahead.engine, _source_engine()
     g = np.random.default_rng(11)
     for _ in range(120):
         lat, status, cand = _seeded_scenario(g)
         for pol in (FCFSPolicy(), ShortestPromptFirst(), Aging()):
-            monkeypatch.setattr(lookahead, "jump", native)
+            monkeypatch.setattr(lookahead, "engine", native)
             a = predict(status, cand, lat, pol)
-            monkeypatch.setattr(lookahead, "jump", source)
+            monkeypatch.setattr(lookahead, "engine", source)
             b = predict(status, cand, lat, pol)
             assert a == b
 
@@ -292,7 +286,9 @@ def test_pure_python_switch() -> None:
     import subprocess
     import sys
 
-    code = "from rps_astro_cli.sim import lookahead as L; print(L.NATIVE, L.jump.__file__.endswith('.py'))"
+    code = ("from rps_astro_cli.sim import lookahead as L; import sys; "
+            "print(L.NATIVE, all(m.__file__.endswith('.py') for n, m in sys.modules.items() "
+            "if n.startswith('rps_astro_cli.sim.lookahead_engine')))")
     env = {**os.environ, "ASTRO_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
