@@ -7,8 +7,8 @@ or ASTRO_PURE_PYTHON=1 is set, the package installs without them (one printed li
 so) and runs the source. `rps_astro_cli.sim.engine_build` never imports a build older
 than any of the engine's files.
 
-With CI=true (CI sets it) a failed build fails the install instead: CI must test the
-build that users get.
+With ASTRO_REQUIRE_BUILD=1 (.ci/run sets it) or CI=true a failed build fails the
+install instead: CI must test the build that users get.
 """
 
 import os
@@ -23,7 +23,7 @@ GROUP = "rps_astro_cli.sim.lookahead_engine"  # the shared library: sim/lookahea
 def _ext_modules() -> list:
     if os.environ.get("ASTRO_PURE_PYTHON") == "1":
         return []
-    strict = os.environ.get("CI", "").lower() == "true"
+    strict = os.environ.get("ASTRO_REQUIRE_BUILD") == "1" or os.environ.get("CI", "").lower() == "true"
     files = sorted(str(p) for p in ENGINE.glob("*.py"))
     try:
         from mypyc.build import mypycify
@@ -34,7 +34,8 @@ def _ext_modules() -> list:
                         opt_level="3", group_name=GROUP)
     except BaseException as e:  # mypyc absent, or a type error: install the pure-Python source
         if strict:
-            raise RuntimeError(f"astro: CI=true and the look-ahead engine did not compile with mypyc: {e}") from e
+            raise RuntimeError(f"astro: the look-ahead engine did not compile with mypyc (ASTRO_REQUIRE_BUILD=1 "
+                               f"or CI=true): {e}") from e
         print(f"astro: not compiling the look-ahead ({type(e).__name__}: {e}); using pure Python")
         return []
     for ext in exts:

@@ -280,6 +280,44 @@ def test_compiled_and_source_engines_agree(monkeypatch: pytest.MonkeyPatch) -> N
             assert a == b
 
 
+def test_a_build_older_than_any_engine_file_is_stale(tmp_path) -> None:
+    # engine_build imports the build only when every module of the package has one no
+    # older than its source (2 s slack); else the whole package runs from source.
+    import importlib.machinery
+    import os
+
+    from rps_astro_cli.sim import engine_build
+
+    ext = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for m in ("__init__", "pool", "engine"):
+        (tmp_path / f"{m}.py").write_text("")
+    assert engine_build.build_state(tmp_path) == "none"
+    for m in ("__init__", "pool", "engine"):
+        (tmp_path / f"{m}{ext}").write_bytes(b"")
+        os.utime(tmp_path / f"{m}.py", (1000.0, 1000.0))
+        os.utime(tmp_path / f"{m}{ext}", (1001.5, 1001.5))
+    assert engine_build.build_state(tmp_path) == "current"
+    os.utime(tmp_path / "pool.py", (1003.0, 1003.0))  # edited 1.5 s after its build: within the slack
+    assert engine_build.build_state(tmp_path) == "current"
+    os.utime(tmp_path / "pool.py", (1004.0, 1004.0))  # 2.5 s after: stale
+    assert engine_build.build_state(tmp_path) == "stale"
+    os.utime(tmp_path / "pool.py", (1000.0, 1000.0))
+    (tmp_path / "new_module.py").write_text("")  # a module the build does not have
+    assert engine_build.build_state(tmp_path) == "stale"
+
+
+def test_ci_runs_the_build() -> None:
+    # Where the install was required to compile the engine (.ci/run), the look-ahead
+    # must run that build: a silent fall-back to the source would hide a broken build.
+    import os
+
+    if os.environ.get("ASTRO_REQUIRE_BUILD") != "1" and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("the build is required only in CI (ASTRO_REQUIRE_BUILD=1 or CI=true)")
+    if os.environ.get("ASTRO_PURE_PYTHON") == "1":
+        pytest.skip("ASTRO_PURE_PYTHON=1: the source runs on purpose")
+    assert lookahead.NATIVE
+
+
 def test_pure_python_switch() -> None:
     # ASTRO_PURE_PYTHON=1 runs the source even where a build exists.
     import os
