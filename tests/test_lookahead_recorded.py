@@ -19,7 +19,7 @@ import numpy as np
 
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
-from rps_astro_cli.policies.base import make_policy
+from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import load_profile
 

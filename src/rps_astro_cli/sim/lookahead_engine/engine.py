@@ -19,7 +19,7 @@ there (benchmarks/lookahead_speed.py).
 
 from __future__ import annotations
 
-from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from .fast_step import chunked_step, prioritized_step

@@ -9,8 +9,8 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, cast
 
-from rps_astro_cli.policies.base import InstancePolicy
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from .decode_run import DecodeRun

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Final, cast
 
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import RequestStatus
+from rps_astro_cli.sim.status import RequestStatus
 
 CANDIDATE_ID: Final = "__candidate__"
 MAX_LOOKAHEAD_STEPS: Final = 2_000_000
