@@ -1,0 +1,567 @@
+"""The per-operator fits behind the execution-time profiles (`fit_profiles` assembles
+them into `sim/profile.py` step models) from Vidur-schema GPU profiling CSVs.
+
+Inputs (see `../shared/data/PROVENANCE.md`; schema of microsoft/vidur's profiler):
+- compute `mlp.csv`: one row per (num_tokens, num_tensor_parallel_workers) with per-layer,
+  per-GPU operator times `time_stats.<op>.median` in milliseconds for the ops
+  `attn_pre_proj, attn_post_proj, attn_rope, input_layernorm, post_attention_layernorm,
+  mlp_up_proj, mlp_down_proj, mlp_act, add` (once per decoder layer) and `emb` (once per step);
+- compute `attention.csv`: per-layer attention kernel times; decode rows (`is_prefill`
+  False) have `batch_size` requests each attending `kv_cache_size` tokens; prefill rows have
+  one request with a `prefill_chunk_size` chunk after `kv_cache_size` computed tokens;
+- network `all_reduce.csv`: all-reduce time by message `size` in bytes.
+
+Fitted terms (all converted to seconds in the profile):
+- `linear_s(n)`: sum over the per-layer ops of a continuous piecewise-linear least-squares
+  fit on fixed knots, times `num_layers`, plus `emb(n)`, plus the per-token part of the KV
+  cache write (`attn_kv_cache_save`), plus for TP>1 two all-reduces per layer of
+  `n * hidden * 2` bytes (Vidur's execution-time model: one after attention, one after the
+  MLP). Knots without training data nearby are dropped; the summed table is made
+  non-decreasing (a step never gets faster with more tokens).
+- decode attention: per layer `a + p * batch + d * (batch * kv_cache_size)` by least squares
+  weighted by 1/y (relative error); `d * layers` → `decode_attn_s_per_ctx_token`,
+  `p * layers` → part of `per_seq_s`, `a * layers` → part of `base_s`.
+- prefill attention: per layer `pa + q * pairs` with `pairs = c*k + c*(c+1)/2` (the
+  profile's attention-pair count), weighted by 1/y; `q * layers` →
+  `prefill_attn_s_per_token_pair`; the intercept (≈ 1 ms per prefill step for Qwen2-7B
+  on A30) is reported in `sources` and not modelled.
+- `base_s` / `per_seq_s` also carry an ASSUMED CPU overhead (3 ms per step, 0.05 ms per
+  request; `CPU_SOURCE`) and the LM head's HBM roofline (not in the CSVs).
+
+Only the Qwen2-7B A30 attention CSV is usable: Llama-2-7B has none here, and the Llama-2-70B
+TP4 A100-40GB one implies ~17 TB/s of KV reads (`reject_70b_attention`). Other profiles
+scale the Qwen2 fit by KV bytes / bandwidth (decode) and query width / FP16 peak (prefill):
+`transfer_attention`, `compare_llama7b_attention`.
+
+Held-out error: a seeded `numpy.random.Generator` per input file holds out 20% of its rows;
+the fit uses the other 80% and the error (MAPE in %, MAE in ms) is measured on the held-out
+rows, at model level (per-layer time × layers) and written into the profile's `fit`.
+
+Per operator, a reading is excluded when missing, above 3× the median of its 8 nearest
+token counts, or below 1/3 of the median of the last 5 accepted readings at smaller token
+counts (the CSVs hold runs of bogus 0.0017–0.0019 ms readings where neighbours read
+0.1–1 ms); counts are in `fit.rows_excluded_glitch_per_op`.
+
+Run `astro profiles fit --data-dir DIR --out DIR` to regenerate
+`artifacts/profiles/*.json`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.sim.profile import OutputLengthDist
+
+LAYER_OPS: tuple[str, ...] = (
+    "attn_pre_proj",
+    "attn_post_proj",
+    "attn_rope",
+    "input_layernorm",
+    "post_attention_layernorm",
+    "mlp_up_proj",
+    "mlp_down_proj",
+    "mlp_act",
+    "add",
+)
+STEP_OPS: tuple[str, ...] = ("emb",)
+DEFAULT_KNOTS: tuple[int, ...] = (
+    1, 16, 32, 64, 96, 128, 160, 192, 256, 320, 384, 448, 512, 640, 768, 1024,
+    1280, 1536, 2048, 2560, 3072, 3584, 4096,
+)
+HOLDOUT_FRAC = 0.2
+GLITCH_RATIO = 3.0
+GIB = 1024**3
+
+
+# ----------------------------------------------------------------------------- shapes
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture facts a profile needs (from each model's Hugging Face config.json).
+
+    num_layers: decoder layers; hidden: model width; n_q_heads / n_kv_heads / head_dim:
+    attention heads; vocab: LM-head rows; params: total parameters (weights bytes =
+    2 × params in FP16).
+    """
+
+    name: str
+    num_layers: int
+    hidden: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    params: float
+
+    def kv_bytes_per_token_per_layer(self, tp: int = 1) -> float:
+        """FP16 K and V bytes one token adds per layer on one GPU: 2 × kv_heads/tp ×
+        head_dim × 2 bytes (= 2 × hidden × 2 for multi-head attention)."""
+        return 2.0 * (self.n_kv_heads / tp) * self.head_dim * 2.0
+
+    def kv_bytes_per_token(self, tp: int = 1) -> float:
+        """FP16 KV bytes per token over all layers on one GPU."""
+        return self.num_layers * self.kv_bytes_per_token_per_layer(tp)
+
+    def q_width(self, tp: int = 1) -> float:
+        """Query width per GPU (n_q_heads/tp × head_dim): prefill attention FLOPs per
+        token pair per layer are 4 × this."""
+        return self.n_q_heads / tp * self.head_dim
+
+
+LLAMA2_7B = ModelShape("meta-llama/Llama-2-7b-hf", 32, 4096, 32, 32, 128, 32000, 6.74e9)
+LLAMA2_70B = ModelShape("meta-llama/Llama-2-70b-hf", 80, 8192, 64, 8, 128, 32000, 68.98e9)
+QWEN2_7B = ModelShape("Qwen/Qwen2-7B", 28, 3584, 28, 4, 128, 152064, 7.62e9)
+# LLaVA-OneVision-7B = SigLIP-400M vision tower + projector + Qwen2-7B; 8.03e9 params total.
+LLAVA_OV_7B = ModelShape("llava-hf/llava-onevision-qwen2-7b-ov-hf", 28, 3584, 28, 4, 128, 152064, 8.03e9)
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """GPU facts from NVIDIA datasheets: memory (GiB, rounded), peak HBM bandwidth
+    (bytes/s) and dense FP16 tensor-core peak (FLOP/s; also Vidur's device SKU configs)."""
+
+    name: str
+    memory_gib: float
+    bandwidth_bps: float
+    fp16_flops: float
+
+
+A30 = GpuSpec("A30-24GB", 24.0, 933e9, 165e12)
+A100_80 = GpuSpec("A100-80GB", 80.0, 2039e9, 312e12)
+A100_40 = GpuSpec("A100-40GB", 40.0, 1555e9, 312e12)
+
+
+# ------------------------------------------------------------------------- utilities
+@dataclass
+class HoldoutError:
+    """Held-out error of one fitted term: rows, MAPE (%), MAE and max abs error (ms)."""
+
+    n_rows: int
+    mape_pct: float
+    mae_ms: float
+    max_abs_ms: float
+
+    @classmethod
+    def of(cls, pred_ms: np.ndarray, true_ms: np.ndarray) -> HoldoutError:
+        """Error of predictions vs measurements (both ms, same shape)."""
+        err = np.abs(pred_ms - true_ms)
+        return cls(
+            n_rows=int(true_ms.size),
+            mape_pct=round(float(np.mean(err / true_ms) * 100.0), 2),
+            mae_ms=round(float(np.mean(err)), 4),
+            max_abs_ms=round(float(np.max(err)), 4),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    """All rows of a CSV file as dicts (strings).
+
+    Raises:
+        AstroUserError: the file is missing or empty.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise AstroUserError(f"missing input file {path}", field="--data-dir",
+                             fix="point it at a folder holding profiles/*.csv and traces/ (e.g. ../shared/data)")
+    with path.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    if not rows:
+        raise AstroUserError(f"{path} has no rows", field="--data-dir")
+    return rows
+
+
+def _num(s: str | None) -> float:
+    """Parse a CSV cell; empty or unparsable → NaN."""
+    try:
+        return float(s) if s not in (None, "") else math.nan
+    except ValueError:
+        return math.nan
+
+
+def holdout_mask(n: int, rng: np.random.Generator, frac: float = HOLDOUT_FRAC) -> np.ndarray:
+    """Boolean mask of length n, True for a random `round(frac*n)` held-out rows."""
+    mask = np.zeros(n, dtype=bool)
+    k = int(round(frac * n))
+    if k:
+        mask[rng.choice(n, size=k, replace=False)] = True
+    return mask
+
+
+def glitch_mask(x: np.ndarray, y: np.ndarray, ratio: float = GLITCH_RATIO, k: int = 8) -> np.ndarray:
+    """True where reading y (at size x) is usable: finite, positive, not above `ratio` ×
+    the median of its k nearest neighbours in x (a spike), and not below 1/`ratio` × the
+    median of the last 5 accepted readings at smaller x (operator time does not drop
+    3-fold with more work; this catches runs of bogus ~0.002 ms readings)."""
+    x = np.asarray(x, dtype=float)
+    y = np.asarray(y, dtype=float)
+    ok = np.isfinite(y) & (y > 0)
+    idx = np.flatnonzero(ok)
+    out = np.zeros(x.shape, dtype=bool)
+    if idx.size <= 2:
+        out[idx] = True
+        return out
+    xs, ys = x[idx], y[idx]
+    spike = np.zeros(idx.size, dtype=bool)
+    for j in range(idx.size):
+        d = np.abs(xs - xs[j])
+        d[j] = np.inf
+        nb = np.argsort(d, kind="stable")[: min(k, idx.size - 1)]
+        spike[j] = ys[j] > ratio * float(np.median(ys[nb]))
+    accepted: list[float] = []
+    for j in np.argsort(xs, kind="stable"):
+        if spike[j]:
+            continue
+        if accepted and ys[j] < float(np.median(accepted[-5:])) / ratio:
+            continue
+        accepted.append(float(ys[j]))
+        out[idx[j]] = True
+    return out
+
+
+def hat_basis(x: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Design matrix (len(x), len(knots)) of continuous piecewise-linear hat functions;
+    x outside the knot range is extrapolated linearly from the end segments."""
+    x = np.asarray(x, dtype=float)
+    kn = np.asarray(knots, dtype=float)
+    B = np.zeros((x.size, kn.size))
+    i = np.clip(np.searchsorted(kn, x, side="right") - 1, 0, kn.size - 2)
+    t = (x - kn[i]) / (kn[i + 1] - kn[i])
+    rows = np.arange(x.size)
+    B[rows, i] = 1.0 - t
+    B[rows, i + 1] = t
+    return B
+
+
+def fit_piecewise(x: np.ndarray, y: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """Least-squares values at `knots` of a continuous piecewise-linear f with f(x) ≈ y.
+
+    Knots must have training data in an adjacent segment; callers drop the others first
+    (`usable_knots`). Returns values (same length as knots, units of y)."""
+    B = hat_basis(x, knots)
+    vals, *_ = np.linalg.lstsq(B, y, rcond=None)
+    return vals
+
+
+def usable_knots(x: np.ndarray, knots: tuple[int, ...]) -> np.ndarray:
+    """Knots clipped to the data range, keeping only those with ≥ 2 data points in
+    the segments next to them (so the least-squares problem is well posed)."""
+    lo, hi = float(np.min(x)), float(np.max(x))
+    ks = sorted({k for k in knots if lo <= k <= hi} | {int(lo), int(math.ceil(hi))})
+    keep = [ks[0]]
+    for k in ks[1:]:
+        seg = np.sum((x > keep[-1]) & (x <= k))
+        if seg >= 2 or k == ks[-1]:
+            keep.append(k)
+    return np.asarray(keep, dtype=float)
+
+
+def eval_piecewise(knots: np.ndarray, vals: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Evaluate the piecewise-linear function (linear extrapolation past the ends)."""
+    return hat_basis(x, knots) @ vals
+
+
+# --------------------------------------------------------------------- linear layers
+@dataclass
+class LinearFit:
+    """Fitted linear-layer time: `knots` (tokens) → `values_ms` (whole model, one step)."""
+
+    knots: list[int]
+    values_ms: list[float]
+    error: dict[str, Any]
+    sources: dict[str, Any] = field(default_factory=dict)
+
+    def at(self, n: float) -> float:
+        """Linear-layer time (ms) at n tokens."""
+        return float(eval_piecewise(np.asarray(self.knots, float), np.asarray(self.values_ms), np.asarray([n]))[0])
+
+
+def _op_series(rows: list[dict[str, str]], op: str, tp: int) -> tuple[np.ndarray, np.ndarray]:
+    sel = [r for r in rows if int(float(r.get("num_tensor_parallel_workers", "1") or 1)) == tp]
+    if not sel:
+        raise AstroUserError(f"no rows with num_tensor_parallel_workers={tp}", field="tp")
+    col = f"time_stats.{op}.median"
+    if col not in sel[0]:
+        raise AstroUserError(f"CSV lacks column {col}", field="--data-dir")
+    x = np.array([float(r["num_tokens"]) for r in sel])
+    y = np.array([_num(r[col]) for r in sel])
+    return x, y
+
+
+def fit_allreduce(path: Path, rng: np.random.Generator,
+                  size_knots: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Piecewise-linear fit of all-reduce time (ms) by message size (bytes), on
+    `size_knots` (default: 16 geometric steps over the data's range; knots with < 2
+    readings in the segment before them are dropped, which keeps noisy small-message
+    readings averaged over a wide first segment).
+
+    Returns (size knots, ms values, info with held-out error)."""
+    rows = read_rows(path)
+    x = np.array([float(r["size"]) for r in rows])
+    y = np.array([_num(r["time_stats.all_reduce.median"]) for r in rows])
+    good = glitch_mask(x, y)
+    hold = holdout_mask(x.size, rng)
+    tr, te = good & ~hold, good & hold
+    if size_knots is None:
+        size_knots = tuple(int(v) for v in np.geomspace(x[good].min(), x[good].max(), 16))
+    kn = usable_knots(x[tr], size_knots)
+    vals = fit_piecewise(x[tr], y[tr], kn)
+    err = HoldoutError.of(eval_piecewise(kn, vals, x[te]), y[te])
+    info = {"error": err.to_dict(), "rows": int(x.size), "rows_excluded_glitch": int((~good).sum())}
+    return kn, vals, info
+
+
+def fit_linear_layers(
+    mlp_csv: Path,
+    *,
+    tp: int,
+    num_layers: int,
+    rng: np.random.Generator,
+    hidden: int | None = None,
+    allreduce_csv: Path | None = None,
+    knots: tuple[int, ...] = DEFAULT_KNOTS,
+    kv_save_ms_per_token_layer: float = 0.0,
+) -> LinearFit:
+    """Fit the whole-model linear-layer time per step (ms) as a function of tokens.
+
+    Per op: glitch filter, seeded 80/20 split of rows, piecewise-linear least squares on
+    the 80%. The model-level table is Σ_ops fit × num_layers + emb fit +
+    kv_save_ms_per_token_layer × n × num_layers (+ 2 × num_layers × all-reduce of
+    n·hidden·2 bytes when allreduce_csv is given). Held-out error: on held-out rows
+    where every op reading is valid, predicted vs measured model-level sum.
+
+    Raises:
+        AstroUserError: missing file/columns or no rows for `tp`.
+    """
+    rows = read_rows(mlp_csv)
+    ops = LAYER_OPS + STEP_OPS
+    xs, ys, goods = {}, {}, {}
+    for op in ops:
+        x, y = _op_series(rows, op, tp)
+        xs[op], ys[op], goods[op] = x, y, glitch_mask(x, y)
+    x0 = xs[ops[0]]
+    hold = holdout_mask(x0.size, rng)
+    per_op: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    excluded: dict[str, int] = {}
+    for op in ops:
+        tr = goods[op] & ~hold
+        kn = usable_knots(xs[op][tr], knots)
+        per_op[op] = (kn, fit_piecewise(xs[op][tr], ys[op][tr], kn))
+        excluded[op] = int((~goods[op]).sum())
+    # a sum of piecewise-linear functions is piecewise linear on the union of their knots
+    # ... plus the full data range, so held-out end rows (e.g. 1 token) still get a knot
+    kn_all = np.asarray(sorted({float(k) for kn, _ in per_op.values() for k in kn} | {x0.min(), x0.max()}),
+                        dtype=float)
+    per_op_vals = {op: eval_piecewise(kn, v, kn_all) for op, (kn, v) in per_op.items()}
+    layer_vals = sum(per_op_vals[op] for op in LAYER_OPS)
+    model_vals = layer_vals * num_layers + per_op_vals["emb"] + kv_save_ms_per_token_layer * kn_all * num_layers
+
+    def _ar(n: np.ndarray) -> np.ndarray:
+        return np.zeros_like(n, dtype=float)
+
+    ar_info: dict[str, Any] | None = None
+    if allreduce_csv is not None:
+        if not hidden:
+            raise AstroUserError("hidden size needed for the all-reduce term", field="hidden")
+        ar_kn, ar_vals, ar_info = fit_allreduce(allreduce_csv, rng, tuple(int(k) * hidden * 2 for k in knots))
+
+        def _ar(n: np.ndarray) -> np.ndarray:  # noqa: F811
+            return eval_piecewise(ar_kn, ar_vals, np.asarray(n, float) * hidden * 2.0)
+
+        model_vals = model_vals + 2 * num_layers * _ar(kn_all)
+    model_vals = np.maximum.accumulate(np.maximum(model_vals, 1e-6))
+
+    # held-out: rows where all ops are valid
+    all_good = np.logical_and.reduce([goods[op] for op in ops])
+    te = all_good & hold
+    meas = sum(ys[op][te] for op in LAYER_OPS) * num_layers + ys["emb"][te]
+    pred_layer = sum(eval_piecewise(*per_op[op], x0[te]) for op in LAYER_OPS)
+    pred = pred_layer * num_layers + eval_piecewise(*per_op["emb"], x0[te])
+    err = HoldoutError.of(pred, meas)
+    error = {
+        "linear_layers": {
+            **err.to_dict(),
+            "what": f"per-step sum of {len(LAYER_OPS)} per-layer ops × {num_layers} layers + emb, "
+            "TP-rank time, held-out rows of the mlp CSV",
+        },
+        "rows": int(x0.size),
+        "rows_excluded_glitch_per_op": excluded,
+        "per_op_holdout_mape_pct": {
+            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]), ys[op][goods[op] & hold]).mape_pct
+            for op in ops if (goods[op] & hold).any()
+        },
+    }
+    if ar_info is not None:
+        error["all_reduce"] = {**ar_info["error"], "what": "one all-reduce, held-out rows of the network CSV",
+                               "rows_excluded_glitch": ar_info["rows_excluded_glitch"]}
+    src = {
+        "file": Path(mlp_csv).name,
+        "columns": [f"time_stats.{op}.median" for op in ops] + ["num_tokens", "num_tensor_parallel_workers"],
+        "rows": f"num_tensor_parallel_workers == {tp}",
+        "formula": f"token_s(n) = [Σ_layer_ops f_op(n) × {num_layers} + f_emb(n)"
+        + (f" + kv_save {kv_save_ms_per_token_layer:.3g} ms/token/layer × n × {num_layers}" if kv_save_ms_per_token_layer else "")
+        + (f" + 2 × {num_layers} × allreduce(n × {hidden} × 2 bytes)" if allreduce_csv else "")
+        + "] / 1000, f = piecewise-linear least squares on 80% of rows, then made non-decreasing",
+    }
+    if allreduce_csv is not None:
+        src["all_reduce_file"] = Path(allreduce_csv).name
+    return LinearFit([int(k) for k in kn_all], [float(v) for v in model_vals], error, src)
+
+
+# ------------------------------------------------------------------------- attention
+@dataclass
+class AttentionFit:
+    """Per-layer attention coefficients (ms) fitted from a Vidur attention CSV.
+
+    decode: a_ms + p_ms × batch + d_ms × (batch × kv_cache_size);
+    prefill: pa_ms + q_ms × pairs, pairs = c·k + c·(c+1)/2;
+    kv_save: s0_ms + s1_ms × new tokens.
+    """
+
+    a_ms: float
+    p_ms: float
+    d_ms: float
+    pa_ms: float
+    q_ms: float
+    s0_ms: float
+    s1_ms: float
+    error: dict[str, Any]
+    file: str
+
+
+def _wls(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares minimizing relative error (rows weighted by 1/y)."""
+    w = 1.0 / y
+    coef, *_ = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)
+    return coef
+
+
+def fit_attention(path: Path, rng: np.random.Generator, num_layers: int) -> AttentionFit:
+    """Fit decode, prefill and KV-save attention coefficients (per layer, ms).
+
+    Held-out error (seeded 20% of rows of each kind) is reported per layer and at model
+    level (× num_layers).
+
+    Raises:
+        AstroUserError: missing file or columns.
+    """
+    rows = read_rows(path)
+    try:
+        is_pre = np.array([r["is_prefill"].strip().lower() == "true" for r in rows])
+        B = np.array([float(r["batch_size"]) for r in rows])
+        kv = np.array([float(r["kv_cache_size"]) for r in rows])
+        c = np.array([float(r["prefill_chunk_size"]) for r in rows])
+        t_dec = np.array([_num(r["time_stats.attn_decode.median"]) for r in rows])
+        t_pre = np.array([_num(r["time_stats.attn_prefill.median"]) for r in rows])
+        t_save = np.array([_num(r["time_stats.attn_kv_cache_save.median"]) for r in rows])
+    except KeyError as exc:
+        raise AstroUserError(f"{path.name} lacks column {exc.args[0]}", field="--data-dir") from None
+    hold = holdout_mask(len(rows), rng)
+
+    dm = ~is_pre & np.isfinite(t_dec) & (t_dec > 0)
+    Xd = np.column_stack([np.ones(dm.sum()), B[dm], B[dm] * kv[dm]])
+    a, p, d = _wls(Xd[~hold[dm]], t_dec[dm][~hold[dm]])
+    pred_d = Xd[hold[dm]] @ np.array([a, p, d])
+    true_d = t_dec[dm][hold[dm]]
+
+    pm = is_pre & np.isfinite(t_pre) & (t_pre > 0)
+    pairs = c * kv + c * (c + 1) / 2
+    Xp = np.column_stack([np.ones(pm.sum()), pairs[pm]])
+    pa, q = _wls(Xp[~hold[pm]], t_pre[pm][~hold[pm]])
+    pred_p = Xp[hold[pm]] @ np.array([pa, q])
+    true_p = t_pre[pm][hold[pm]]
+
+    ntok = np.where(is_pre, c, B)
+    sm = np.isfinite(t_save) & (t_save > 0)
+    s0 = s1 = 0.0
+    save_err: dict[str, Any] = {"note": "no kv_cache_save readings (all zero)"}
+    if sm.sum() >= 4:
+        Xs = np.column_stack([np.ones(sm.sum()), ntok[sm]])
+        s0, s1 = _wls(Xs[~hold[sm]], t_save[sm][~hold[sm]])
+        save_err = HoldoutError.of(Xs[hold[sm]] @ np.array([s0, s1]), t_save[sm][hold[sm]]).to_dict()
+
+    def _model(pred: np.ndarray, true: np.ndarray) -> dict[str, Any]:
+        e = HoldoutError.of(pred * num_layers, true * num_layers).to_dict()
+        return e
+
+    error = {
+        "decode_attention": {**_model(pred_d, true_d), "what": f"per-layer fit × {num_layers} layers, held-out decode rows"},
+        "prefill_attention": {**_model(pred_p, true_p), "what": f"per-layer fit × {num_layers} layers, held-out prefill rows"},
+        "kv_cache_save_per_layer": save_err,
+    }
+    return AttentionFit(float(a), float(p), float(d), float(pa), float(q), float(s0), float(s1), error, Path(path).name)
+
+
+def attention_sources(att: AttentionFit, num_layers: int, scale_decode: float = 1.0, scale_prefill: float = 1.0,
+                      note: str = "") -> dict[str, Any]:
+    """Provenance entries for the attention-derived coefficients."""
+    return {
+        "decode_attn_s_per_ctx_token": {
+            "file": att.file, "columns": ["time_stats.attn_decode.median", "batch_size", "kv_cache_size", "is_prefill"],
+            "formula": f"per-layer attn_decode_ms ≈ a + p·batch + d·batch·kv_cache_size (WLS 1/y, 80% of rows); "
+            f"value = d × {num_layers} layers × {scale_decode:.4g} / 1000",
+            "d_ms_per_ctx_token_per_layer": att.d_ms, "scale": scale_decode, "note": note,
+        },
+        "prefill_attn_s_per_token_pair": {
+            "file": att.file, "columns": ["time_stats.attn_prefill.median", "prefill_chunk_size", "kv_cache_size", "is_prefill"],
+            "formula": f"per-layer attn_prefill_ms ≈ pa + q·(c·k + c·(c+1)/2) (WLS 1/y, 80% of rows); "
+            f"value = q × {num_layers} × {scale_prefill:.4g} / 1000",
+            "q_ms_per_pair_per_layer": att.q_ms, "intercept_ms_per_layer_not_modelled": att.pa_ms,
+            "scale": scale_prefill, "note": note,
+        },
+    }
+
+
+# -------------------------------------------------------------------- other inputs
+def fit_output_len(trace_csv: Path, max_tokens: int = 2048) -> tuple[OutputLengthDist, dict[str, Any]]:
+    """Lognormal output-length fit: mu, sigma = mean and std of ln(num_decode_tokens).
+
+    Raises:
+        AstroUserError: missing file or column.
+    """
+    rows = read_rows(trace_csv)
+    try:
+        d = np.array([float(r["num_decode_tokens"]) for r in rows])
+    except KeyError:
+        raise AstroUserError(f"{trace_csv} lacks column num_decode_tokens", field="trace") from None
+    d = d[d >= 1]
+    ln = np.log(d)
+    dist = OutputLengthDist(mu=round(float(ln.mean()), 4), sigma=round(float(ln.std()), 4), max_tokens=max_tokens)
+    src = {
+        "file": Path(trace_csv).name,
+        "origin": "AKafakA/Astrolabe @ 2e5fad6f : data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv (MIT)",
+        "columns": ["num_decode_tokens"],
+        "formula": "mu = mean(ln d), sigma = std(ln d) over all rows",
+        "rows": int(d.size), "observed_max": int(d.max()), "observed_median": float(np.median(d)),
+    }
+    return dist, src
+
+
+def num_gpu_blocks(gpu: GpuSpec, model: ModelShape, tp: int = 1, block_size: int = 16,
+                   utilization: float = 0.9, extra_weights: float = 0.0) -> tuple[int, str]:
+    """KV blocks per GPU from memory left after FP16 weights (vLLM's
+    gpu_memory_utilization rule, ignoring activation memory):
+    floor((util × memory − 2·params/tp) / (kv_bytes_per_token(tp) × block_size)).
+
+    Returns (blocks, formula text)."""
+    mem = utilization * gpu.memory_gib * GIB
+    weights = 2.0 * (model.params + extra_weights) / tp
+    per_block = model.kv_bytes_per_token(tp) * block_size
+    blocks = int((mem - weights) // per_block)
+    txt = (f"floor(({utilization} × {gpu.memory_gib} GiB − 2 B × {model.params + extra_weights:.4g} params / TP{tp}) "
+           f"/ ({model.kv_bytes_per_token(tp):.0f} KV bytes/token × {block_size})) = {blocks}")
+    return blocks, txt
+
+
+def lm_head_s(model: ModelShape, gpu: GpuSpec, tp: int = 1) -> float:
+    """Roofline of the (unprofiled) LM head per step: its FP16 weights read once,
+    vocab × hidden × 2 bytes / tp / bandwidth (seconds)."""
+    return model.vocab * model.hidden * 2.0 / tp / gpu.bandwidth_bps
