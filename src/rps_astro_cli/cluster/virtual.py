@@ -1,7 +1,7 @@
 """Discrete-event, virtual-time cluster simulation.
 
 N `InstanceSim`s (each with its own instance policy) step independently; a
-`DispatchPolicy` places each request when it arrives (DESIGN.md §1, use 3: sweep request
+`DispatchPolicy` places each request when it arrives (ARCHITECTURE.md §1, use 3: sweep request
 rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
 
 - arrival: the dispatcher builds an `InstanceLoad` per instance, asks `candidates()`,

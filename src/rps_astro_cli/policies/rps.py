@@ -1,5 +1,5 @@
 """The RPS-Serve family of in-instance policies (paper §3.4–3.6 and its baselines, §4.1;
-DESIGN.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
+ARCHITECTURE.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
 plugin run this same code.
 
 Registered names (`make_policy(name, **params)`):

@@ -308,11 +308,11 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         "tokens_per_frame": "196 tokens per video frame (LLaVA-OneVision, 2×2 pooled 14×14; PROVENANCE.md)",
         "preprocess_and_encoder": "CHOSEN, not measured: set so isolated TTFT from this profile lands in the "
         "RPS-Serve paper's Figure 6 ranges (seeds/001: text prefill tens of ms, image ~100–400 ms, video "
-        "~1.5–4.5 s). Encoder: DESIGN.md §3 calibration facts report 12–30 ms per multi-crop image request and "
+        "~1.5–4.5 s). Encoder: ARCHITECTURE.md §3 calibration facts report 12–30 ms per multi-crop image request and "
         "20–36 ms per ≤32-frame video request → 20 ms per image, 1 ms per frame. Preprocessing (decode, "
         "resize, HF processor on CPU, inside the measured TTFT) takes the rest of the ranges: 150 ms per image, "
         "65 ms per frame.",
-        "calibration_note": "the RPS-Serve authors' isolated runs (DESIGN.md §3) decode at 5.7 ms/token at batch 1 "
+        "calibration_note": "the RPS-Serve authors' isolated runs (ARCHITECTURE.md §3) decode at 5.7 ms/token at batch 1 "
         "and reach the first token 0.10–0.16 s after scheduling for 2.6–3.7k-token prompts; 5.7 ms/token is below "
         "the time an A100 needs to read Qwen2-7B's 15 GB of FP16 weights (≥ 7.5 ms at 2039 GB/s), so those runs "
         "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used here; this A100 profile's decode and "
