@@ -28,7 +28,7 @@ preempted request, which vLLM puts at the queue front, wins ties).
 Known difference from RPS-Serve on vLLM: here a higher-priority waiting request never
 preempts a running one to get KV blocks (vLLM V1's priority mode can); preemption
 happens only when a running request cannot grow (the `InstanceSim` contract).
-"""
+"""  # noqa: E501  (the table rows)
 
 from __future__ import annotations
 

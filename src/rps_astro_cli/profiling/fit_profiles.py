@@ -18,18 +18,18 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.profiling.operator_fits import (
+    A30,
     A100_40,
     A100_80,
-    A30,
+    HOLDOUT_FRAC,
+    LLAMA2_7B,
+    LLAMA2_70B,
+    LLAVA_OV_7B,
+    QWEN2_7B,
     AttentionFit,
     GpuSpec,
-    HOLDOUT_FRAC,
-    LLAMA2_70B,
-    LLAMA2_7B,
-    LLAVA_OV_7B,
     LinearFit,
     ModelShape,
-    QWEN2_7B,
     attention_sources,
     fit_attention,
     fit_linear_layers,
@@ -38,7 +38,6 @@ from rps_astro_cli.profiling.operator_fits import (
     num_gpu_blocks,
 )
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
-
 
 # ------------------------------------------------------------------------ assembly
 CPU_BASE_S = 0.003
@@ -72,7 +71,8 @@ def _assemble(
             "formula": "cpu_base + lm_head + decode-attention intercept a × layers",
             "cpu_base_s": CPU_BASE_S, "cpu_source": CPU_SOURCE,
             "lm_head_s": lm,
-            "lm_head_source": f"roofline (not in the CSVs): vocab {model.vocab} × hidden {model.hidden} × 2 B / TP{tp} / "
+            "lm_head_source": f"roofline (not in the CSVs): vocab {model.vocab} × hidden {model.hidden} "
+            f"× 2 B / TP{tp} / "
             f"{gpu.bandwidth_bps / 1e9:.0f} GB/s ({gpu.name} datasheet)",
             "attn_intercept_s": att.a_ms * L / 1000.0,
         },
@@ -146,7 +146,8 @@ def build_profiles(data_dir: Path, seed: int = 0) -> list[ExecutionProfile]:
                                    kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0) * kv_ratio_l7_q)
     comp = compare_llama7b_attention(qwen_att)
     note = (f"Llama-2-7B attention CSV absent: Qwen2-7B A30 fit scaled — decode × KV bytes per token per layer "
-            f"({LLAMA2_7B.kv_bytes_per_token_per_layer():.0f}/{QWEN2_7B.kv_bytes_per_token_per_layer():.0f} = {kv_ratio_l7_q:.3g}; "
+            f"({LLAMA2_7B.kv_bytes_per_token_per_layer():.0f}/{QWEN2_7B.kv_bytes_per_token_per_layer():.0f} "
+            f"= {kv_ratio_l7_q:.3g}; "
             f"Llama-2 has 32 KV heads, Qwen2 4), prefill × query width ({q_ratio_l7_q:.4g} = 4096/3584). "
             f"Alternatives in sources.llama7b_attention_alternatives.")
     profiles.append(_assemble(
@@ -209,7 +210,8 @@ def compare_llama7b_attention(qwen_att: AttentionFit) -> dict[str, Any]:
     model): KV-bytes-scaled Qwen2 measurement (chosen), hidden-ratio-scaled Qwen2
     measurement, and the HBM roofline at peak bandwidth."""
     L = LLAMA2_7B.num_layers
-    kv_scaled = qwen_att.d_ms * LLAMA2_7B.kv_bytes_per_token_per_layer() / QWEN2_7B.kv_bytes_per_token_per_layer() * L / 1000
+    kv_ratio = LLAMA2_7B.kv_bytes_per_token_per_layer() / QWEN2_7B.kv_bytes_per_token_per_layer()
+    kv_scaled = qwen_att.d_ms * kv_ratio * L / 1000
     hid_scaled = qwen_att.d_ms * LLAMA2_7B.hidden / QWEN2_7B.hidden * L / 1000
     roofline = LLAMA2_7B.kv_bytes_per_token() / A30.bandwidth_bps
     qwen_bw = QWEN2_7B.kv_bytes_per_token_per_layer() / (qwen_att.d_ms / 1000)
@@ -272,7 +274,8 @@ LLAVA_PREPROCESS_S_PER_FRAME = 0.065
 LLAVA_ENCODER_S_PER_FRAME = 0.001
 
 
-def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: LinearFit, lin_l7_a30: LinearFit, lin_l7_a100: LinearFit) -> ExecutionProfile:
+def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: LinearFit, lin_l7_a30: LinearFit,
+                lin_l7_a100: LinearFit) -> ExecutionProfile:
     """LLaVA-OneVision-7B on A100-40GB: Qwen2-7B LM linear layers transferred from A30 to
     A100 by the Llama-2-7B A100/A30 ratio at each knot; attention from the Qwen2-7B A30
     fit scaled to the A100-40GB (`transfer_attention`); vision costs
@@ -312,10 +315,12 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         "20–36 ms per ≤32-frame video request → 20 ms per image, 1 ms per frame. Preprocessing (decode, "
         "resize, HF processor on CPU, inside the measured TTFT) takes the rest of the ranges: 150 ms per image, "
         "65 ms per frame.",
-        "calibration_note": "the RPS-Serve authors' isolated runs (ARCHITECTURE.md §3) decode at 5.7 ms/token at batch 1 "
+        "calibration_note": "the RPS-Serve authors' isolated runs (ARCHITECTURE.md §3) decode at 5.7 ms/token "
+        "at batch 1 "
         "and reach the first token 0.10–0.16 s after scheduling for 2.6–3.7k-token prompts; 5.7 ms/token is below "
         "the time an A100 needs to read Qwen2-7B's 15 GB of FP16 weights (≥ 7.5 ms at 2039 GB/s), so those runs "
-        "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used here; this A100 profile's decode and "
+        "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used "
+        "here; this A100 profile's decode and "
         "prefill come from the fitted CSVs (see isolated_ttft_s.text_3000_tokens).",
         "isolated_ttft_s": None,  # filled below
     }
@@ -328,7 +333,8 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         blocks_txt=btxt + " (A100-40GB as in the RPS-Serve setup; 8.03e9 params incl. SigLIP vision tower)",
         output_len=None, out_src={"note": "default lognormal(5.3, 1.0): no LLaVA output-length trace here"},
         vision=vision, vision_src=vision_src,
-        extra_sources={"rejected_attention_data": rejected, "limits": "vLLM V1 defaults for an OpenAI server on a <70 GiB GPU: max_num_seqs 256, "
+        extra_sources={"rejected_attention_data": rejected,
+                       "limits": "vLLM V1 defaults for an OpenAI server on a <70 GiB GPU: max_num_seqs 256, "
                        "max_num_batched_tokens 2048; max_model_len 32768 (Qwen2 context)"},
     )
     ttft = {

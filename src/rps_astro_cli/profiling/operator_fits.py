@@ -395,7 +395,8 @@ def fit_linear_layers(
         "rows": int(x0.size),
         "rows_excluded_glitch_per_op": excluded,
         "per_op_holdout_mape_pct": {
-            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]), ys[op][goods[op] & hold]).mape_pct
+            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]),
+                                ys[op][goods[op] & hold]).mape_pct
             for op in ops if (goods[op] & hold).any()
         },
     }
@@ -407,7 +408,8 @@ def fit_linear_layers(
         "columns": [f"time_stats.{op}.median" for op in ops] + ["num_tokens", "num_tensor_parallel_workers"],
         "rows": f"num_tensor_parallel_workers == {tp}",
         "formula": f"token_s(n) = [Σ_layer_ops f_op(n) × {num_layers} + f_emb(n)"
-        + (f" + kv_save {kv_save_ms_per_token_layer:.3g} ms/token/layer × n × {num_layers}" if kv_save_ms_per_token_layer else "")
+        + (f" + kv_save {kv_save_ms_per_token_layer:.3g} ms/token/layer × n × {num_layers}"
+           if kv_save_ms_per_token_layer else "")
         + (f" + 2 × {num_layers} × allreduce(n × {hidden} × 2 bytes)" if allreduce_csv else "")
         + "] / 1000, f = piecewise-linear least squares on 80% of rows, then made non-decreasing",
     }
@@ -493,8 +495,10 @@ def fit_attention(path: Path, rng: np.random.Generator, num_layers: int) -> Atte
         return e
 
     error = {
-        "decode_attention": {**_model(pred_d, true_d), "what": f"per-layer fit × {num_layers} layers, held-out decode rows"},
-        "prefill_attention": {**_model(pred_p, true_p), "what": f"per-layer fit × {num_layers} layers, held-out prefill rows"},
+        "decode_attention": {**_model(pred_d, true_d),
+                             "what": f"per-layer fit × {num_layers} layers, held-out decode rows"},
+        "prefill_attention": {**_model(pred_p, true_p),
+                              "what": f"per-layer fit × {num_layers} layers, held-out prefill rows"},
         "kv_cache_save_per_layer": save_err,
     }
     return AttentionFit(float(a), float(p), float(d), float(pa), float(q), float(s0), float(s1), error, Path(path).name)
@@ -511,7 +515,8 @@ def attention_sources(att: AttentionFit, num_layers: int, scale_decode: float = 
             "d_ms_per_ctx_token_per_layer": att.d_ms, "scale": scale_decode, "note": note,
         },
         "prefill_attn_s_per_token_pair": {
-            "file": att.file, "columns": ["time_stats.attn_prefill.median", "prefill_chunk_size", "kv_cache_size", "is_prefill"],
+            "file": att.file,
+            "columns": ["time_stats.attn_prefill.median", "prefill_chunk_size", "kv_cache_size", "is_prefill"],
             "formula": f"per-layer attn_prefill_ms ≈ pa + q·(c·k + c·(c+1)/2) (WLS 1/y, 80% of rows); "
             f"value = q × {num_layers} × {scale_prefill:.4g} / 1000",
             "q_ms_per_pair_per_layer": att.q_ms, "intercept_ms_per_layer_not_modelled": att.pa_ms,

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, cast
 
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import RequestStatus
 
@@ -483,7 +483,8 @@ class FastLookahead:
             return None
         return self._apply(t, sched, B, free, cfg.max_num_batched_tokens - budget, True)
 
-    def _apply(self, t: float, sched: list[tuple[LReq, int, int]], B: int, free: int, num_tokens: int, decode_pool: bool) -> float:
+    def _apply(self, t: float, sched: list[tuple[LReq, int, int]], B: int, free: int,
+               num_tokens: int, decode_pool: bool) -> float:
         """Charge a fast step's latency and apply its outputs. `sched` lists the explicit
         (non-pooled) requests (request, new tokens, new blocks); `B` pooled decoders ride
         along when `decode_pool`."""
@@ -606,7 +607,7 @@ class FastLookahead:
         F = self.free
         budget = self.M
         sched: list[tuple[LReq, int, int]] = []
-        waiting, nondec = self.waiting, self.nondec
+        nondec = self.nondec
         preempted = False
         i = 0
         while i < len(run) and budget > 0:
