@@ -1,4 +1,4 @@
-"""Predictor sidecar (one per engine; Astrolabe §4, DESIGN.md §2).
+"""Predictor sidecar (one per engine; Astrolabe §4, ARCHITECTURE.md §2).
 
 `POST /predict` takes a candidate request and answers how long it would take on this
 predictor's engine:

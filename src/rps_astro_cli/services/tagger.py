@@ -1,4 +1,4 @@
-"""Length tagger service (Astrolabe §3, DESIGN.md §2): `POST /tag`.
+"""Length tagger service (Astrolabe §3, ARCHITECTURE.md §2): `POST /tag`.
 
 Request: an OpenAI `/v1/chat/completions` or `/v1/completions` body (the scheduler
 forwards the client's body as is; `messages` → chat, `prompt` → completions).
