@@ -134,6 +134,12 @@ class LiveTarget:
         recipe.setdefault("scheduler", {})["policy"] = policy
         if k is not None:
             recipe["scheduler"]["k"] = k if k == "all" else int(k)
+        if self.cfg.cluster.policy_params:  # --param: to this policy when it declares the name
+            from rps_astro_cli.dispatch import dispatch_params
+
+            declared = {p.name for p in dispatch_params(policy)}
+            params = recipe["scheduler"].setdefault("params", {})
+            params.update({n: v for n, v in self.cfg.cluster.policy_params.items() if n in declared})
         recipe["scheduler"]["port"] = 0
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="astro-bench-")
