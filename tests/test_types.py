@@ -26,8 +26,8 @@ def test_types_imports_nothing_of_ours_but_errors():
 
 
 def test_old_import_paths_name_the_same_classes():
-    from rps_astro_cli.sim import status
     from rps_astro_cli.dispatch import DispatchDecision, InstanceLoad
+    from rps_astro_cli.sim import status
     from rps_astro_cli.sim.instance import InstanceConfig
     from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
 

@@ -40,6 +40,7 @@ from rps_astro_cli.dispatch.stages import (
 )
 from rps_astro_cli.params import Param, check_params
 from rps_astro_cli.registry import Registry
+
 # defined with the wire vocabulary (rps_astro_cli.types); re-exported here
 from rps_astro_cli.types import DispatchDecision, InstanceLoad, LatencyEstimate
 

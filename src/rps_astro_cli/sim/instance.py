@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import InstanceConfig  # the `/status` limits; defined with the wire types
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import json
 import time
 
@@ -29,12 +30,12 @@ from fastapi.responses import JSONResponse, Response
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
 from rps_astro_cli.services.rpc import RpcError
+from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
 
@@ -144,15 +145,10 @@ class FrontDoor:
                     t1 = time.perf_counter()
                     rec.observed_ttft_s = t1 - t_send
                     overhead += time.perf_counter() - t1
-                    stream_overhead = overhead
-
-                    def on_end(r: DecisionRecord, outcome: str) -> None:
-                        self.m.requests.labels(endpoint, outcome).inc()
-                        self._finish(r, stream_overhead, outcome)
-
+                    on_end = functools.partial(self._end_stream, endpoint, overhead)
                     return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end)
                 data = await resp.read()
-            except (RpcError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RpcError) as exc:
                 if resp is not None:
                     await resp.aclose()
                 self.instances.release(st)
@@ -183,6 +179,11 @@ class FrontDoor:
         self.decisions.append(rec)
         return error_response(503, f"no engine could take the request ({last_err}); retry later",
                               None, "engine_unavailable")
+
+    def _end_stream(self, endpoint: str, overhead_s: float, rec: DecisionRecord, outcome: str) -> None:
+        """The end of a relayed stream (`relay.stream_response`'s `on_end`)."""
+        self.m.requests.labels(endpoint, outcome).inc()
+        self._finish(rec, overhead_s, outcome)
 
     def _finish(self, rec: DecisionRecord, overhead_s: float, outcome: str) -> None:
         rec.overhead_us = overhead_s * 1e6

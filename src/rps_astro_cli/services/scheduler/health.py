@@ -57,7 +57,7 @@ class HealthMonitor:
                 r = await c.get("/v1/models", timeout=1.0)
                 if r.status_code == 200:
                     self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
-        except (httpx.HTTPError, RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+        except (TimeoutError, httpx.HTTPError, RpcError, ValueError, KeyError, TypeError) as exc:
             self.instances.mark_failed(st, f"health check: {exc!r}")
             return
         self.instances.mark_ok(st)

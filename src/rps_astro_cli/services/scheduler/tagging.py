@@ -61,7 +61,7 @@ class TagClient:
             if status != 200:
                 raise ValueError(f"status {status}")
             tag = TagResult.from_dict(json.loads(body))
-        except (RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError):
+        except (TimeoutError, RpcError, ValueError, KeyError, TypeError):
             self.m.tag_rpcs.labels("error").inc()
             return None
         self.m.tag_rpcs.labels("ok").inc()
