@@ -19,9 +19,10 @@ there (benchmarks/lookahead_speed.py).
 
 from __future__ import annotations
 
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
+
 from .fast_step import chunked_step, prioritized_step
 from .fcfs_loop import fcfs_chunked_loop
 from .instance_view import InstanceView

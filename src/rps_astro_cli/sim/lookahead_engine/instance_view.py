@@ -9,10 +9,11 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, cast
 
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
+
 from .decode_run import DecodeRun
 from .outcome import StepOutcome
 from .pool import DecodePool
