@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -99,7 +99,7 @@ class ClassAwarePolicy(InstancePolicy):
     """Base of the class-aware policies: resolves and caches each request's class
     (see the module docstring for the order)."""
 
-    params = (CLASSIFIER,)
+    params: ClassVar[tuple[Param, ...]] = (CLASSIFIER,)
 
     def __init__(self, classifier: Any = None):
         self.classifier = _load_classifier(classifier)
