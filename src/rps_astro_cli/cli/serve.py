@@ -168,8 +168,11 @@ def tagger(
 @serve_app.command("scheduler")
 @user_errors
 def scheduler(
-    engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeat per instance).")],
+    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeat per instance); or --discover.")] = None,
     predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
+    discover: Annotated[str | None, typer.Option("--discover", help="Find the engines instead of --engine: 'kubernetes' (the EndpointSlices of --discover-service, watched).")] = None,
+    discover_service: Annotated[str | None, typer.Option("--discover-service", help="--discover kubernetes: the engines' Service (ports named http and predictor).")] = None,
+    discover_namespace: Annotated[str | None, typer.Option("--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the scheduler pod's own).")] = None,
     tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all'; default 2, "
@@ -184,7 +187,7 @@ def scheduler(
     served_model_name: Annotated[list[str] | None, typer.Option("--served-model-name", help="Accepted model name(s); default: the engines'.")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
     length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the dispatch Generator.")] = 0,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
     max_body_bytes: BodyOpt = 1 << 20,
@@ -199,7 +202,15 @@ def scheduler(
     from rps_astro_cli.services.config import parse_config
     from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, run_scheduler
 
+    engine = engine or []
     preds = predictor or []
+    discovery = _discovery_settings(discover, discover_service, discover_namespace, bool(engine or preds))
+    if discovery is not None and seed is None:
+        import os
+
+        from rps_astro_cli.services.scheduler.settings import seed_from_pod_name
+
+        seed = seed_from_pod_name(os.environ.get("HOSTNAME"))
     if preds and len(preds) != len(engine):
         raise AstroUserError(f"{len(preds)} --predictor for {len(engine)} --engine; give one per engine or none",
                              field="--predictor")
@@ -209,7 +220,10 @@ def scheduler(
     sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params}
     if k is not None:
         sched["k"] = k
-    sec = parse_config({"instances": len(engine), "scheduler": sched, "predictor": {"enabled": bool(preds)}}, "flags",
+    # with discovery the fleet size is unknown: k is checked against the largest fleet
+    # (power-of-k takes the whole pool when k ≥ the instances discovered)
+    n_instances = 256 if discovery is not None else len(engine)
+    sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": bool(preds)}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
                         "predictor.enabled": "--predictor",
@@ -220,9 +234,37 @@ def scheduler(
         length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
         tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
-        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed,
-        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths)
+        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed or 0,
+        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, discovery=discovery)
     run_scheduler(settings, host, port, log_level, ready_file)
+
+
+def _discovery_settings(discover: str | None, service: str | None, namespace: str | None, static: bool):
+    """The scheduler's `DiscoverySettings` from the --discover flags (None: static
+    --engine list). Raises AstroUserError naming the flag on a bad combination, or when
+    not inside a pod (no in-cluster credentials)."""
+    from rps_astro_cli.errors import AstroUserError
+
+    if discover is None:
+        for flag, value in (("--discover-service", service), ("--discover-namespace", namespace)):
+            if value is not None:
+                raise AstroUserError(f"{flag} needs --discover kubernetes", field=flag)
+        if not static:
+            raise AstroUserError("no engines: give --engine URL (repeat per instance) or --discover kubernetes "
+                                 "--discover-service NAME", field="--engine")
+        return None
+    if discover != "kubernetes":
+        raise AstroUserError(f"unknown source {discover!r}; the one source is 'kubernetes'", field="--discover")
+    if static:
+        raise AstroUserError("--discover kubernetes and --engine/--predictor exclude each other; give one or the "
+                             "other", field="--discover")
+    if not service:
+        raise AstroUserError("--discover kubernetes needs --discover-service NAME (the engines' Service)",
+                             field="--discover-service")
+    from rps_astro_cli.discovery.kubernetes import KubeApi, WatchSettings
+    from rps_astro_cli.services.scheduler.settings import DiscoverySettings
+
+    return DiscoverySettings(KubeApi.in_cluster(namespace), WatchSettings(service=service))
 
 
 def register(app: typer.Typer) -> None:

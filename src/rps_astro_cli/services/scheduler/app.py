@@ -7,24 +7,30 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from rps_astro_cli.discovery import InstanceEvent, InstanceSet
+from rps_astro_cli.discovery.kubernetes import EndpointSliceWatcher
 from rps_astro_cli.services.http_common import FastRoutes, check_api_key, install_error_handlers, metrics_response
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.front_door import FrontDoor
 from rps_astro_cli.services.scheduler.health import HealthMonitor
-from rps_astro_cli.services.scheduler.instances import Instances
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
-from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.services.scheduler.settings import InstanceEndpoint, SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
+
+log = logging.getLogger("astro.scheduler")
 
 
 class Scheduler:
     """One scheduler's parts: instances and their breakers, connection pools, health
-    checks, tag and predict clients, the dispatcher and the front door."""
+    checks, tag and predict clients, the dispatcher and the front door; with
+    `settings.discovery`, the EndpointSlice watcher whose events add and remove
+    instances (`on_instance_event`)."""
 
     def __init__(self, settings: SchedulerSettings):
-        if not settings.instances:
+        if not settings.instances and settings.discovery is None:
             raise ValueError("the scheduler needs at least one instance")
         self.s = settings
         self.m = SchedulerMetrics()
@@ -38,11 +44,44 @@ class Scheduler:
                                     self.models)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models)
+        self.discovered: InstanceSet | None = None
+        self.watcher: EndpointSliceWatcher | None = None
+        self._by_key: dict[str, InstanceState] = {}  # discovery key (pod UID) → its state
+
+    def on_instance_event(self, ev: InstanceEvent) -> None:
+        """Apply one discovery event: added → a new state, not dispatchable; ready →
+        dispatchable; not_ready / terminating → no new requests (in-flight ones carry
+        on); removed → no new requests, dropped once its outstanding requests end. The
+        circuit breaker is untouched (a terminating pod still passes health checks)."""
+        inst = ev.instance
+        if ev.kind == "added":
+            ep = InstanceEndpoint(inst.name, inst.engine_url, inst.predictor_url)
+            self._by_key[inst.key] = self.instances.add(ep, dispatchable=False, phase="not_ready")
+            log.info("instance %s added (%s)", inst.name, inst.engine_url)
+            return
+        st = self._by_key.get(inst.key)
+        if st is None:
+            return
+        if ev.kind == "removed":
+            del self._by_key[inst.key]
+            self.instances.remove(st)
+        else:
+            self.instances.set_phase(st, ev.kind, ev.kind == "ready")
 
     async def start(self) -> None:
+        d = self.s.discovery
+        if d is not None:
+            self.discovered = InstanceSet(self.on_instance_event)
+            self.watcher = EndpointSliceWatcher(d.api, d.watch, self.discovered)
+            self.watcher.start()
+            if not await self.watcher.wait_synced(d.sync_timeout_s):
+                log.warning("no EndpointSlice list of service %s/%s within %.0f s (%s); serving meanwhile",
+                            d.api.namespace, d.watch.service, d.sync_timeout_s, self.watcher.stats.last_error)
         await self.health.start()
 
     async def close(self) -> None:
+        if self.watcher is not None:
+            await self.watcher.stop()
         await self.health.stop()
         await self.clients.close()
 
@@ -85,16 +124,20 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
 
     @app.get("/health")
     async def health():
-        n = sum(st.healthy for st in sched.instances)
+        n = sum(st.healthy and st.dispatchable for st in sched.instances)
         body = {"status": "ok" if n else "degraded", "role": "scheduler", "healthy_instances": n,
                 "instances": len(sched.instances), "policy": sched.dispatcher.describe()}
+        if sched.watcher is not None:
+            body["discovery"] = {"lists": sched.watcher.stats.lists, "errors": sched.watcher.stats.errors,
+                                 "last_error": sched.watcher.stats.last_error}
         return JSONResponse(body, status_code=200 if n else 503)
 
     @app.get("/instances")
     async def instances(request: Request):
         check_api_key(request, settings.api_key)
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
-                 "healthy": st.healthy, "outstanding_requests": st.outstanding, "dispatched": st.dispatched}
+                 "healthy": st.healthy, "dispatchable": st.dispatchable, "phase": st.phase,
+                 "outstanding_requests": st.outstanding, "dispatched": st.dispatched}
                 for st in sched.instances]
 
     @app.get("/decisions")

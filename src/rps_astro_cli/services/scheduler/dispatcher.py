@@ -49,26 +49,39 @@ class Dispatcher:
         return self.policy.describe()
 
     async def choose(self, candidate: CandidateRequest, excluded: frozenset[int]) -> DispatchDecision | None:
-        """Choose an instance for `candidate` outside `excluded` (None when every
-        instance is excluded)."""
+        """Choose a dispatchable instance for `candidate` outside `excluded` (instance
+        indices); None when there is none. The policy sees only the dispatchable
+        instances, at positions 0..n-1 (so its "no healthy instance → all" fallback
+        never reaches a terminating or not-ready one); the decision is translated back
+        to instance indices."""
         t0 = time.perf_counter()
-        loads = [st.load(excluded) for st in self.instances]
+        pool = self.instances.dispatchable()
+        loads = [st.load(j, excluded) for j, st in enumerate(pool)]
         if not any(ld.healthy for ld in loads):
             # every instance broken: still try the non-excluded ones (a health check may lag)
-            loads = [replace(ld, healthy=ld.index not in excluded) for ld in loads]
+            loads = [replace(ld, healthy=pool[ld.index].index not in excluded) for ld in loads]
             if not any(ld.healthy for ld in loads):
                 return None
         query = PredictRequest(candidate, self.objective)
+        identity = all(st.index == j for j, st in enumerate(pool))
 
         async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
-            return await self.predict.predict_many(cands, query)
+            if identity:
+                return await self.predict.predict_many(cands, query)
+            got = await self.predict.predict_many([pool[j].index for j in cands], query)
+            position = {pool[j].index: j for j in cands}
+            return {position[i]: est for i, est in got.items()}
 
         dec = await decide_async(self.policy, loads, self.rng, predict)
         dt = time.perf_counter() - t0
-        dec = replace(dec, decide_us=dt * 1e6)
+        if identity:
+            dec = replace(dec, decide_us=dt * 1e6)
+        else:
+            dec = replace(dec, decide_us=dt * 1e6, choice=pool[dec.choice].index,
+                          candidates=tuple(pool[j].index for j in dec.candidates),
+                          predictions={pool[j].index: p for j, p in dec.predictions.items()})
         self.m.decisions.labels(self.policy_name, dec.reason).inc()
         self.m.decide.labels(self.policy_name).observe(dt)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision %s", dec.to_dict())
         return dec
-

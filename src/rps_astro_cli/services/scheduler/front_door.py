@@ -127,7 +127,10 @@ class FrontDoor:
             dec = await self.dispatcher.choose(cand, excluded)
             if dec is None:
                 break
-            st = self.instances[dec.choice]
+            st = self.instances.get(dec.choice)
+            if st is None:  # dropped by discovery while the predictions were out
+                excluded = excluded | {dec.choice}
+                continue
             self.instances.acquire(st)
             rec.decision = dec
             rec.instance = st.ep.name

@@ -1,9 +1,23 @@
-"""What the scheduler tracks per instance, and the circuit breaker that takes an
-instance out of rotation."""
+"""What the scheduler tracks per instance, the circuit breaker that takes an instance
+out of rotation, and whether an instance may take new requests at all.
+
+Two separate gates decide whether new requests may go to an instance:
+- `dispatchable`: the fleet says it may (always, for a static `--engine` list; with
+  Kubernetes discovery only while its EndpointSlice says ready and not terminating);
+- `healthy`: the circuit breaker is closed (opened by a failed request, closed by a
+  health check).
+The dispatch sees only dispatchable instances, and among them the unhealthy ones as
+unhealthy. A health check never makes an instance dispatchable: a terminating pod still
+answers `/health` during its grace period, and stays out.
+
+Indices are stable ids (never reused): an instance removed by discovery keeps its state,
+not dispatchable, until its outstanding requests end, then it is dropped.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
@@ -15,22 +29,26 @@ log = logging.getLogger("astro.scheduler")
 class InstanceState:
     """One instance's live state (mutable, event-loop only)."""
 
-    __slots__ = ("index", "ep", "healthy", "outstanding", "load_fields", "dispatched",
-                 "predictor_failures", "predictor_skip_until")
+    __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
+                 "dispatched", "predictor_failures", "predictor_skip_until")
 
-    def __init__(self, index: int, ep: InstanceEndpoint):
-        self.index = index  # position in the scheduler's instance list
+    def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
+        self.index = index  # stable id in the scheduler's instance table (never reused)
         self.ep = ep
         self.healthy = True  # circuit breaker closed
+        self.dispatchable = dispatchable  # the fleet lets new requests come (discovery: ready, not terminating)
+        self.phase = phase  # static | the discovery phase: not_ready | ready | terminating | removed
+        self.removed = False  # gone from discovery; dropped once outstanding reaches 0
         self.outstanding = 0  # requests forwarded there that have not ended
         self.dispatched = 0  # requests forwarded there in all
         self.load_fields: dict[str, int] = {}  # `InstanceLoad.status_fields` of its latest /status
         self.predictor_failures = 0  # consecutive late/failed predict RPCs
         self.predictor_skip_until = 0.0  # time.monotonic() until which its Predictor is not asked
 
-    def load(self, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
-        """Its `InstanceLoad`; unhealthy when `excluded` holds it (a retry's failed one)."""
-        return InstanceLoad(self.index, self.healthy and self.index not in excluded, self.outstanding,
+    def load(self, position: int, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
+        """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
+        `excluded` holds its index (a retry's failed one)."""
+        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
                             **self.load_fields)
 
 
@@ -38,34 +56,75 @@ class Instances:
     """The instances in index order, with their circuit breakers and gauges."""
 
     def __init__(self, endpoints: tuple[InstanceEndpoint, ...], metrics: SchedulerMetrics):
-        self.all = [InstanceState(i, ep) for i, ep in enumerate(endpoints)]
         self.m = metrics
-        for st in self.all:
-            metrics.healthy.labels(st.ep.name).set(1)
-            metrics.outstanding.labels(st.ep.name).set(0)
+        self._by_index: dict[int, InstanceState] = {}
+        self._next = 0
+        for ep in endpoints:
+            self.add(ep)
 
     def __getitem__(self, index: int) -> InstanceState:
-        return self.all[index]
+        return self._by_index[index]
 
-    def __iter__(self):
-        return iter(self.all)
+    def get(self, index: int) -> InstanceState | None:
+        """Instance `index`, or None once it was dropped."""
+        return self._by_index.get(index)
+
+    def __iter__(self) -> Iterator[InstanceState]:
+        return iter(list(self._by_index.values()))
 
     def __len__(self) -> int:
-        return len(self.all)
+        return len(self._by_index)
+
+    def dispatchable(self) -> list[InstanceState]:
+        """The instances new requests may go to (breaker open or not), in index order."""
+        return [st for st in self._by_index.values() if st.dispatchable]
+
+    def add(self, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static") -> InstanceState:
+        """A new instance (a fresh index)."""
+        st = InstanceState(self._next, ep, dispatchable, phase)
+        self._next += 1
+        self._by_index[st.index] = st
+        self.m.healthy.labels(ep.name).set(1)
+        self.m.outstanding.labels(ep.name).set(0)
+        return st
+
+    def set_phase(self, st: InstanceState, phase: str, dispatchable: bool) -> None:
+        """Discovery moved `st` to `phase` (its breaker is left as it is)."""
+        st.phase = phase
+        st.dispatchable = dispatchable and not st.removed
+        log.info("instance %s %s", st.ep.name, phase)
+
+    def remove(self, st: InstanceState) -> None:
+        """Discovery lost `st`: no new requests; dropped once its outstanding requests end."""
+        st.removed = True
+        self.set_phase(st, "removed", False)
+        if st.outstanding == 0:
+            self._drop(st)
+
+    def _drop(self, st: InstanceState) -> None:
+        if self._by_index.pop(st.index, None) is not None:
+            for g in (self.m.healthy, self.m.outstanding):
+                try:
+                    g.remove(st.ep.name)
+                except KeyError:
+                    pass
+            log.info("instance %s dropped", st.ep.name)
 
     def mark_failed(self, st: InstanceState, why: str) -> None:
         """Open the circuit breaker of `st` (out of rotation until a health check passes)."""
         if st.healthy:
             st.healthy = False
-            self.m.healthy.labels(st.ep.name).set(0)
+            if not st.removed:
+                self.m.healthy.labels(st.ep.name).set(0)
             self.m.trips.labels(st.ep.name).inc()
             log.warning("instance %s taken out: %s", st.ep.name, why)
 
     def mark_ok(self, st: InstanceState) -> None:
-        """Close the circuit breaker of `st` (back in rotation)."""
+        """Close the circuit breaker of `st` (back in rotation if dispatchable)."""
         if not st.healthy:
             st.healthy = True
-            self.m.healthy.labels(st.ep.name).set(1)
+            if not st.removed:
+                self.m.healthy.labels(st.ep.name).set(1)
             log.warning("instance %s readmitted", st.ep.name)
 
     def acquire(self, st: InstanceState) -> None:
@@ -76,6 +135,11 @@ class Instances:
         self.m.dispatched.labels(st.ep.name).inc()
 
     def release(self, st: InstanceState) -> None:
-        """Count the end of a request forwarded to `st`."""
+        """Count the end of a request forwarded to `st` (the last one of a removed
+        instance drops it)."""
         st.outstanding -= 1
+        if st.removed:
+            if st.outstanding == 0:
+                self._drop(st)
+            return
         self.m.outstanding.labels(st.ep.name).set(st.outstanding)

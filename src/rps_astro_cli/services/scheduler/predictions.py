@@ -46,9 +46,10 @@ class PredictClient:
         does not cost every request the full deadline; then it is probed again."""
         payload = json.dumps(query.to_dict()).encode()
         tasks: dict[asyncio.Task, int] = {}
+        states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
         now = time.monotonic()
         for i in candidates:
-            st = self.instances[i]
+            st = states[i] = self.instances[i]
             if not st.ep.predictor_url:
                 continue
             if st.predictor_skip_until > now:
@@ -62,17 +63,17 @@ class PredictClient:
         for t in pending:  # late: skipped; left to finish in the background
             t.add_done_callback(swallow)
             self.m.predict_rpcs.labels(self.policy_name, "timeout").inc()
-            self._failed(self.instances[tasks[t]])
+            self._failed(states[tasks[t]])
         for t in done:
             exc = t.exception()
             if exc is None:
                 out[tasks[t]] = t.result()
                 self.m.predict_rpcs.labels(self.policy_name, "ok").inc()
-                self.instances[tasks[t]].predictor_failures = 0
+                states[tasks[t]].predictor_failures = 0
             else:
                 outcome = "timeout" if isinstance(exc, asyncio.TimeoutError) else "error"
                 self.m.predict_rpcs.labels(self.policy_name, outcome).inc()
-                self._failed(self.instances[tasks[t]])
+                self._failed(states[tasks[t]])
         return out
 
     def _failed(self, st: InstanceState) -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from rps_astro_cli.discovery.kubernetes import KubeApi, WatchSettings
 from rps_astro_cli.services.http_common import DEFAULT_MAX_BODY_BYTES
 
 
@@ -21,11 +23,34 @@ class InstanceEndpoint:
 
 
 @dataclass(frozen=True)
+class DiscoverySettings:
+    """Instances from the Kubernetes API instead of a static list (docs/deploy-kubernetes.md)."""
+
+    # the API server and namespace (`KubeApi.in_cluster()` inside a pod)
+    api: KubeApi
+    # the engines' Service whose EndpointSlices are the instances, and the port names
+    watch: WatchSettings
+    # longest the startup waits for the first list (then it serves, 503 until instances appear)
+    sync_timeout_s: float = 10.0
+
+
+def seed_from_pod_name(pod_name: str | None) -> int:
+    """A dispatch seed per scheduler replica: the first 8 bytes of SHA-256 of the pod
+    name (env HOSTNAME in a pod), so two replicas do not draw identical candidate sets;
+    0 without a name."""
+    if not pod_name:
+        return 0
+    return int.from_bytes(hashlib.sha256(pod_name.encode()).digest()[:8], "big")
+
+
+@dataclass(frozen=True)
 class SchedulerSettings:
     """Scheduler configuration (all times in seconds).
 
-    instances: the engines (≥ 1). policy / policy_params: a registered dispatch policy
-    and its constructor arguments (power_of_k: k, objective; llumnix: variant).
+    instances: the engines (≥ 1, or none with `discovery`). discovery: instances from the
+    Kubernetes API (added / removed while running), or None for the static list.
+    policy / policy_params: a registered dispatch policy and its constructor arguments
+    (power_of_k: k, objective; llumnix: variant).
     tagger_url: the tagger service, or None to tag in-process with `length_model`.
     predict_deadline_s: deadline of the parallel predict RPCs (50 ms).
     tag_deadline_s: deadline of the tag RPC; on miss `default_output_tokens` is used.
@@ -63,3 +88,4 @@ class SchedulerSettings:
     predictor_breaker_failures: int = 3
     predictor_breaker_s: float = 1.0
     oracle_lengths: bool = False
+    discovery: DiscoverySettings | None = None
