@@ -144,8 +144,12 @@ def test_scheduler_follows_endpointslices(length_model, tmp_path):
         wait_for(lambda: list(instances()) == [other])
         assert len(sched.instances) == 1 and sched.instances.dispatchable()[0].ep.name == other
         assert c.post("/v1/chat/completions", json=chat()).headers["x-astro-instance"] == other
+        last = srv.watch_stream()  # the resumed watch, open until the scheduler stops
         watch.put(END)
-        srv.watch_stream()  # the resumed watch, open until the scheduler stops
+        wait_for(lambda: sched.watcher.stats.watches == 2)
+        s.stop()  # the lifespan stops the watcher (it cancels the open watch)
+        assert sched.watcher is not None and sched.watcher._task is None
+        last.put(END)  # let the fake server's handler thread end
 
 
 def test_discover_flags_errors_and_seed(monkeypatch):
