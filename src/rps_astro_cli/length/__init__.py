@@ -3,7 +3,11 @@
 Public interface (kept stable for the tagger service):
 - `load_length_model(name_or_path) -> LengthModel`
 - `LengthModel.predict(prompts) -> numpy int64 array of predicted output tokens (≥ 1)`
-- `default_length_model()` → the shipped CPU default, `artifacts/length/classic`.
+- `default_length_model()` → the shipped CPU default, `artifacts/length/<DEFAULT_MODEL>`.
+
+Layers inside the package, each importing only those below it: `prompts`, `data` →
+`base` (interface, registry) → the models (`baselines`, `classic`, `transformer`) →
+`store` (save/load, registers the built-in models) → `evaluate` → `pipeline`.
 """
 
 from rps_astro_cli.length.base import (
@@ -12,13 +16,8 @@ from rps_astro_cli.length.base import (
     LENGTH_MODELS,
     LengthModel,
     LengthModelMeta,
-    _import_builtin_models,
-    default_length_model,
-    load_length_model,
-    save_length_model,
 )
-
-_import_builtin_models()
+from rps_astro_cli.length.store import default_length_model, load_length_model, save_length_model
 
 __all__ = [
     "DEFAULT_MODEL",

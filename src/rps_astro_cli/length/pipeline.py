@@ -13,18 +13,11 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.length.base import (
-    LENGTH_ARTIFACTS_DIR,
-    LENGTH_MODELS,
-    META_FILE,
-    LengthModel,
-    LengthModelMeta,
-    ProgressFn,
-    load_length_model,
-    save_length_model,
-)
+from rps_astro_cli.length.base import LENGTH_ARTIFACTS_DIR, LENGTH_MODELS, META_FILE, LengthModel, LengthModelMeta, ProgressFn
 from rps_astro_cli.length.data import DataSplit, LengthDataset, load_length_data, split_by_conversation
 from rps_astro_cli.length.evaluate import evaluate_model, write_report
+from rps_astro_cli.length.store import load_length_model, save_length_model
+from rps_astro_cli.length.transformer import TransformerLengthModel
 
 DEFAULT_TEST_FRAC = 0.2
 DEFAULT_VAL_FRAC = 0.1
@@ -52,8 +45,6 @@ def build_model(name: str, hparams: dict[str, Any] | None = None) -> LengthModel
     """
     cls = LENGTH_MODELS.get(name)
     hp = {k: v for k, v in (hparams or {}).items() if v is not None and v is not False}
-    from rps_astro_cli.length.transformer import TransformerLengthModel
-
     if issubclass(cls, TransformerLengthModel):
         return cls(**hp)
     if hp:
