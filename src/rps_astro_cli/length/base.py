@@ -38,8 +38,9 @@ import numpy as np
 
 from rps_astro_cli.data_paths import ARTIFACTS_DIR
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.length.data import LengthDataset
-from rps_astro_cli.length.prompts import prepare_prompts, prompt_from_messages
+from rps_astro_cli.length.data import LengthDataset, LengthSample
+from rps_astro_cli.length.dist import LengthDistribution, LogSpreadCalibration
+from rps_astro_cli.length.prompts import chat_turns, prepare_prompts, prompt_from_messages, truncate_prompt
 from rps_astro_cli.registry import Registry
 
 FORMAT_VERSION = 1
@@ -105,6 +106,9 @@ class LengthModel(abc.ABC):
     """
 
     name: ClassVar[str]
+    reads_history: ClassVar[bool] = False
+    """True: the model reads a chat's last user message and its earlier turns separately
+    (implements `_predict_raw_turns`); False: one prompt string (`_predict_raw`)."""
 
     def __init__(self) -> None:
         self.meta = LengthModelMeta(model=self.name)
@@ -145,12 +149,17 @@ class LengthModel(abc.ABC):
         return int(self.meta.data.get("context_turns", 0) or 0)
 
     def predict_chats(self, chats: Sequence[Sequence[Any]]) -> np.ndarray:
-        """`predict` for chat requests: each item is an OpenAI `messages` list; its prompt
-        is built by `prompt_from_messages(messages, self.context_turns)`.
+        """`predict` for chat requests: each item is an OpenAI `messages` list. A model that
+        reads the conversation's structure (`reads_history`) gets the last user message and
+        the turns before it; any other model reads the prompt built by
+        `prompt_from_messages(messages, self.context_turns)`.
 
         Raises:
             AstroUserError: a chat has no user message or malformed messages.
         """
+        if self.reads_history:
+            turns = [chat_turns(m) for m in chats]
+            return self._finish(self._raw_turns([t for t, _ in turns], [h for _, h in turns]))
         return self.predict([prompt_from_messages(m, self.context_turns) for m in chats])
 
     def predict(self, prompts: Sequence[Any]) -> np.ndarray:
@@ -160,10 +169,86 @@ class LengthModel(abc.ABC):
         Raises:
             AstroUserError: an item is not text or OpenAI content parts.
         """
+        return self._finish(self._raw(prompts))
+
+    def predict_samples(self, samples: Sequence[LengthSample]) -> np.ndarray:
+        """`predict` for dataset samples, reading what the tagger would read for that turn:
+        the message and its history (`reads_history`), else the sample's prompt."""
+        if self.reads_history:
+            return self._finish(self._raw_turns([s.text for s in samples], [s.history for s in samples]))
+        return self.predict([s.prompt for s in samples])
+
+    # ---- length as a distribution
+
+    def predict_dists(self, prompts: Sequence[Any]) -> list[LengthDistribution]:
+        """The predicted reply-length distribution (quantiles, `length.dist`) of each prompt.
+
+        Raises:
+            AstroUserError: an item is not text or content parts; the model has no
+                distribution calibration (trained before it existed: retrain it).
+        """
+        return self._dists(self._raw(prompts))
+
+    def predict_dist_chats(self, chats: Sequence[Sequence[Any]]) -> list[LengthDistribution]:
+        """`predict_dists` for chat requests (the prompt is read as in `predict_chats`)."""
+        if self.reads_history:
+            turns = [chat_turns(m) for m in chats]
+            return self._dists(self._raw_turns([t for t, _ in turns], [h for _, h in turns]))
+        return self.predict_dists([prompt_from_messages(m, self.context_turns) for m in chats])
+
+    def predict_dist_samples(self, samples: Sequence[LengthSample]) -> list[LengthDistribution]:
+        """`predict_dists` for dataset samples (read as in `predict_samples`)."""
+        if self.reads_history:
+            return self._dists(self._raw_turns([s.text for s in samples], [s.history for s in samples]))
+        return self.predict_dists([s.prompt for s in samples])
+
+    @property
+    def calibration(self) -> LogSpreadCalibration | None:
+        """The distribution calibration recorded by `fit` (meta.fit["dist"]), if any."""
+        raw = self.meta.fit.get("dist") if isinstance(self.meta.fit, dict) else None
+        return LogSpreadCalibration.from_dict(raw) if raw else None
+
+    def _dists(self, raw: np.ndarray) -> list[LengthDistribution]:
+        cal = self.calibration
+        if cal is None:
+            raise AstroUserError(
+                f"length model {self.name!r} has no distribution calibration (meta.json fit.dist)",
+                field="--model", fix="retrain it with this version of astro (astro train-length)",
+            )
+        return cal.distributions(self._clip(raw))
+
+    # ---- shared plumbing
+
+    def _raw(self, prompts: Sequence[Any]) -> np.ndarray:
         prepared = prepare_prompts(prompts)
         self.last_notes = prepared.notes
         if not prepared.texts:
+            return np.zeros(0)
+        if self.reads_history:
+            return self._raw_turns(prepared.texts, [()] * len(prepared.texts))
+        return np.asarray(self._predict_raw(prepared.texts), dtype=np.float64)
+
+    def _raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
+        """Raw predictions (float tokens) of a `reads_history` model for messages and their
+        histories (every text truncated as in `length.prompts`)."""
+        if not texts:
+            return np.zeros(0)
+        prepared = prepare_prompts(texts)
+        self.last_notes = prepared.notes
+        hist = [tuple(truncate_prompt(h)[0] for h in turns) for turns in histories]
+        return np.asarray(self._predict_raw_turns(prepared.texts, hist), dtype=np.float64)
+
+    def _predict_raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
+        """`reads_history` models implement this: predicted lengths (float tokens) for
+        prepared messages and their histories (earlier turns, oldest first)."""
+        raise NotImplementedError(f"{self.name} does not read conversation history")
+
+    @staticmethod
+    def _clip(raw: np.ndarray) -> np.ndarray:
+        raw = np.nan_to_num(np.asarray(raw, dtype=np.float64), nan=1.0, posinf=MAX_PREDICTED_TOKENS, neginf=1.0)
+        return np.clip(raw, 1, MAX_PREDICTED_TOKENS)
+
+    def _finish(self, raw: np.ndarray) -> np.ndarray:
+        if len(raw) == 0:
             return np.zeros(0, dtype=np.int64)
-        raw = np.asarray(self._predict_raw(prepared.texts), dtype=np.float64)
-        raw = np.nan_to_num(raw, nan=1.0, posinf=MAX_PREDICTED_TOKENS, neginf=1.0)
-        return np.clip(np.rint(raw), 1, MAX_PREDICTED_TOKENS).astype(np.int64)
+        return np.rint(self._clip(raw)).astype(np.int64)

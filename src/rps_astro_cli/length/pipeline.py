@@ -105,7 +105,8 @@ def train_length_model(
     train_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {}
     if len(split.test):
-        metrics, _, _ = evaluate_model(model, split.test.prompts, split.test.targets, latency=latency)
+        metrics, _, _ = evaluate_model(model, split.test.prompts, split.test.targets, latency=latency,
+                                       samples=split.test.samples)
     model.meta = LengthModelMeta(
         model=model.name,
         data={"source": Path(str(data)).name if not str(data).startswith("hf:") else str(data),
@@ -221,7 +222,8 @@ def evaluate_length_models(
     for label, m, sp_m in plan:
         assert np.array_equal(sp_m.test.targets, base_split.test.targets), "context changed the pairs"
         results[label], preds[label], model_notes = evaluate_model(
-            m, sp_m.test.prompts, sp_m.test.targets, latency=latency, max_latency_calls=max_latency_calls
+            m, sp_m.test.prompts, sp_m.test.targets, latency=latency, max_latency_calls=max_latency_calls,
+            samples=sp_m.test.samples,
         )
         results[label]["context_turns"] = m.context_turns if label not in BASELINES else 0
         for note in model_notes:
