@@ -12,21 +12,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies.base import InstancePolicy
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, RequestStatus, snapshot
+from rps_astro_cli.sim.status import InstanceStatus, RequestStatus, snapshot
+from conftest import linear_profile
 
-HAND = ExecutionProfile(
-    profile_id="hand", model="hand", gpu="paper", tp=1,
-    base_s=0.01, per_seq_s=0.0, token_knots=(0, 1000), token_s=(0.0, 0.1),
-    decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
-)
+HAND = linear_profile()
 
 
 class ShortestPromptFirst(InstancePolicy):
