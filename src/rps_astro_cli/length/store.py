@@ -35,10 +35,11 @@ from rps_astro_cli.length.base import (
     LengthModelMeta,
 )
 from rps_astro_cli.length.baselines import LinearPromptBaseline, MedianBaseline
+from rps_astro_cli.length.chat_gbm import ChatGBMLengthModel
 from rps_astro_cli.length.classic import ClassicLengthModel
 from rps_astro_cli.length.transformer import MiniLMLengthModel, RobertaLengthModel
 
-BUILTIN_MODELS = (ClassicLengthModel, LinearPromptBaseline, MedianBaseline, MiniLMLengthModel, RobertaLengthModel)
+BUILTIN_MODELS = (ChatGBMLengthModel, ClassicLengthModel, LinearPromptBaseline, MedianBaseline, MiniLMLengthModel, RobertaLengthModel)
 """The model classes this module registers by importing them (see the comment above)."""
 
 
