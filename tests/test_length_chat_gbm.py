@@ -133,3 +133,12 @@ def test_save_load_roundtrip_and_corruption(fitted, tmp_path):
 def test_chat_gbm_needs_enough_data():
     with pytest.raises(AstroUserError, match="needs ≥ 20"):
         ChatGBMLengthModel(n_hash=2**10).fit(conversations(5, 0), None, rng=np.random.default_rng(0))
+
+
+def test_approx_tokens_exact_when_short_and_close_when_long():
+    from rps_astro_cli.length.chat_gbm import COUNT_EDGE_CHARS, approx_tokens
+
+    assert approx_tokens("one two six") == 3.0
+    long = "word " * 2000  # 10,000 characters, 2,000 fallback tokens
+    assert len(long) > 2 * COUNT_EDGE_CHARS
+    assert approx_tokens(long) == pytest.approx(2000, rel=0.01)

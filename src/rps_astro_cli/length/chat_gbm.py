@@ -54,6 +54,7 @@ N_HASH = 2**18
 DENSE_WEIGHT = 0.3
 TEXT_ALPHA = 1.0
 HISTORY_TURNS = 8
+COUNT_EDGE_CHARS = 2048
 N_HISTORY = 15
 MISSING = -1.0
 """A history cue that does not exist for this request (e.g. no earlier reply)."""
@@ -67,13 +68,23 @@ _ARRAYS = ("idf", "coef", "dense_mean", "dense_std", "dense_coef", "scalars", "t
            "tree_left", "tree_right", "tree_value", "tree_missing_left", "tree_roots")
 
 
+def approx_tokens(text: str) -> float:
+    """Fallback tokens of `text`, counted exactly up to 2·COUNT_EDGE_CHARS characters;
+    longer texts count their first and last COUNT_EDGE_CHARS and scale by length (a chat
+    can carry many 30k-character turns: this bounds the tagger's work per turn)."""
+    if len(text) <= 2 * COUNT_EDGE_CHARS:
+        return float(count_tokens_fallback(text))
+    edges = count_tokens_fallback(text[:COUNT_EDGE_CHARS]) + count_tokens_fallback(text[-COUNT_EDGE_CHARS:])
+    return edges * len(text) / (2 * COUNT_EDGE_CHARS)
+
+
 def history_features(message: str, history: tuple[str, ...] | list[str]) -> list[float]:
     """The N_HISTORY history cues of one request (module docstring, item 2); MISSING = absent."""
     recent = list(history[-HISTORY_TURNS:])
-    replies = [count_tokens_fallback(t) for t in recent[::-1][0::2]]  # most recent first
-    users = [count_tokens_fallback(t) for t in recent[::-1][1::2]]
+    replies = [approx_tokens(t) for t in recent[::-1][0::2]]  # most recent first
+    users = [approx_tokens(t) for t in recent[::-1][1::2]]
     miss = MISSING
-    msg = math.log1p(count_tokens_fallback(message))
+    msg = math.log1p(approx_tokens(message))
     last = recent[-1].rstrip() if recent else ""
 
     def rep(i: int) -> float:
