@@ -72,7 +72,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
 @user_errors
 def train_length(
     data: DataOpt = None,
-    model: Annotated[str, typer.Option("--model", help="classic | roberta | minilm | median | linear-prompt")] = "classic",
+    model: Annotated[str, typer.Option("--model", help="chat-gbm | classic | roberta | minilm | median | linear-prompt")] = "classic",
     out: Annotated[Optional[Path], typer.Option("--out", help="Artifact folder (default artifacts/length/<model>).")] = None,
     tokenizer: TokenizerOpt = None,
     target_model: Annotated[str, typer.Option("--target-model", help="Model whose reply lengths are learned (recorded).")] = "unspecified",
@@ -90,6 +90,7 @@ def train_length(
     max_train_min: Annotated[Optional[float], typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="roberta/minilm: continue from OUT/checkpoint/state.pt.")] = False,
     device: Annotated[Optional[str], typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,
+    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="Time per-request prediction on the test prompts (recorded in meta.json).")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a response-length model on (prompt, reply) pairs, report its test metrics and
@@ -112,7 +113,7 @@ def train_length(
             _default_data(data), model_name=model, out_dir=out, tokenizer=tokenizer, target_model=target_model,
             responder=responder, test_frac=test_split if test_split is not None else 0.2,
             val_frac=val_split if val_split is not None else 0.1, seed=seed, context_turns=context_turns or 0,
-            hparams=hp, progress=progress,
+            hparams=hp, latency=latency, progress=progress,
         )
     if as_json:
         typer.echo(json.dumps(_json_safe({"model": model, "artifact": str(res.directory), "n_train": res.n_train,

@@ -2,11 +2,13 @@
 
 Stable interface for the tagger service:
 
-    model = load_length_model("classic")          # a name under artifacts/length/ or a folder
+    model = load_length_model("chat-gbm")         # a name under artifacts/length/ or a folder
     tokens = model.predict(["Write a poem", ...])  # numpy int64 array, shape (n,), every value ≥ 1
-    model = default_length_model()                 # artifacts/length/classic, loaded once
-    tokens = model.predict_chats([messages, ...])  # OpenAI chat messages → same, using the
-                                                   # artifact's context_turns (see below)
+    model = default_length_model()                 # artifacts/length/chat-gbm, loaded once
+    tokens = model.predict_chats([messages, ...])  # OpenAI chat messages → same, reading the
+                                                   # conversation as the model was trained to
+    dists = model.predict_dist_chats([messages])   # → [LengthDistribution]: quantiles (p10…p90)
+    remaining_tokens(dists[0], generated_tokens=g) # E[L − g | L > g] (`length.dist`)
 
 `predict` takes strings or OpenAI content-part lists (see `length.prompts`), truncates
 prompts longer than MAX_PROMPT_CHARS, and returns predicted reply lengths in tokens of
@@ -16,10 +18,15 @@ the artifact's target model (`model.meta.target_model`, counted with
 need the notes call `length.prompts.prepare_prompts` themselves). `predict` itself keeps
 no other state and is safe to call from several threads.
 
-Models may be trained with earlier turns prepended to the prompt (`context_turns`, in
-meta.data; the shipped classic uses 1: the previous turn helps a lot on ShareGPT).
-`predict_chats` builds each prompt from a chat history the same way as training did;
-`predict` on the bare last user message still works, a little less accurately.
+How a chat is read: a model with `reads_history` (the shipped `chat-gbm`) gets the last
+user message and the earlier turns separately (`length.prompts.chat_turns`); any other
+model gets one prompt string with `context_turns` earlier turns prepended (in meta.data;
+`classic` was trained with 1), built the same way as in training. `predict` on a bare
+prompt is a chat without history.
+
+Distributions: `fit` may return a calibration under "dist" (recorded in meta.fit);
+`predict_dists` then turns each point prediction into quantiles. Models without one (older
+artifacts, the transformers) raise a user error naming the fix.
 
 Saving, loading and the shipped default live in `length.store` (re-exported by the
 package); this module is the bottom of `length/`: the model modules import it, it imports
@@ -46,7 +53,8 @@ from rps_astro_cli.registry import Registry
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 LENGTH_ARTIFACTS_DIR = ARTIFACTS_DIR / "length"
-DEFAULT_MODEL = "classic"
+DEFAULT_MODEL = "chat-gbm"
+"""The shipped default (`artifacts/length/chat-gbm`): 5-fold × 3-seed CV on ShareGPT in BENCHMARKS.md."""
 MAX_PREDICTED_TOKENS = 32_768
 """Predictions are clipped to [1, MAX_PREDICTED_TOKENS] tokens."""
 
@@ -224,8 +232,8 @@ class LengthModel(abc.ABC):
         self.last_notes = prepared.notes
         if not prepared.texts:
             return np.zeros(0)
-        if self.reads_history:
-            return self._raw_turns(prepared.texts, [()] * len(prepared.texts))
+        if self.reads_history:  # a bare prompt is a chat without history
+            return np.asarray(self._predict_raw_turns(prepared.texts, [()] * len(prepared.texts)), dtype=np.float64)
         return np.asarray(self._predict_raw(prepared.texts), dtype=np.float64)
 
     def _raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:

@@ -177,6 +177,6 @@ def load_length_model(name_or_path: str | Path) -> LengthModel:
 
 @functools.lru_cache(maxsize=1)
 def default_length_model() -> LengthModel:
-    """The shipped CPU default (`artifacts/length/classic`), loaded once per process."""
+    """The shipped CPU default (`artifacts/length/<DEFAULT_MODEL>`), loaded once per process."""
     return load_length_model(LENGTH_ARTIFACTS_DIR / DEFAULT_MODEL)
 
