@@ -78,7 +78,8 @@ def test_classic_learns_planted_signal():
     m = ClassicLengthModel(n_hash=2**12)
     info = m.fit(planted(60, 1), planted(20, 2), rng=np.random.default_rng(0))
     assert info["alpha"] in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
-    pred = m.predict(["Write a long detailed essay about oceans and their history", "Answer yes or no: are oceans blue?"])
+    pred = m.predict(["Write a long detailed essay about oceans and their history",
+                      "Answer yes or no: are oceans blue?"])
     assert pred[0] > 400 and pred[1] < 30
 
 
@@ -137,7 +138,8 @@ def _set_meta(d, key, value):
 @pytest.mark.parametrize(
     "damage, needle",
     [
-        (lambda d: (d / "model.npz").write_bytes((d / "model.npz").read_bytes()[:-10] + b"0123456789"), "checksum mismatch"),
+        (lambda d: (d / "model.npz").write_bytes((d / "model.npz").read_bytes()[:-10] + b"0123456789"),
+         "checksum mismatch"),
         (lambda d: (d / "model.npz").unlink(), "missing artifact file"),
         (lambda d: (d / "meta.json").unlink(), "no meta.json"),
         (lambda d: (d / "meta.json").write_text("{not json"), "corrupt meta.json"),
@@ -181,7 +183,8 @@ def test_default_artifact_predicts():
     # chat requests: the model reads the last user message and the turns before it
     chat = [{"role": "user", "content": "Write a poem"}, {"role": "assistant", "content": "Roses are red. " * 60},
             {"role": "user", "content": "Another one"}]
-    sample = LengthSample("Another one", 1, "c", history=("Write a poem", "Roses are red. " * 60), message="Another one")
+    sample = LengthSample("Another one", 1, "c", history=("Write a poem", "Roses are red. " * 60),
+                          message="Another one")
     assert m.predict_chats([chat]).tolist() == m.predict_samples([sample]).tolist()
     # a long previous reply predicts a longer next reply than a one-word one
     short = [chat[0], {"role": "assistant", "content": "Roses."}, chat[2]]

@@ -66,7 +66,8 @@ def recipe_for(spec: str, context_turns: int | None = None) -> ModelRecipe:
         return ModelRecipe(spec, LENGTH_MODELS.get(name).name, ct)
     try:
         art = load_length_model(resolve_artifact(name))
-        return ModelRecipe(Path(name).name, art.meta.model, art.context_turns if context_turns is None else context_turns)
+        ct = art.context_turns if context_turns is None else context_turns
+        return ModelRecipe(Path(name).name, art.meta.model, ct)
     except AstroUserError:
         if name not in LENGTH_MODELS:
             raise
@@ -192,7 +193,8 @@ def cross_validate(
                     model.meta.data["context_turns"] = arm.context_turns
                     model.meta.fit = model.fit(ds.subset(tr), ds.subset(va), rng=fit_rng(seed)) or {}
                 model.meta.data["context_turns"] = arm.context_turns
-                row = {"model": arm.label, "seed": seed, "fold": k, **_fold_metrics(model, ds.subset(te.tolist()), median_tokens)}
+                metrics = _fold_metrics(model, ds.subset(te.tolist()), median_tokens)
+                row = {"model": arm.label, "seed": seed, "fold": k, **metrics}
                 rows.append(row)
     return CVResult(rows, summarize(rows), len(base), len(set(cids)), folds, tuple(seeds), list(base.notes))
 

@@ -13,7 +13,14 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.length.base import LENGTH_ARTIFACTS_DIR, LENGTH_MODELS, META_FILE, LengthModel, LengthModelMeta, ProgressFn
+from rps_astro_cli.length.base import (
+    LENGTH_ARTIFACTS_DIR,
+    LENGTH_MODELS,
+    META_FILE,
+    LengthModel,
+    LengthModelMeta,
+    ProgressFn,
+)
 from rps_astro_cli.length.data import DataSplit, LengthDataset, load_length_data, split_by_conversation
 from rps_astro_cli.length.evaluate import evaluate_model, write_report
 from rps_astro_cli.length.store import load_length_model, save_length_model

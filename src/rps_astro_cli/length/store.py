@@ -39,7 +39,8 @@ from rps_astro_cli.length.chat_gbm import ChatGBMLengthModel
 from rps_astro_cli.length.classic import ClassicLengthModel
 from rps_astro_cli.length.transformer import MiniLMLengthModel, RobertaLengthModel
 
-BUILTIN_MODELS = (ChatGBMLengthModel, ClassicLengthModel, LinearPromptBaseline, MedianBaseline, MiniLMLengthModel, RobertaLengthModel)
+BUILTIN_MODELS = (ChatGBMLengthModel, ClassicLengthModel, LinearPromptBaseline, MedianBaseline, MiniLMLengthModel,
+                  RobertaLengthModel)
 """The model classes this module registers by importing them (see the comment above)."""
 
 

@@ -1,5 +1,5 @@
 """The RPS-Serve family of in-instance policies (paper §3.4–3.6 and its baselines, §4.1;
-DESIGN.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
+ARCHITECTURE.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
 plugin run this same code.
 
 Registered names (`make_policy(name, **params)`):
@@ -28,7 +28,7 @@ preempted request, which vLLM puts at the queue front, wins ties).
 Known difference from RPS-Serve on vLLM: here a higher-priority waiting request never
 preempts a running one to get KV blocks (vLLM V1's priority mode can); preemption
 happens only when a running request cannot grow (the `InstanceSim` contract).
-"""
+"""  # noqa: E501  (the table rows)
 
 from __future__ import annotations
 
