@@ -32,6 +32,13 @@ instance; one that fails mid-stream ends with an SSE event
 `data: {"error": {"message", "type": "engine_failure", "code": 502, ...}}` then
 `data: [DONE]`. Every request ends in a response or an error the client sees.
 
+Instances: a static list (`--engine/--predictor`), or with `SchedulerSettings.discovery`
+(`--discover kubernetes`) the EndpointSlices of the engines' Service, watched
+(`discovery/kubernetes.py`): pods are added not dispatchable, become dispatchable when
+ready, take no new requests when not ready or terminating, and are dropped once their
+outstanding requests end after removal. Dispatchable is separate from the circuit
+breaker; the dispatch sees only dispatchable instances (docs/deploy-kubernetes.md).
+
 Scheduler overhead (`astro_scheduler_overhead_seconds`) = time from the request's
 arrival until the body is handed to the engine connection, plus time from the engine's
 response headers (first chunk when streaming) until the response is handed to the
@@ -54,11 +61,11 @@ Metrics (`GET /metrics`):
   `observed_e2e_s` = forward → end), for predictor-error analysis.
 
 The package, one job per module: `settings` (SchedulerSettings, InstanceEndpoint),
-`instances` (per-instance state and circuit breakers), `health` (health checks, status
+`instances` (per-instance state, circuit breakers, dispatchable), `health` (health checks, status
 polls, model discovery), `clients` (connection pools), `tagging` (tag client),
 `predictions` (predict client and Predictor breakers), `dispatcher` (the one call into
 `dispatch/`), `front_door` (parse → tag → dispatch → forward, retry), `relay` (response
-and SSE relay), `metrics` (Prometheus), `app` (the ASGI app and `run_scheduler`).
+and SSE relay), `metrics` (Prometheus), `app` (the ASGI app and `run_scheduler`; the discovery events).
 """
 
 from rps_astro_cli.services.scheduler.app import Scheduler, create_app, run_scheduler
