@@ -176,3 +176,38 @@ def test_discover_flags_errors_and_seed(monkeypatch):
     assert seed_from_pod_name("a") == 0xCA978112CA1BBDCA
     assert seed_from_pod_name("astro-scheduler-1") != seed_from_pod_name("astro-scheduler-2")
     assert seed_from_pod_name(None) == 0
+
+
+def test_manifest_scheduler_args_give_discovery_settings(monkeypatch):
+    """The exact arguments of the scheduler container in deploy/kubernetes/base/scheduler.yaml
+    parse into discovery settings (no static instances, the per-pod seed), with the
+    in-cluster credentials and the server itself stubbed."""
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    import rps_astro_cli.services.scheduler as sched_pkg
+    from rps_astro_cli.cli.main import app
+
+    docs = list(yaml.safe_load_all((Path(__file__).parents[1] / "deploy/kubernetes/base/scheduler.yaml").read_text()))
+    dep = next(d for d in docs if d and d["kind"] == "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:2] == ["serve", "scheduler"] and "--seed" not in args
+    got: list = []
+    monkeypatch.setattr(KubeApi, "in_cluster",
+                        classmethod(lambda cls, namespace=None: KubeApi("https://10.96.0.1:443", namespace or "astro",
+                                                                        token="t")))
+    monkeypatch.setattr(sched_pkg, "run_scheduler", lambda settings, *a, **kw: got.append(settings))
+    monkeypatch.setenv("HOSTNAME", "a")
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    s = got[-1]
+    assert s.instances == () and s.discovery.watch.service == "astro-engine"
+    assert (s.discovery.api.namespace, s.discovery.watch.engine_port_name,
+            s.discovery.watch.predictor_port_name) == ("astro", "http", "predictor")
+    assert s.policy == "power_of_k" and s.policy_params["k"] == 2
+    assert s.seed == 0xCA978112CA1BBDCA  # from HOSTNAME=a
+    r = CliRunner().invoke(app, args + ["--seed", "5", "--discover-namespace", "other"])
+    assert r.exit_code == 0, r.output
+    assert (got[-1].seed, got[-1].discovery.api.namespace) == (5, "other")

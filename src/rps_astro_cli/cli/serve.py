@@ -223,7 +223,8 @@ def scheduler(
     # with discovery the fleet size is unknown: k is checked against the largest fleet
     # (power-of-k takes the whole pool when k ≥ the instances discovered)
     n_instances = 256 if discovery is not None else len(engine)
-    sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": bool(preds)}}, "flags",
+    predictors = bool(preds) or discovery is not None  # discovered: the pods' `predictor` port
+    sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": predictors}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
                         "predictor.enabled": "--predictor",
