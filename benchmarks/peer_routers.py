@@ -418,7 +418,8 @@ def _stat(vals: list[float]) -> dict[str, float | None]:
     return {"median": float(np.median(v)), "min": min(v), "max": max(v), "n": len(v)}
 
 
-METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps")
+METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_ttft_mean_s", "engine_e2e_mean_s",
+           "send_delay_p99_s")
 
 
 def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
@@ -435,7 +436,7 @@ def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], r
                                    "runs_ok": len(ok), "runs_total": len(mine),
                                    "rejected": [x.get("reason") for x in mine if x["status"] != "ok"]}
             for k in METRICS:
-                row[k] = _stat([x[k] for x in ok])
+                row[k] = _stat([x.get(k) for x in ok])
             ratios = [x["ttft_p99_s"] / refs[x["repeat"]]["ttft_p99_s"] for x in ok
                       if x["repeat"] in refs and refs[x["repeat"]]["ttft_p99_s"]]
             row["ttft_p99_vs_ref"] = _stat(ratios)
@@ -453,10 +454,13 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
     lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}; "
              f"{meta['workload']} ({meta.get('source', '?')}) {meta['num_requests']} requests/run, Poisson; {meta['repeats']} repeats "
              f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
-             f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`.",
+             f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
+             "TTFT / E2E: at the client (send → first / last streamed token); engine TTFT / E2E: the engines' own "
+             "histograms (arrival at the engine → first / last token), exact means over the run.",
              "",
-             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) | throughput (req/s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) | throughput (req/s) "
+             "| engine mean TTFT (s) | engine mean E2E (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
         li = row["load_index"]
         load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} req/s)" if loads else f"{row['rate_rps']:.3g} req/s")
@@ -464,7 +468,8 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
         ratio = "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
         lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
                      f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
-                     f"{_fmt(row['throughput_rps'])} |")
+                     f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
+                     f"{_fmt(row['engine_e2e_mean_s'])} |")
     rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
     if rej:
         lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} req/s: {why}" for a, rate, why in rej]
@@ -507,7 +512,10 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a rejected run, at the end of the schedule")
     ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
     ap.add_argument("--out", default="bench-results/peer-routers", help="folder for the JSON and Markdown")
+    ap.add_argument("--from-json", default=None, help="only re-render the Markdown of an existing peer_routers.json")
     args = ap.parse_args(argv)
+    if args.from_json:
+        return args
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad:
@@ -532,8 +540,22 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def rerender(path: Path) -> str:
+    """The Markdown table of an existing `peer_routers.json` (complete or cut short)."""
+    doc = json.loads(path.read_text())
+    arms = [Arm(**a) for a in doc["arms"]]
+    cfg = doc["config"]
+    meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
+    meta["source"] = (doc.get("workload_sources") or ["?"])[0]
+    summary = summarize(doc["runs"], arms, doc["rates_rps"], cfg["reference"])
+    return markdown(summary, cfg["load_list"], cfg["reference"], meta)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.from_json:
+        print(rerender(Path(args.from_json)), end="")
+        return 0
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
@@ -614,7 +636,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(res)
             p99 = res.get("ttft_p99_s")
             print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} req/s {arm.name}: {res['status']} "
-                  f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, lag {res.get('engine_lag_max_s', 0):.3f} s, "
+                  f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
+                  f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
                   f"wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
                   file=sys.stderr, flush=True)
             if res["status"] != "ok":

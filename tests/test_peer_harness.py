@@ -118,6 +118,8 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
             # the engines' own counters: every request reached exactly one engine
             assert sum(r["served_per_engine"]) == n
             assert 0 < r["ttft_mean_s"] <= r["ttft_p99_s"] and r["e2e_mean_s"] > r["ttft_mean_s"]
+            # the engines' own view starts at arrival at the engine, after the client's send
+            assert 0 < r["engine_ttft_mean_s"] < r["engine_e2e_mean_s"] <= r["e2e_mean_s"]
             if r["arm"].endswith("round_robin"):
                 assert r["served_per_engine"] == [n / 2, n / 2]
     assert {r["digest"] for r in runs if r["repeat"] == 0} != {r["digest"] for r in runs if r["repeat"] == 1}
@@ -125,3 +127,6 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
     for a in arms:
         assert f"| 4 req/s | `{a}` |" in md
     assert "| 4 req/s | `astro/power_of_k` | predicted | 2/2 |" in md
+    again = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(out / "peer_routers.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == md  # the table re-renders from the JSON alone
