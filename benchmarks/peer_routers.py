@@ -55,6 +55,7 @@ import asyncio
 import hashlib
 import json
 import math
+import multiprocessing as mp
 import os
 import shutil
 import signal
@@ -318,8 +319,45 @@ def digest(requests: list[BenchRequest], times_s: list[float]) -> str:
     return h.hexdigest()[:16]
 
 
+def _client_part(job: tuple[list[BenchRequest], list[float], ClientOptions, float]) -> list[RequestRecord]:
+    """One load-generator process: wait for the common start (wall clock), then
+    `run_requests` on its share; times shifted onto the common clock."""
+    reqs, times, opts, start_unix_s = job
+    delay = start_unix_s - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    shift = max(0.0, time.time() - start_unix_s)  # this part's clock starts `shift` s after the common start
+    recs = asyncio.run(run_requests(reqs, [t - shift for t in times], opts))
+    for r in recs:
+        r.scheduled_s += shift
+        r.sent_s += shift
+        if r.first_token_s is not None:
+            r.first_token_s += shift
+        if r.finish_s is not None:
+            r.finish_s += shift
+    return recs
+
+
+def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientOptions, pool,
+             timeout_s: float) -> list[RequestRecord]:
+    """Send `requests[i]` at `send_at_s[i]` (wall s from a common start) from the pool's
+    processes (request i from process i mod P: one Python client saturates on a busy
+    machine and then sends late), or in this process when `pool` is None. Records come
+    back in request order."""
+    if pool is None:
+        return asyncio.run(asyncio.wait_for(run_requests(requests, send_at_s, opts), timeout_s))
+    procs = pool._processes  # noqa: SLF001 (multiprocessing keeps the size there)
+    start = time.time() + 1.0
+    jobs = [(requests[p::procs], send_at_s[p::procs], opts, start) for p in range(procs)]
+    parts = pool.map_async(_client_part, jobs).get(timeout_s)
+    out: list[RequestRecord] = [None] * len(requests)  # type: ignore[list-item]
+    for p, recs in enumerate(parts):
+        out[p::procs] = recs
+    return out
+
+
 def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[float], *, seed: int,
-            max_lag_s: float, run_timeout_s: float, log_dir: Path) -> dict[str, Any]:
+            max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None) -> dict[str, Any]:
     """Start the arm's router, send the list (engine-second times × time_scale), stop it."""
     ts = float(fleet.info["time_scale"])
     model = fleet.info.get("model")
@@ -336,9 +374,8 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         before = asyncio.run(_scrape(urls))
         t0 = time.perf_counter()
         try:
-            records = asyncio.run(asyncio.wait_for(run_requests(requests, [t * ts for t in times_s], opts),
-                                                   run_timeout_s))
-        except TimeoutError:
+            records = send_all(requests, [t * ts for t in times_s], opts, pool, run_timeout_s)
+        except (TimeoutError, mp.TimeoutError):
             out.update(status="error", reason=f"run exceeded {run_timeout_s:.0f} s wall")
             return out
         wall = time.perf_counter() - t0
@@ -510,6 +547,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--reference", default="astro/power_of_k", help="arm the × ref column divides by")
     ap.add_argument("--max-lag-s", type=float, default=0.25, help="reject a run whose engine lag reached this (wall s)")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a rejected run, at the end of the schedule")
+    ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (1 = in this one)")
     ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
     ap.add_argument("--out", default="bench-results/peer-routers", help="folder for the JSON and Markdown")
     ap.add_argument("--from-json", default=None, help="only re-render the Markdown of an existing peer_routers.json")
@@ -535,8 +573,8 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--loads/--rates: comma-separated numbers, e.g. 0.85,0.95")
     if any(v <= 0 for v in (args.load_list or args.rate_list or [0])):
         ap.error("--loads/--rates: every value must be > 0")
-    if args.instances < 1 or args.repeats < 1 or args.num_requests < 1 or args.time_scale <= 0:
-        ap.error("--instances, --repeats, -n must be ≥ 1 and --time-scale > 0")
+    if min(args.instances, args.repeats, args.num_requests, args.client_procs) < 1 or args.time_scale <= 0:
+        ap.error("--instances, --repeats, -n, --client-procs must be ≥ 1 and --time-scale > 0")
     return args
 
 
@@ -622,6 +660,7 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "peer_routers.md").write_text(md)
 
     complete = False
+    pool = mp.get_context("fork").Pool(args.client_procs) if args.client_procs > 1 else None
     try:
         fleet.start()
         queue = list(plan)
@@ -631,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
             i += 1
             reqs, times = lists[(r, li)]
             res = run_one(arm, fleet, reqs, times, seed=args.seed + r, max_lag_s=args.max_lag_s,
-                          run_timeout_s=args.run_timeout_s, log_dir=log_dir)
+                          run_timeout_s=args.run_timeout_s, log_dir=log_dir, pool=pool)
+            res["client_procs"] = args.client_procs
             res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
             runs.append(res)
             p99 = res.get("ttft_p99_s")
@@ -654,6 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         print("interrupted: writing the runs done so far", file=sys.stderr, flush=True)
     finally:
         signal.signal(signal.SIGTERM, old)
+        if pool is not None:
+            pool.terminate()
         fleet.stop()
         write(complete)
     print(md)
