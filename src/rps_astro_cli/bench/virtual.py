@@ -35,13 +35,26 @@ from rps_astro_cli.tokens import TokenCounter
 class NoisyDispatch(DispatchPolicy):
     """Wraps a policy; multiplies a latency prediction by max(0, 1 + σ·z), z ~ N(0, 1) —
     every prediction when `fraction` = 1, else each with probability `fraction` (the
-    Astrolabe robustness grid is (noise level, share of predictions noised))."""
+    Astrolabe robustness grid is (noise level, share of predictions noised)). Every
+    pipeline stage but the scoring input is the inner policy's."""
 
     def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator, fraction: float = 1.0):
         self.inner, self.sigma, self.rng, self.fraction = inner, sigma, rng, fraction
-        self.name = inner.name
-        self.needs_predictions = inner.needs_predictions
-        self.needs_status = inner.needs_status
+        self.name = inner.name  # type: ignore[misc]
+
+    @property
+    def needs_predictions(self) -> bool:
+        return self.inner.needs_predictions
+
+    @property
+    def needs_status(self) -> bool:
+        return self.inner.needs_status
+
+    def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
+        return self.inner.filter(loads)
+
+    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        return self.inner.sample(pool, rng)
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         return self.inner.candidates(loads, rng)
@@ -106,14 +119,14 @@ class VirtualTarget:
     def __init__(self, cfg, wl: Workload, counter: TokenCounter,
                  length_model: tuple[str, Callable[..., int]] | None = None):
         """length_model: (name, predict) already loaded by `load_bench_length_model`
-        (else it is loaded here unless `cfg.oracle_lengths`)."""
+        (else it is loaded here unless `cfg.cluster.oracle_lengths`)."""
         from rps_astro_cli.sim.profile import load_profile
 
         self.cfg = cfg
         self.wl = wl
         self.counter = counter
         media = any(r.media for r in wl.requests)
-        prof_id = cfg.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
+        prof_id = cfg.cluster.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
         self.profile = load_profile(prof_id)
         if media and self.profile.vision is None:
             raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
@@ -121,14 +134,14 @@ class VirtualTarget:
         self.policy: str = "round_robin"
         self.k: str | None = None
         self.length_model_name = "oracle"
-        if length_model is not None and not cfg.oracle_lengths:
+        if length_model is not None and not cfg.cluster.oracle_lengths:
             self.length_model_name, self._predict_len = length_model
         else:
-            self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
+            self._predict_len = None if cfg.cluster.oracle_lengths else self._load_length_model()
         self._predicted = [self._predicted_len(r) for r in wl.requests]
 
     def _load_length_model(self):
-        self.length_model_name, fn = load_bench_length_model(self.cfg.length_model)
+        self.length_model_name, fn = load_bench_length_model(self.cfg.cluster.length_model)
         return fn
 
     def _predicted_len(self, r: BenchRequest) -> int:
@@ -143,26 +156,30 @@ class VirtualTarget:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "virtual", "instances": self.cfg.instances, "profile": self.profile.profile_id,
-                "instance_policy": self.cfg.instance_policy, "length_model": self.length_model_name,
-                "prediction_noise_sigma": self.cfg.prediction_noise,
-                "prediction_noise_fraction": self.cfg.prediction_noise_fraction, "max_num_seqs": self.cfg.max_num_seqs}
+        return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
+                "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
+                "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
+                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction, "max_num_seqs": self.cfg.cluster.max_num_seqs}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"
         self.k = k
 
     def make_dispatch(self, rng: np.random.Generator) -> DispatchPolicy:
-        from rps_astro_cli.dispatch import make_dispatch
+        from rps_astro_cli.dispatch import dispatch_params, make_dispatch
 
-        params: dict[str, Any] = {}
-        if self.k is not None:
-            params["k"] = self.k if self.k == "all" else int(self.k)
-        if self.cfg.objective is not None and self.policy == "power_of_k":
-            params["objective"] = self.cfg.objective
-        pol = make_dispatch(self.policy, **params)
-        if self.cfg.prediction_noise > 0:
-            pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng, self.cfg.prediction_noise_fraction)
+        # flags reach the policies that declare them: --param NAME=VALUE, --k, --objective
+        c = self.cfg.cluster
+        declared = {p.name for p in dispatch_params(self.policy)}
+        params: dict[str, Any] = {n: v for n, v in (c.policy_params or {}).items() if n in declared}
+        fields = {n: f"--param {n}" for n in params}
+        if self.k is not None and "k" in declared:
+            params["k"], fields["k"] = self.k, "--k"
+        if c.objective is not None and "objective" in declared:
+            params["objective"], fields["objective"] = c.objective, "--objective"
+        pol = make_dispatch(self.policy, fields=fields, **params)
+        if self.cfg.cluster.prediction_noise > 0:
+            pol = NoisyDispatch(pol, self.cfg.cluster.prediction_noise, rng, self.cfg.cluster.prediction_noise_fraction)
         return pol
 
     def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
@@ -189,7 +206,7 @@ class VirtualTarget:
 
     def run(self, requests: list[BenchRequest], times: list[float],
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
-        rng = np.random.default_rng([self.cfg.seed, 11])
+        rng = np.random.default_rng([self.cfg.workload.seed, 11])
         vreqs, failed = self.virtual_requests(times)
         sim = self.simulate or _simulate_cluster
         recs, extras = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
@@ -213,14 +230,15 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    make_policy(cfg.instance_policy)  # unknown name → AstroUserError listing the valid ones
-    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.max_num_seqs)
+    ip = cfg.cluster.instance_policy_params or {}
+    make_policy(cfg.cluster.instance_policy, **ip)  # unknown name / bad parameter → AstroUserError naming it
+    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
-    res = simulate_cluster(timed, cfg.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.instance_policy), rng)
+    res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
+                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None

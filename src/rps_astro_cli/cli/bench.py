@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rps_astro_cli.cli.common import console, err_console, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, console, err_console, user_errors
 
 _DEFAULT_OUT = "bench-results"
 
@@ -53,9 +53,11 @@ def bench(
     instances: Annotated[int, typer.Option("--instances", help="Virtual: number of instances.")] = 4,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
     instance_policy: Annotated[str, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...).")] = "fcfs",
+    instance_param: InstanceParamOpt = None,
     policies: Annotated[Optional[str], typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
     k: Annotated[Optional[str], typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
     objective: Annotated[Optional[str], typer.Option("--objective", help="Virtual: power_of_k objective, e2e (default) or ttft (live: astro serve --objective).")] = None,
+    param: ParamOpt = None,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Virtual: dispatch on true output lengths.")] = False,
     prediction_noise: Annotated[float, typer.Option("--prediction-noise", help="Virtual: Gaussian noise σ on each latency prediction (1 = ±100%).")] = 0.0,
     prediction_noise_fraction: Annotated[float, typer.Option("--prediction-noise-fraction", help="Virtual: share of predictions noised (0-1).")] = 1.0,
@@ -89,7 +91,9 @@ def bench(
           --k 2,all --oracle-lengths --capacity
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
+    from rps_astro_cli.params import parse_assignments
 
     # Parse-time checks: bad numbers fail before anything starts.
     rate = parse_positive(request_rate, "--request-rate")
@@ -99,7 +103,7 @@ def bench(
         arrival = "gamma"
     rate_list = parse_rates(rates) if rates is not None else None
     out_dir = None if no_report else (out or f"{_DEFAULT_OUT}/{workload}-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = BenchConfig(
+    cfg = BenchConfig.flat(
         workload=workload, path=path, num_requests=num_requests, seed=seed, tokenizer=tokenizer,
         image_dir=image_dir, video_dir=video_dir, max_frames=max_frames, min_tokens=min_tokens,
         max_prompt_tokens=max_prompt_tokens, max_total_tokens=max_total_tokens, arrival=arrival,
@@ -107,7 +111,8 @@ def bench(
         cluster=cluster, base_url=base_url, model=model, endpoint=endpoint, send_true_lengths=send_true_lengths,
         max_tokens=max_tokens, ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual, instances=instances,
         profile=profile, instance_policy=instance_policy, policies=_split(policies), ks=_split(k),
-        objective=objective, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
+        objective=objective, policy_params=parse_assignments(param) or None,
+        instance_policy_params=parse_assignments(instance_param, "--instance-param") or None, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
         prediction_noise_fraction=prediction_noise_fraction, length_model=length_model,
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,

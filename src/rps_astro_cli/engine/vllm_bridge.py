@@ -193,9 +193,12 @@ def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
         raise AstroUserError(f"not valid JSON ({exc.msg})", field=ENV_POLICY_PARAMS) from None
     if not isinstance(params, dict):
         raise AstroUserError("must be a JSON object", field=ENV_POLICY_PARAMS)
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    INSTANCE_POLICIES.get(name)  # unknown name: the error lists the valid ones
     try:
-        return make_policy(name, **params)
-    except TypeError as exc:
+        return make_policy(name, **params)  # checked against the policy's declared parameters
+    except (TypeError, AstroUserError) as exc:
         raise AstroUserError(f"policy {name!r} rejects its parameters: {exc}",
                              field=ENV_POLICY_PARAMS) from None
 
