@@ -519,9 +519,10 @@ def virtual_capacity(args) -> dict[str, Any]:
     """SLO capacity (P99 TTFT ≤ 10 s, steady) of the same fleet on the virtual cluster."""
     from rps_astro_cli.bench.runner import BenchConfig, run_bench
 
-    cfg = BenchConfig(workload=args.workload, path=args.path, num_requests=args.capacity_requests, seed=args.seed,
-                      virtual=True, instances=args.instances, profile=args.profile,
-                      policies=[args.capacity_policy], capacity=True)
+    make = getattr(BenchConfig, "flat", BenchConfig)  # flat flag names (BenchConfig has sections since issue 12)
+    cfg = make(workload=args.workload, path=args.path, num_requests=args.capacity_requests, seed=args.seed,
+               virtual=True, instances=args.instances, profile=args.profile,
+               policies=[args.capacity_policy], capacity=True)
     res = run_bench(cfg)
     c = res.capacity[0]
     return {"policy": args.capacity_policy, "capacity_rps": c.capacity_rps, "goal": c.goal.describe(),
