@@ -37,7 +37,13 @@ rotated by A/R positions per repeat; engines run at `--time-scale` wall s per en
 run whose lag rose to ≥ `--max-lag-s` (0.25 s = the sim engine's resync bound, beyond it
 engine time is lost, i.e. the hardware model ran slow) is REJECTED, the fleet is
 restarted so the gauge is meaningful again, and the run is retried once at the end of the
-schedule. Late-step fraction and the client's send delay are reported per run.
+schedule. Late-step fraction and the load generator's send delay are reported per run;
+`--max-send-delay-s` rejects runs whose P99 send delay (engine s) passed it (the offered
+arrivals were not the list's). The load generator runs in `--client-procs` processes
+(request i from process i mod P, one common start): one Python client saturates on a
+busy machine. The engines' own mean TTFT / E2E (their `vllm:*_seconds` histograms:
+arrival at the engine → first / last token) are reported beside the client's, to tell
+queueing at the engines (what dispatch changes) from delay in the streaming path.
 
 Output: `<out>/peer_routers.json` (config, capacity, every run, summary) and
 `<out>/peer_routers.md` (median and min–max over accepted runs of P99 TTFT, mean TTFT,
@@ -357,7 +363,8 @@ def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientO
 
 
 def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[float], *, seed: int,
-            max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None) -> dict[str, Any]:
+            max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None,
+            max_send_delay_s: float | None = None) -> dict[str, Any]:
     """Start the arm's router, send the list (engine-second times × time_scale), stop it."""
     ts = float(fleet.info["time_scale"])
     model = fleet.info.get("model")
@@ -413,18 +420,23 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         **eng, send_delay_max_s=max(send_delay, default=0.0),
         send_delay_p99_s=float(np.percentile(send_delay, 99)) if send_delay else None,
     )
-    why = verdict(run_lag, m.num_failed, mism, max_lag_s)
+    why = verdict(run_lag, m.num_failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
     if why:
         out.update(status="rejected", reason=why)
     return out
 
 
-def verdict(lag_s: float, failed: int, mismatches: int, max_lag_s: float) -> str:
+def verdict(lag_s: float, failed: int, mismatches: int, max_lag_s: float, send_p99_s: float | None = None,
+            max_send_delay_s: float | None = None) -> str:
     """Why a run is rejected ("" = accepted): engine lag (wall s, rose during the run) at or
-    past `max_lag_s`, failed requests, or requests not streamed at their true length."""
+    past `max_lag_s`; the load generator's P99 send delay (engine s) past `max_send_delay_s`
+    (the offered arrivals were not the list's); failed requests; requests not streamed at
+    their true length."""
     reasons = []
     if lag_s >= max_lag_s:
         reasons.append(f"engine lag {lag_s:.3f} s ≥ {max_lag_s:g} s")
+    if max_send_delay_s is not None and send_p99_s is not None and send_p99_s > max_send_delay_s:
+        reasons.append(f"client sent late: P99 {send_p99_s:.2f} s > {max_send_delay_s:g} s")
     if failed:
         reasons.append(f"{failed} failed requests")
     if mismatches:
@@ -493,11 +505,12 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
              f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
              f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
              "TTFT / E2E: at the client (send → first / last streamed token); engine TTFT / E2E: the engines' own "
-             "histograms (arrival at the engine → first / last token), exact means over the run.",
+             "histograms (arrival at the engine → first / last token), exact means over the run; client send "
+             "P99: how late the load generator sent (a busy machine delays it).",
              "",
              "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) | throughput (req/s) "
-             "| engine mean TTFT (s) | engine mean E2E (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
         li = row["load_index"]
         load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} req/s)" if loads else f"{row['rate_rps']:.3g} req/s")
@@ -506,7 +519,7 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
         lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
                      f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
                      f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
-                     f"{_fmt(row['engine_e2e_mean_s'])} |")
+                     f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} |")
     rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
     if rej:
         lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} req/s: {why}" for a, rate, why in rej]
@@ -547,6 +560,9 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--skip-missing", action="store_true", help="drop peer arms whose router is not installed")
     ap.add_argument("--reference", default="astro/power_of_k", help="arm the × ref column divides by")
     ap.add_argument("--max-lag-s", type=float, default=0.25, help="reject a run whose engine lag reached this (wall s)")
+    ap.add_argument("--max-send-delay-s", type=float, default=None,
+                    help="reject a run whose load generator's P99 send delay passed this (engine s; default: "
+                         "report it only)")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a rejected run, at the end of the schedule")
     ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (1 = in this one)")
     ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
@@ -579,9 +595,15 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
-def rerender(path: Path) -> str:
-    """The Markdown table of an existing `peer_routers.json` (complete or cut short)."""
+def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
+    """The Markdown table of an existing `peer_routers.json` (complete or cut short); with
+    `max_send_delay_s`, accepted runs whose client send P99 passed it are rejected too."""
     doc = json.loads(path.read_text())
+    for r in doc["runs"]:
+        if max_send_delay_s is not None and r["status"] == "ok":
+            why = verdict(0.0, 0, 0, math.inf, r.get("send_delay_p99_s"), max_send_delay_s)
+            if why:
+                r.update(status="rejected", reason=why)
     arms = [Arm(**a) for a in doc["arms"]]
     cfg = doc["config"]
     meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
@@ -593,7 +615,7 @@ def rerender(path: Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.from_json:
-        print(rerender(Path(args.from_json)), end="")
+        print(rerender(Path(args.from_json), args.max_send_delay_s), end="")
         return 0
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -671,7 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             i += 1
             reqs, times = lists[(r, li)]
             res = run_one(arm, fleet, reqs, times, seed=args.seed + r, max_lag_s=args.max_lag_s,
-                          run_timeout_s=args.run_timeout_s, log_dir=log_dir, pool=pool)
+                          run_timeout_s=args.run_timeout_s, log_dir=log_dir, pool=pool,
+                          max_send_delay_s=args.max_send_delay_s)
             res["client_procs"] = args.client_procs
             res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
             runs.append(res)

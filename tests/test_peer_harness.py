@@ -60,7 +60,7 @@ def test_summary_medians_spread_and_paired_ratio_skip_rejected_runs() -> None:
     md = pr.markdown(list(rows.values()), [0.95], "ref", {"instances": 4, "profile": "p", "time_scale": 1.0,
                                                            "workload": "sharegpt", "num_requests": 9,
                                                            "repeats": 3, "seed": 0})
-    assert "| 95% (9.5 req/s) | `x` | none | 3/4 | 4 [1–10] | 1.00 [0.50–2.00] |" in md
+    assert "| 95% (9.5 req/s) | `x` | none | 3/4 | 4 [1–10] | 1.00 [0.50–2.00] | 2 [0.5–5] | 12 [3–30] |" in md
     assert "- `x` @ 9.5 req/s: lag" in md
 
 
@@ -68,6 +68,8 @@ def test_verdict_rejects_lag_at_threshold_failures_and_wrong_lengths() -> None:
     assert pr.verdict(0.249, 0, 0, 0.25) == ""
     assert pr.verdict(0.25, 0, 0, 0.25) == "engine lag 0.250 s ≥ 0.25 s"
     assert pr.verdict(0.0, 2, 1, 0.25) == "2 failed requests; 1 requests not at their true length"
+    assert pr.verdict(0.0, 0, 0, 0.25, send_p99_s=1.0, max_send_delay_s=1.0) == ""
+    assert pr.verdict(0.0, 0, 0, 0.25, send_p99_s=1.5, max_send_delay_s=1.0) == "client sent late: P99 1.50 s > 1 s"
 
 
 def test_true_length_encoding_per_router_family() -> None:
@@ -100,7 +102,8 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--instances", "2", "-n", str(n), "--loads", "0.4", "--capacity-requests", "60",
          "--repeats", "2",
-         "--time-scale", "0.1", "--max-lag-s", "30", "--arms", ",".join(arms), "--out", str(out)],
+         "--time-scale", "0.1", "--max-lag-s", "30",
+         "--max-send-delay-s", "1000", "--arms", ",".join(arms), "--out", str(out)],
         capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     doc = json.loads((out / "peer_routers.json").read_text())
