@@ -1,6 +1,6 @@
 """The Predictor's look-ahead: from an instance snapshot and a candidate request, predict
 the candidate's TTFT and E2E (seconds from the snapshot time) by simulating the
-instance's own scheduler forward (Astrolabe §4; DESIGN.md §2).
+instance's own scheduler forward (Astrolabe §4; ARCHITECTURE.md §2).
 
 Auto-extension (Astrolabe §4): a request whose generated tokens have reached its
 predicted length is assumed to end within the next `extension_tokens` tokens (10).
@@ -8,59 +8,31 @@ A request with no predicted length uses `default_output_tokens`.
 
 `predict_stepwise` is the plain reference: it replays `InstanceSim.step` one step at a
 time. The fast `predict` must return the same numbers (property-tested); its engine is
-`sim/jump.py`, compiled with mypyc at install when possible (see `_load_jump`).
+`sim/lookahead_engine/`, compiled with mypyc at install when possible (see
+`sim/engine_build.py`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.engine_build import is_native, load_engine
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
-
-def _load_jump() -> ModuleType:
-    """Import `rps_astro_cli.sim.jump`: the mypyc build when there is one, else (or when
-    `ASTRO_PURE_PYTHON=1`, or when jump.py is newer than the build by more than 2 s, i.e.
-    edited or pulled since the install built it) the source. A stale build is never
-    used: it would run old code. Reinstall (`pip install -e .`) to rebuild."""
-    name = "rps_astro_cli.sim.jump"
-    spec = importlib.util.find_spec(name)
-    origin = spec.origin if spec is not None else None
-    if origin and not origin.endswith(".py"):
-        src = os.path.join(os.path.dirname(origin), "jump.py")
-        has_src = os.path.exists(src)  # (an install without the .py can only run the build)
-        stale = has_src and os.path.getmtime(src) > os.path.getmtime(origin) + 2.0
-        forced = os.environ.get("ASTRO_PURE_PYTHON") == "1"
-        if has_src and (forced or stale):
-            if stale and not forced:
-                warnings.warn("the compiled look-ahead is older than sim/jump.py: using the source "
-                              "(reinstall with `pip install -e .` to rebuild it)", stacklevel=2)
-            py_spec = importlib.util.spec_from_file_location(name, src)
-            assert py_spec is not None and py_spec.loader is not None
-            mod = importlib.util.module_from_spec(py_spec)
-            sys.modules[name] = mod
-            py_spec.loader.exec_module(mod)
-            return mod
-    return importlib.import_module(name)
-
-
-jump = _load_jump()
-CANDIDATE_ID: str = jump.CANDIDATE_ID
-MAX_LOOKAHEAD_STEPS: int = jump.MAX_LOOKAHEAD_STEPS
+#: the look-ahead engine package (`sim/lookahead_engine/`): its mypyc build, or its
+#: source when there is none, it is older than the source, or ASTRO_PURE_PYTHON=1
+engine = load_engine()
+CANDIDATE_ID: str = engine.CANDIDATE_ID
+MAX_LOOKAHEAD_STEPS: int = engine.MAX_LOOKAHEAD_STEPS
 #: True when the mypyc build of the look-ahead engine is in use.
-NATIVE: bool = not str(jump.__file__).endswith(".py")
+NATIVE: bool = is_native(engine)
 
 
 @dataclass(frozen=True)
@@ -103,7 +75,7 @@ class LatencyEstimate:
 def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_output_tokens: int) -> int:
     """Output length the look-ahead assumes for a queued/running request (tokens):
     its predicted length, or `generated + extension_tokens` once it has reached that."""
-    return int(jump.expected_tokens(r.predicted_output_tokens, r.generated_tokens, extension_tokens,
+    return int(engine.expected_tokens(r.predicted_output_tokens, r.generated_tokens, extension_tokens,
                                     default_output_tokens))
 
 
@@ -255,7 +227,7 @@ def predict(
 ) -> LatencyEstimate:
     """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
     `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
-    than O(steps) (Astrolabe §4 predictor; DESIGN.md §2; see the comment block in sim/jump.py).
+    than O(steps) (Astrolabe §4 predictor; ARCHITECTURE.md §2; see sim/lookahead_engine/).
 
     status: the instance snapshot (its `limits` give the batching rules; `time_s` is
         "now"). candidate: the request being placed; it joins the waiting queue at
@@ -276,17 +248,17 @@ def predict(
     """
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
-    cand = jump.lreq_candidate(candidate_to_sim(candidate, status.time_s))
+    cand = engine.lreq_candidate(candidate_to_sim(candidate, status.time_s))
     ext, dflt = extension_tokens, default_output_tokens
-    running = jump.lreqs_from_status(status.running, ext, dflt)
-    waiting = jump.lreqs_from_status(status.waiting, ext, dflt)
+    running = engine.lreqs_from_status(status.running, ext, dflt)
+    waiting = engine.lreqs_from_status(status.waiting, ext, dflt)
     pending = None
     if status.arriving:
-        arriving = jump.lreqs_from_status(status.arriving, ext, dflt)
+        arriving = engine.lreqs_from_status(status.arriving, ext, dflt)
         pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
-    ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s, pending)
-    return LatencyEstimate(ttft, e2e, steps, events)
+    lp = engine.FastLookahead(cfg, latency, policy, running, waiting, status.kv_blocks_free).run(
+        cand, status.time_s, pending)
+    return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)
 
 
 def predict_instance(
@@ -310,14 +282,14 @@ def predict_instance(
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
-    cand = jump.lreq_candidate(candidate_to_sim(candidate, now_s))
+    cand = engine.lreq_candidate(candidate_to_sim(candidate, now_s))
     ext, dflt = extension_tokens, default_output_tokens
-    running = jump.lreqs_from_sim(inst.running, ext, dflt)
-    waiting = jump.lreqs_from_sim(inst.waiting, ext, dflt)
+    running = engine.lreqs_from_sim(inst.running, ext, dflt)
+    waiting = engine.lreqs_from_sim(inst.waiting, ext, dflt)
     pending = None
     if arriving:
-        arr = jump.lreqs_from_sim(arriving, ext, dflt)
+        arr = engine.lreqs_from_sim(arriving, ext, dflt)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
-    ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s, pending)
-    return LatencyEstimate(ttft, e2e, steps, events)
+    lp = engine.FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
+        cand, now_s, pending)
+    return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)
