@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.engine_build import is_native, load_engine
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
-
 
 #: the look-ahead engine package (`sim/lookahead_engine/`): its mypyc build, or its
 #: source when there is none, it is older than the source, or ASTRO_PURE_PYTHON=1

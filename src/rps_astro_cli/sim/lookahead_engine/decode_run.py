@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 from rps_astro_cli.sim.latency import LatencyModel
+
 from .pool import DecodePool
 from .request import MAX_LOOKAHEAD_STEPS
 

@@ -19,9 +19,10 @@ there (benchmarks/lookahead_speed.py).
 
 from __future__ import annotations
 
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
+
 from .fast_step import chunked_step, prioritized_step
 from .fcfs_loop import fcfs_chunked_loop
 from .instance_view import InstanceView
@@ -55,7 +56,7 @@ class FastLookahead:
             pending = [(cand.arrival_s, cand)]
         v = self.view
         lp = LoopState(cand, t0, pending)
-        v.cache_policy_keys([*v.running, *v.waiting, *(r for _t, r in pending)])
+        v.cache_policy_keys(pending)
         cfg, bs, pool = v.cfg, v.bs, v.pool
         fcfs, tdep = v.fcfs, v.tdep
         chunked = cfg.chunked_prefill
