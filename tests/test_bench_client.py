@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 
 import pytest
 
@@ -142,7 +141,7 @@ def _fake_server():
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode().split("\r\n")
             method, path, _ = lines[0].split(" ")
-            headers = {k.lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
+            headers = {k.lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
             body = await reader.readexactly(int(headers.get("content-length", 0)))
             if path == "/v1/models":
                 data = json.dumps({"data": [{"id": "fake-model"}]}).encode()
@@ -205,7 +204,8 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
     import math
 
     from rps_astro_cli.bench import workloads
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("a", "hello", 1, 4), BenchRequest("b", "one two", 2, 1), BenchRequest("c", "FAIL now", 2, 3)]
 
@@ -242,7 +242,8 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
 
 def test_all_failed_exits_nonzero(fake_url):
     from rps_astro_cli.bench import workloads
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
     workloads.WORKLOADS._items["fake-fail"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")

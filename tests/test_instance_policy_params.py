@@ -43,7 +43,8 @@ def test_recipe_instance_policy_params_are_checked_and_converted():
 def test_cli_entry_points_use_the_declaration(tmp_path):
     r = runner.invoke(app, ["serve", "engine", "--instance-policy", "edf", "--instance-param", "slo_scale=-1"])
     assert r.exit_code == 2 and "--instance-param slo_scale" in r.output and "Traceback" not in r.output
-    r = runner.invoke(app, ["serve", "--instance-policy", "fcfs", "--instance-param", "x=1", "--run-dir", str(tmp_path)])
+    r = runner.invoke(app, ["serve", "--instance-policy", "fcfs", "--instance-param", "x=1",
+                            "--run-dir", str(tmp_path)])
     assert r.exit_code == 2 and "--instance-param x" in r.output and "takes no parameters" in r.output
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n100,20\n300,5\n50,40\n")
@@ -61,3 +62,14 @@ def test_cli_entry_points_use_the_declaration(tmp_path):
     r = runner.invoke(app, ["bench", "--virtual", "--no-report", "-n", "4", "-w", "synthetic", "--instances", "1",
                             "--policies", "round_robin", "--instance-policy", "edf", "--instance-param", "slo_scale=2"])
     assert r.exit_code == 0, r.output
+
+
+def test_describe_round_trips_through_the_declaration():
+    # the Predictor rebuilds an engine's policy from its /status `policy` (describe()):
+    # every key must be a declared parameter that reproduces the same description
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    for name in INSTANCE_POLICIES.names():
+        d = make_policy(name).describe()
+        spec = {k: v for k, v in d.items() if k != "name"}
+        assert make_policy(name, **spec).describe() == d, name

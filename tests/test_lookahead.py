@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import linear_profile
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
-from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim import lookahead
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus, snapshot
-from conftest import linear_profile
 
 HAND = linear_profile()
 

@@ -85,9 +85,11 @@ class TargetSection:
             raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
         mt = self.max_tokens
         if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
-            raise AstroUserError(f"got {mt!r}", field="--max-tokens", fix="use auto, reference, none or a positive integer")
+            raise AstroUserError(f"got {mt!r}", field="--max-tokens",
+                                 fix="use auto, reference, none or a positive integer")
         if self.endpoint not in ENDPOINTS:
-            raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint", fix="use chat or completions")
+            raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint",
+                                 fix="use chat or completions")
 
 
 @dataclass(frozen=True)
@@ -127,7 +129,8 @@ class ClusterSection:
             try:
                 alias_param("k").convert(k)
             except ParamError:
-                raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all") from None
+                raise AstroUserError(f"got {k!r}", field="--k",
+                                     fix="use positive integers or all, e.g. --k 2,4,all") from None
 
 
 @dataclass(frozen=True)
@@ -142,7 +145,8 @@ class SloSection:
         if self.fail_under is not None and not (0 <= self.fail_under <= 1):
             raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
         if self.fail_under is not None and not self.specs and self.e2e_scale is None:
-            raise AstroUserError("--fail-under needs an SLO", field="--fail-under", fix="add --slo ttft:10 or --slo-scale 5")
+            raise AstroUserError("--fail-under needs an SLO", field="--fail-under",
+                                 fix="add --slo ttft:10 or --slo-scale 5")
 
 
 @dataclass(frozen=True)
@@ -234,7 +238,8 @@ class BenchConfig:
                                  fix="pass --cluster cluster.json, --base-url URL, or --virtual")
         if not virtual:
             c = self.cluster
-            flags = [f for f, on in (("--oracle-lengths", c.oracle_lengths), ("--prediction-noise", c.prediction_noise > 0),
+            flags = [f for f, on in (("--oracle-lengths", c.oracle_lengths),
+                                     ("--prediction-noise", c.prediction_noise > 0),
                                      ("--objective", c.objective is not None),
                                      ("--instance-param", bool(c.instance_policy_params)),
                                      ("--length-model", c.length_model is not None),

@@ -202,7 +202,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     prog = progress or (lambda *a, **k: None)
     slo = parse_slo(config.slo.specs, config.slo.e2e_scale)
     counter = load_counter(config.workload.tokenizer)
-    spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness, config.arrivals.time_scale)
+    spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness,
+                        config.arrivals.time_scale)
     opts = WorkloadOptions(
         path=Path(config.workload.path) if config.workload.path else None, num_requests=config.workload.num_requests,
         min_tokens=config.workload.min_tokens, max_prompt_tokens=config.workload.max_prompt_tokens,
@@ -305,8 +306,8 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
             att = o.slo.good / o.num_requests
             if att < result.config.slo.fail_under:
                 result.exit_code = 1
-                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.slo.fail_under:.1%} "
-                                           f"in run {run.label}")
+                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under "
+                                           f"{result.config.slo.fail_under:.1%} in run {run.label}")
 
 
-__all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench"]
+__all__ = ["BenchResult", "RunResult", "run_bench"]

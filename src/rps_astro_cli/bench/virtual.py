@@ -71,7 +71,8 @@ class NoisyDispatch(DispatchPolicy):
         return self.inner.choose(loads, candidates, noisy, rng)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma, "prediction_noise_fraction": self.fraction}
+        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma,
+                "prediction_noise_fraction": self.fraction}
 
     def __getattr__(self, item: str) -> Any:  # e.g. k, objective
         return getattr(self.inner, item)
@@ -159,7 +160,8 @@ class VirtualTarget:
         return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
                 "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
-                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction, "max_num_seqs": self.cfg.cluster.max_num_seqs}
+                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction,
+                "max_num_seqs": self.cfg.cluster.max_num_seqs}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"

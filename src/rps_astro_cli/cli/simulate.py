@@ -5,7 +5,7 @@ request. `astro bench --virtual` builds richer workloads on the same library."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,13 +23,13 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @user_errors
     def simulate(
-        trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
-        dataset: Annotated[Optional[str], typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
+        trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
+        dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
         instances: Annotated[int, typer.Option("--instances", help="Number of simulated instances (≥ 1).")] = 12,
         rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
         policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`).")] = "round_robin",
-        k: Annotated[Optional[str], typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
+        k: Annotated[str | None, typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
         param: ParamOpt = None,
         instance_policy: Annotated[str, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...).")] = "fcfs",
         instance_param: InstanceParamOpt = None,

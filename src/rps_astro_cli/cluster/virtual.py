@@ -1,7 +1,7 @@
 """Discrete-event, virtual-time cluster simulation.
 
 N `InstanceSim`s (each with its own instance policy) step independently; a
-`DispatchPolicy` places each request when it arrives (DESIGN.md §1, use 3: sweep request
+`DispatchPolicy` places each request when it arrives (ARCHITECTURE.md §1, use 3: sweep request
 rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
 
 - arrival: the dispatcher builds an `InstanceLoad` per instance and runs the policy's
@@ -38,11 +38,11 @@ import numpy as np
 
 from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad, decide
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 
@@ -302,7 +302,10 @@ def simulate_cluster(
                                       len(sim.running), len(sim.waiting), need))
         preds: dict[int, LatencyEstimate] = {}
 
-        def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
+        # called by `decide` at once, inside this iteration: binding the loop's values
+        # as defaults only says so to the linter (B023)
+        def predict(cands: list[int], req=req, pred_len=pred_len, now=now,
+                    preds=preds) -> dict[int, LatencyEstimate]:
             cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
                                     req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
             for i in cands:

@@ -58,7 +58,7 @@ class LlumnixDispatch(DispatchPolicy):
       holds no request; watermark = `watermark_frac` × total blocks (vLLM's 0.01).
 
     The default is Llumnix- because the Astrolabe paper's tables compare against it
-    (DESIGN.md §2). An instance whose status is unknown is skipped; if no candidate has a
+    (ARCHITECTURE.md §2). An instance whose status is unknown is skipped; if no candidate has a
     status the decision falls back to least outstanding requests.
     Pipeline: health → all → Llumnix load → min (random ties); fallback fewest
     outstanding over the candidates.
@@ -98,7 +98,7 @@ def parse_k(k: int | str) -> int | None:
 
 @DISPATCH_POLICIES.register("power_of_k")
 class PowerOfK(DispatchPolicy):
-    """Astrolabe's randomized one-shot dispatch (DESIGN.md §2).
+    """Astrolabe's randomized one-shot dispatch (ARCHITECTURE.md §2).
 
     The sampler picks k distinct healthy instances uniformly (`k="all"` or k ≥ the
     healthy count = full fanout); the caller asks those instances' Predictors for a

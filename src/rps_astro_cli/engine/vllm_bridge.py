@@ -51,9 +51,9 @@ from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
@@ -442,7 +442,7 @@ async def status_middleware(request, call_next):
             body = await asyncio.wait_for(reader.read(-1), 2.0)
         finally:
             writer.close()
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         return JSONResponse({"error": {"message": f"engine status unavailable ({type(exc).__name__}); "
                                        "the engine core may still be starting",
                                        "type": "ServiceUnavailableError", "param": None, "code": 503}},

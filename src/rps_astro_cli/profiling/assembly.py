@@ -42,7 +42,8 @@ def assemble(
             "formula": "cpu_base + lm_head + decode-attention intercept a × layers",
             "cpu_base_s": CPU_BASE_S, "cpu_source": CPU_SOURCE,
             "lm_head_s": lm,
-            "lm_head_source": f"roofline (not in the CSVs): vocab {model.vocab} × hidden {model.hidden} × 2 B / TP{tp} / "
+            "lm_head_source": f"roofline (not in the CSVs): vocab {model.vocab} × hidden {model.hidden} "
+            f"× 2 B / TP{tp} / "
             f"{gpu.bandwidth_bps / 1e9:.0f} GB/s ({gpu.name} datasheet)",
             "attn_intercept_s": att.a_ms * L / 1000.0,
         },

@@ -104,8 +104,10 @@ def fit_attention(path: Path, rng: np.random.Generator, num_layers: int) -> Atte
         return e
 
     error = {
-        "decode_attention": {**_model(pred_d, true_d), "what": f"per-layer fit × {num_layers} layers, held-out decode rows"},
-        "prefill_attention": {**_model(pred_p, true_p), "what": f"per-layer fit × {num_layers} layers, held-out prefill rows"},
+        "decode_attention": {**_model(pred_d, true_d),
+                             "what": f"per-layer fit × {num_layers} layers, held-out decode rows"},
+        "prefill_attention": {**_model(pred_p, true_p),
+                              "what": f"per-layer fit × {num_layers} layers, held-out prefill rows"},
         "kv_cache_save_per_layer": save_err,
     }
     return AttentionFit(float(a), float(p), float(d), float(pa), float(q), float(s0), float(s1), error, Path(path).name)
@@ -122,7 +124,8 @@ def attention_sources(att: AttentionFit, num_layers: int, scale_decode: float = 
             "d_ms_per_ctx_token_per_layer": att.d_ms, "scale": scale_decode, "note": note,
         },
         "prefill_attn_s_per_token_pair": {
-            "file": att.file, "columns": ["time_stats.attn_prefill.median", "prefill_chunk_size", "kv_cache_size", "is_prefill"],
+            "file": att.file,
+            "columns": ["time_stats.attn_prefill.median", "prefill_chunk_size", "kv_cache_size", "is_prefill"],
             "formula": f"per-layer attn_prefill_ms ≈ pa + q·(c·k + c·(c+1)/2) (WLS 1/y, 80% of rows); "
             f"value = q × {num_layers} × {scale_prefill:.4g} / 1000",
             "q_ms_per_pair_per_layer": att.q_ms, "intercept_ms_per_layer_not_modelled": att.pa_ms,
@@ -136,7 +139,8 @@ def compare_llama7b_attention(qwen_att: AttentionFit) -> dict[str, Any]:
     model): KV-bytes-scaled Qwen2 measurement (chosen), hidden-ratio-scaled Qwen2
     measurement, and the HBM roofline at peak bandwidth."""
     L = LLAMA2_7B.num_layers
-    kv_scaled = qwen_att.d_ms * LLAMA2_7B.kv_bytes_per_token_per_layer() / QWEN2_7B.kv_bytes_per_token_per_layer() * L / 1000
+    kv_ratio = LLAMA2_7B.kv_bytes_per_token_per_layer() / QWEN2_7B.kv_bytes_per_token_per_layer()
+    kv_scaled = qwen_att.d_ms * kv_ratio * L / 1000
     hid_scaled = qwen_att.d_ms * LLAMA2_7B.hidden / QWEN2_7B.hidden * L / 1000
     roofline = LLAMA2_7B.kv_bytes_per_token() / A30.bandwidth_bps
     qwen_bw = QWEN2_7B.kv_bytes_per_token_per_layer() / (qwen_att.d_ms / 1000)

@@ -177,7 +177,8 @@ def build_profiles(data_dir: Path, seed: int = 0) -> list[ExecutionProfile]:
                                    kv_save_ms_per_token_layer=max(qwen_att.s1_ms, 0.0) * kv_ratio_l7_q)
     comp = compare_llama7b_attention(qwen_att)
     note = (f"Llama-2-7B attention CSV absent: Qwen2-7B A30 fit scaled — decode × KV bytes per token per layer "
-            f"({LLAMA2_7B.kv_bytes_per_token_per_layer():.0f}/{QWEN2_7B.kv_bytes_per_token_per_layer():.0f} = {kv_ratio_l7_q:.3g}; "
+            f"({LLAMA2_7B.kv_bytes_per_token_per_layer():.0f}/{QWEN2_7B.kv_bytes_per_token_per_layer():.0f} "
+            f"= {kv_ratio_l7_q:.3g}; "
             f"Llama-2 has 32 KV heads, Qwen2 4), prefill × query width ({q_ratio_l7_q:.4g} = 4096/3584). "
             f"Alternatives in sources.llama7b_attention_alternatives.")
     profiles.append(assemble(

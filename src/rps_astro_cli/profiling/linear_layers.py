@@ -161,7 +161,8 @@ def fit_linear_layers(
         "rows": int(x0.size),
         "rows_excluded_glitch_per_op": excluded,
         "per_op_holdout_mape_pct": {
-            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]), ys[op][goods[op] & hold]).mape_pct
+            op: HoldoutError.of(eval_piecewise(*per_op[op], xs[op][goods[op] & hold]),
+                                ys[op][goods[op] & hold]).mape_pct
             for op in ops if (goods[op] & hold).any()
         },
     }
@@ -173,7 +174,8 @@ def fit_linear_layers(
         "columns": [f"time_stats.{op}.median" for op in ops] + ["num_tokens", "num_tensor_parallel_workers"],
         "rows": f"num_tensor_parallel_workers == {tp}",
         "formula": f"token_s(n) = [Σ_layer_ops f_op(n) × {num_layers} + f_emb(n)"
-        + (f" + kv_save {kv_save_ms_per_token_layer:.3g} ms/token/layer × n × {num_layers}" if kv_save_ms_per_token_layer else "")
+        + (f" + kv_save {kv_save_ms_per_token_layer:.3g} ms/token/layer × n × {num_layers}"
+           if kv_save_ms_per_token_layer else "")
         + (f" + 2 × {num_layers} × allreduce(n × {hidden} × 2 bytes)" if allreduce_csv else "")
         + "] / 1000, f = piecewise-linear least squares on 80% of rows, then made non-decreasing",
     }

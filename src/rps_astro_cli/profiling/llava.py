@@ -19,7 +19,8 @@ LLAVA_PREPROCESS_S_PER_FRAME = 0.065
 LLAVA_ENCODER_S_PER_FRAME = 0.001
 
 
-def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: LinearFit, lin_l7_a30: LinearFit, lin_l7_a100: LinearFit) -> ExecutionProfile:
+def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: LinearFit, lin_l7_a30: LinearFit,
+                lin_l7_a100: LinearFit) -> ExecutionProfile:
     """LLaVA-OneVision-7B on A100-40GB: Qwen2-7B LM linear layers transferred from A30 to
     A100 by the Llama-2-7B A100/A30 ratio at each knot; attention from the Qwen2-7B A30
     fit scaled to the A100-40GB (`transfer_attention`); vision costs
@@ -55,14 +56,16 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         "tokens_per_frame": "196 tokens per video frame (LLaVA-OneVision, 2×2 pooled 14×14; PROVENANCE.md)",
         "preprocess_and_encoder": "CHOSEN, not measured: set so isolated TTFT from this profile lands in the "
         "RPS-Serve paper's Figure 6 ranges (seeds/001: text prefill tens of ms, image ~100–400 ms, video "
-        "~1.5–4.5 s). Encoder: DESIGN.md §3 calibration facts report 12–30 ms per multi-crop image request and "
+        "~1.5–4.5 s). Encoder: ARCHITECTURE.md §3 calibration facts report 12–30 ms per multi-crop image request and "
         "20–36 ms per ≤32-frame video request → 20 ms per image, 1 ms per frame. Preprocessing (decode, "
         "resize, HF processor on CPU, inside the measured TTFT) takes the rest of the ranges: 150 ms per image, "
         "65 ms per frame.",
-        "calibration_note": "the RPS-Serve authors' isolated runs (DESIGN.md §3) decode at 5.7 ms/token at batch 1 "
+        "calibration_note": "the RPS-Serve authors' isolated runs (ARCHITECTURE.md §3) decode at 5.7 ms/token "
+        "at batch 1 "
         "and reach the first token 0.10–0.16 s after scheduling for 2.6–3.7k-token prompts; 5.7 ms/token is below "
         "the time an A100 needs to read Qwen2-7B's 15 GB of FP16 weights (≥ 7.5 ms at 2039 GB/s), so those runs "
-        "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used here; this A100 profile's decode and "
+        "were likely on a faster (H100-class) GPU than the paper's A100-40GB: only their encoder times are used "
+        "here; this A100 profile's decode and "
         "prefill come from the fitted CSVs (see isolated_ttft_s.text_3000_tokens).",
         "isolated_ttft_s": None,  # filled below
     }
@@ -75,7 +78,8 @@ def build_llava(qwen_att: AttentionFit, rejected: dict[str, Any], lin_q_a30: Lin
         blocks_txt=btxt + " (A100-40GB as in the RPS-Serve setup; 8.03e9 params incl. SigLIP vision tower)",
         output_len=None, out_src={"note": "default lognormal(5.3, 1.0): no LLaVA output-length trace here"},
         vision=vision, vision_src=vision_src,
-        extra_sources={"rejected_attention_data": rejected, "limits": "vLLM V1 defaults for an OpenAI server on a <70 GiB GPU: max_num_seqs 256, "
+        extra_sources={"rejected_attention_data": rejected,
+                       "limits": "vLLM V1 defaults for an OpenAI server on a <70 GiB GPU: max_num_seqs 256, "
                        "max_num_batched_tokens 2048; max_model_len 32768 (Qwen2 context)"},
     )
     ttft = {

@@ -310,7 +310,8 @@ class ClusterSupervisor:
                           "pid": self.scheduler.pid if self.scheduler else None},
             "tagger": {"url": self.tagger.url, "pid": self.tagger.pid} if self.tagger else None,
             "instances": [
-                {"name": e.name, "engine_url": e.url, "status_url": f"{e.url}/status", "metrics_url": f"{e.url}/metrics",
+                {"name": e.name, "engine_url": e.url, "status_url": f"{e.url}/status",
+                 "metrics_url": f"{e.url}/metrics",
                  "predictor_url": self.predictors[i].url if self.predictors else None,
                  "predictor_metrics_url": f"{self.predictors[i].url}/metrics" if self.predictors else None,
                  "engine_pid": e.pid, "predictor_pid": self.predictors[i].pid if self.predictors else None}

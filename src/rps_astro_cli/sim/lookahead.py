@@ -1,6 +1,6 @@
 """The Predictor's look-ahead: from an instance snapshot and a candidate request, predict
 the candidate's TTFT and E2E (seconds from the snapshot time) by simulating the
-instance's own scheduler forward (Astrolabe §4; DESIGN.md §2).
+instance's own scheduler forward (Astrolabe §4; ARCHITECTURE.md §2).
 
 Auto-extension (Astrolabe §4): a request whose generated tokens have reached its
 predicted length is assumed to end within the next `extension_tokens` tokens (10).
@@ -227,7 +227,7 @@ def predict(
 ) -> LatencyEstimate:
     """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
     `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
-    than O(steps) (Astrolabe §4 predictor; DESIGN.md §2; see sim/lookahead_engine/).
+    than O(steps) (Astrolabe §4 predictor; ARCHITECTURE.md §2; see sim/lookahead_engine/).
 
     status: the instance snapshot (its `limits` give the batching rules; `time_s` is
         "now"). candidate: the request being placed; it joins the waiting queue at

@@ -1,5 +1,5 @@
 """The jump look-ahead engine behind `lookahead.predict` (Astrolabe §4 predictor;
-DESIGN.md §2): an event loop over an instance snapshot that advances pure decode runs in
+ARCHITECTURE.md §2): an event loop over an instance snapshot that advances pure decode runs in
 closed form. `sim/lookahead.py` holds the public API and the step-by-step reference.
 
 One noun per module, bottom up:
