@@ -43,6 +43,7 @@ from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.remaining import RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
 _ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
@@ -178,6 +179,7 @@ def simulate_cluster(
     *,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | None = None,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -189,6 +191,8 @@ def simulate_cluster(
     instance_policy_factory: makes each instance's local policy (default FCFS).
     rng: the run's only source of randomness (required).
     extension_tokens / default_output_tokens: the look-ahead's auto-extension rule.
+    remaining: the look-ahead's conditional remaining-length rule for queued/running
+        requests (`sim.remaining`; None = the auto-extension rule).
 
     Returns a `ClusterResult` (records in input order).
 
@@ -311,7 +315,7 @@ def simulate_cluster(
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
-                                       default_output_tokens=default_output_tokens)
+                                       default_output_tokens=default_output_tokens, remaining=remaining)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)

@@ -26,6 +26,7 @@ from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies.base import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.remaining import RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.status import InstanceStatus, RequestStatus
 
@@ -289,6 +290,19 @@ def predict(
     return LatencyEstimate(ttft, e2e, steps, events)
 
 
+def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int, remaining: RemainingLength | None,
+                    max_model_len: int) -> list[Any]:
+    """`jump.lreqs_from_sim`, or with `remaining` each target its conditional estimate
+    (`RemainingLength.expected_total`, capped at max_model_len − prompt)."""
+    if remaining is None:
+        return jump.lreqs_from_sim(reqs, ext, dflt)
+    return [jump.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
+                      remaining.expected_total(r.predicted_output_tokens, r.num_generated_tokens,
+                                               max_model_len - r.prompt_tokens),
+                      r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
+                      r.deadline_s, r.num_computed_tokens, r.num_generated_tokens, r.kv_blocks) for r in reqs]
+
+
 def predict_instance(
     inst: InstanceSim,
     now_s: float,
@@ -298,6 +312,7 @@ def predict_instance(
     arriving: list[SimRequest] | tuple[SimRequest, ...] = (),
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | None = None,
 ) -> LatencyEstimate:
     """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
     without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
@@ -307,16 +322,19 @@ def predict_instance(
     The look-ahead sees each request's `predicted_output_tokens` (never its true
     `target_output_tokens`), as a Predictor reading `/status` does. Same errors as
     `predict`.
+    remaining: when given, queued/running requests' output length is its conditional
+    estimate given the tokens already generated (`sim.remaining`) instead of the
+    auto-extension rule; the candidate keeps its predicted length.
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
     cand = jump.lreq_candidate(candidate_to_sim(candidate, now_s))
     ext, dflt = extension_tokens, default_output_tokens
-    running = jump.lreqs_from_sim(inst.running, ext, dflt)
-    waiting = jump.lreqs_from_sim(inst.waiting, ext, dflt)
+    running = _lreqs_from_sim(inst.running, ext, dflt, remaining, cfg.max_model_len)
+    waiting = _lreqs_from_sim(inst.waiting, ext, dflt, remaining, cfg.max_model_len)
     pending = None
     if arriving:
-        arr = jump.lreqs_from_sim(arriving, ext, dflt)
+        arr = _lreqs_from_sim(arriving, ext, dflt, remaining, cfg.max_model_len)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
     ttft, e2e, steps, events = jump.FastLookahead(
         cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s, pending)
