@@ -34,7 +34,7 @@ from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
 from rps_astro_cli.sim.profile import load_profile
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 
 def load_lengths() -> np.ndarray:

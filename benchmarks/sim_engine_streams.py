@@ -29,7 +29,7 @@ from pathlib import Path
 
 import httpx
 
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile

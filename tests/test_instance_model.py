@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import ExecutionProfile

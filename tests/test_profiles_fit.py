@@ -1,4 +1,4 @@
-"""Profile fitter (`sim/fit_profiles.py`), shipped profiles and `astro profiles`.
+"""Profile fitter (`profiling/fit_profiles.py`), shipped profiles and `astro profiles`.
 
 Synthetic CSVs in the Vidur schema are written here with known coefficients; the fitter
 must recover them. Shipped-profile checks use ranges from the papers (Astrolabe A30
@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from rps_astro_cli.cli.main import app
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim import fit_profiles as F
+from rps_astro_cli.profiling import fit_profiles as F
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import PROFILES_DIR, load_profile
 

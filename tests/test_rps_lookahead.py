@@ -9,7 +9,7 @@ from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 from rps_factories import hand_profile
 

@@ -14,8 +14,8 @@ from rps_astro_cli.cli.main import app
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.rps.classifier import load_classifier
 from rps_astro_cli.rps.estimator import isolated_latency
-from rps_astro_cli.rps.fit import fit_profile
-from rps_astro_cli.rps.profiler import plan_points, profile_engine, profile_virtual
+from rps_astro_cli.profiling.rps_fit import fit_profile
+from rps_astro_cli.profiling.profiler import plan_points, profile_engine, profile_virtual
 from rps_astro_cli.rps.records import read_profile_csv
 
 from rps_factories import hand_profile
@@ -50,7 +50,8 @@ def test_virtual_profile_is_resumable_and_exact(tmp_path):
 @pytest.mark.slow
 def test_profile_against_a_live_sim_engine_matches_the_virtual_one(tmp_path):
     from rps_astro_cli.engine.sim_engine import SimEngine
-    from rps_astro_cli.engine.sim_server import ServerThread, create_app
+    from rps_astro_cli.engine.sim_server import create_app
+    from rps_astro_cli.protocol.http_server import ServerThread
 
     prof = hand_profile(vision=hand_profile().vision.__class__(729, 196, 0.01, 0.001, 0.02, 0.001))
     pts = plan_points(text_tokens=[64], image_counts=[1], frame_counts=[4], repeats=1)

@@ -16,7 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from rps_astro_cli.engine import sim_server
 from rps_astro_cli.engine.sim_engine import SimEngine
-from rps_astro_cli.engine.sim_server import ServerThread
+from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.http_common import free_port
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app

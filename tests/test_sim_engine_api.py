@@ -8,7 +8,7 @@ import zlib
 
 import pytest
 
-from rps_astro_cli.engine.openai_api import (
+from rps_astro_cli.protocol.openai import (
     ApiError,
     ApiLimits,
     ParsedRequest,

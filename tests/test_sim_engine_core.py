@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from rps_astro_cli.engine.openai_api import ApiError, ParsedRequest, VisionCharge
+from rps_astro_cli.protocol.openai import ApiError, ParsedRequest, VisionCharge
 from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
-from rps_astro_cli.status import InstanceStatus
+from rps_astro_cli.sim.status import InstanceStatus
 
 
 def make_profile(**kw) -> ExecutionProfile:

@@ -18,7 +18,7 @@ from rps_astro_cli.engine import vllm_bridge as vb
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.status import InstanceStatus
+from rps_astro_cli.sim.status import InstanceStatus
 
 
 @dataclass(eq=False)
@@ -278,7 +278,7 @@ def _lin(t: float) -> float:  # 0.004 s + 20 µs per token up to 512, 40 µs/tok
 
 
 def test_fit_recovers_known_step_model(tmp_path):
-    from rps_astro_cli.engine import vllm_calibrate as vc
+    from rps_astro_cli.profiling import vllm_calibrate as vc
     from rps_astro_cli.sim.latency import LatencyModel
 
     rng = np.random.default_rng(3)
@@ -304,7 +304,7 @@ def test_fit_recovers_known_step_model(tmp_path):
 
 
 def test_read_step_log_errors(tmp_path):
-    from rps_astro_cli.engine import vllm_calibrate as vc
+    from rps_astro_cli.profiling import vllm_calibrate as vc
 
     with pytest.raises(AstroUserError, match="not found"):
         vc.read_step_log(tmp_path / "none.csv")

@@ -119,7 +119,7 @@ def test_cluster_power_of_k_rps(cluster):
 
 
 def _check_cluster(sup, info, run, prof_path):
-    from rps_astro_cli.engine import vllm_calibrate as vc
+    from rps_astro_cli.profiling import vllm_calibrate as vc
 
     engines = [inst["engine_url"] for inst in info["instances"]]
     for url in engines:

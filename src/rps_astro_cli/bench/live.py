@@ -303,7 +303,7 @@ class LiveTarget:
         return out
 
     def fill_isolated(self, records: list[RequestRecord]) -> None:
-        from rps_astro_cli.bench.runner import isolated_for
+        from rps_astro_cli.bench.slo import isolated_for
         from rps_astro_cli.sim.profile import load_profile
 
         prof_id = (self.cluster or {}).get("profile") or self.cfg.profile

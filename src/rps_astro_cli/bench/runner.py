@@ -34,7 +34,7 @@ from rps_astro_cli.bench import capacity as cap
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
 from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value, top_errors
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.slo import SloSpec, isolated_e2e_s, parse_slo
+from rps_astro_cli.bench.slo import SloSpec, parse_slo
 from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_workload
 from rps_astro_cli.errors import AstroUserError
 
@@ -402,15 +402,6 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
                 result.exit_code = 1
                 result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.fail_under:.1%} "
                                            f"in run {run.label}")
-
-
-def isolated_for(records: list[RequestRecord], profile, prompt_of: dict[str, int] | None = None) -> None:
-    """Set `isolated_e2e_s` of each successful record from `profile` (for `--slo-scale`)."""
-    for r in records:
-        p = (prompt_of or {}).get(r.request_id, r.prompt_tokens)
-        n = r.output_tokens if r.success else r.expected_output_tokens
-        if p >= 1 and n >= 1:
-            r.isolated_e2e_s = isolated_e2e_s(profile, p, n)
 
 
 __all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench"]

@@ -16,6 +16,7 @@ import math
 import re
 from dataclasses import dataclass
 
+from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.errors import AstroUserError
 
 SLO_METRICS = ("ttft", "tpot", "e2el", "nlat")
@@ -107,3 +108,12 @@ def isolated_e2e_s(profile, prompt_tokens: int, output_tokens: int, encoder_s: f
     key = id(profile)
     _PROFILES[key] = profile
     return _isolated(key, int(prompt_tokens), int(output_tokens), float(encoder_s))
+
+
+def isolated_for(records: list[RequestRecord], profile, prompt_of: dict[str, int] | None = None) -> None:
+    """Set `isolated_e2e_s` of each successful record from `profile` (for `--slo-scale`)."""
+    for r in records:
+        p = (prompt_of or {}).get(r.request_id, r.prompt_tokens)
+        n = r.output_tokens if r.success else r.expected_output_tokens
+        if p >= 1 and n >= 1:
+            r.isolated_e2e_s = isolated_e2e_s(profile, p, n)

@@ -81,16 +81,16 @@ class VirtualRequest:
 
 
 def load_bench_length_model(spec: str | None) -> tuple[str, Callable[..., int]]:
-    """`services.tagger.load_length_model(spec)`, its user errors re-worded to name
-    `--length-model` (the loader names the tagger's own `--model`).
+    """`length.resolve.resolve_length_model(spec)` (the tagger's loader), its user errors
+    re-worded to name `--length-model` (the loader names the tagger's own `--model`).
 
     Raises:
         AstroUserError: field "--length-model" — the artifact is missing or cannot load.
     """
-    from rps_astro_cli.services.tagger import load_length_model
+    from rps_astro_cli.length.resolve import resolve_length_model
 
     try:
-        return load_length_model(spec)
+        return resolve_length_model(spec)
     except AstroUserError as exc:
         text = str(exc)
         if exc.field and text.startswith(f"{exc.field}: "):
@@ -200,7 +200,7 @@ class VirtualTarget:
         return out, extras
 
     def fill_isolated(self, records: list[RequestRecord]) -> None:
-        from rps_astro_cli.bench.runner import isolated_for
+        from rps_astro_cli.bench.slo import isolated_for
 
         isolated_for(records, self.profile)
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.bench.media import MediaItem, duration_bucket_s, set_sample_images
-from rps_astro_cli.bench.workloads import (
+from rps_astro_cli.bench.workload_base import (
     WORKLOADS,
     BenchRequest,
     Loader,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rps_astro_cli.bench.workloads import (
+from rps_astro_cli.bench.workload_base import (
     WORKLOADS,
     BenchRequest,
     Workload,

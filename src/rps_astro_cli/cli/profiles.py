@@ -1,5 +1,5 @@
 """`astro profiles`: list, show and re-fit the execution-time profiles
-(`artifacts/profiles/*.json`, fitted by `rps_astro_cli.sim.fit_profiles`)."""
+(`artifacts/profiles/*.json`, fitted by `rps_astro_cli.profiling.fit_profiles`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, user_errors
 
 def _summary(p) -> dict:  # p: ExecutionProfile
     """Headline numbers of a profile: ids, limits and three step latencies (ms)."""
-    from rps_astro_cli.sim.fit_profiles import sanity_report
+    from rps_astro_cli.profiling.fit_profiles import sanity_report
 
     s = sanity_report(p)
     lin = p.fit.get("linear_layers") or {}
@@ -111,7 +111,7 @@ def register(app: typer.Typer) -> None:
         """Fit every shipped profile from Vidur-schema GPU profiling CSVs and write them."""
         from rps_astro_cli.data_paths import data_dir as default_data_dir
         from rps_astro_cli.errors import AstroUserError
-        from rps_astro_cli.sim.fit_profiles import build_profiles, sanity_report, write_profiles
+        from rps_astro_cli.profiling.fit_profiles import build_profiles, sanity_report, write_profiles
 
         d = data_dir or default_data_dir()
         if d is None:

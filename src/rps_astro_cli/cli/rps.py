@@ -58,11 +58,11 @@ def register(app: typer.Typer) -> None:
 
         from rps_astro_cli.data_paths import ARTIFACTS_DIR
         from rps_astro_cli.errors import AstroUserError
-        from rps_astro_cli.rps import profiler as pf
+        from rps_astro_cli.profiling import profiler as pf
         from rps_astro_cli.rps.records import read_profile_csv
 
-        if backend == "vllm":  # hook into engine.vllm_calibrate (the vLLM backend's calibration)
-            from rps_astro_cli.engine.vllm_calibrate import calibrate_engine
+        if backend == "vllm":  # hook into profiling.vllm_calibrate (the vLLM backend's calibration)
+            from rps_astro_cli.profiling.vllm_calibrate import calibrate_engine
 
             if engine_url is None or step_log is None or out is None:
                 raise AstroUserError("--backend vllm needs --engine-url, --step-log and --out", field="--backend")
@@ -142,7 +142,7 @@ def register(app: typer.Typer) -> None:
         centroids beside the naive (by-modality) baseline."""
         from rps_astro_cli.cli.tables import print_table
         from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
-        from rps_astro_cli.rps.fit import fit_profile
+        from rps_astro_cli.profiling.rps_fit import fit_profile
 
         rep = fit_profile(profile_csv, name, out_dir or RPS_ARTIFACTS_DIR, seed=seed, test_fraction=test_fraction)
         if as_json:

@@ -37,8 +37,8 @@ import numpy as np
 
 from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies.base import InstancePolicy
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance

@@ -109,7 +109,7 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
     if extra_args:
         raise AstroUserError(f"the sim backend takes no extra arguments, got {' '.join(extra_args)}",
                              field="--backend", fix="drop them or use --backend vllm")
-    from rps_astro_cli.engine.openai_api import ApiLimits
+    from rps_astro_cli.protocol.openai import ApiLimits
     from rps_astro_cli.engine.sim_server import run_engine
     from rps_astro_cli.tokens import load_counter
 

@@ -1,7 +1,7 @@
 """The sim engine's HTTP face: an OpenAI-compatible FastAPI app over a `SimEngine`.
 
 Routes:
-- `POST /v1/completions`, `POST /v1/chat/completions` (see `openai_api` for fields);
+- `POST /v1/completions`, `POST /v1/chat/completions` (see `protocol.openai` for fields);
   streaming answers are SSE `data: {...}` chunks, one per output token (token text is
   synthetic: one short word per token; counts are exact), ending `data: [DONE]`; with
   `stream_options.include_usage` a usage-only chunk (`choices: []`) precedes `[DONE]`.
@@ -31,8 +31,6 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-import socket
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -48,7 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rps_astro_cli.engine.openai_api import (
+from rps_astro_cli.protocol.openai import (
     ApiError,
     ApiLimits,
     decode_json_body,
@@ -58,6 +56,7 @@ from rps_astro_cli.engine.openai_api import (
     vision_charge,
 )
 from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, SimEngine
+from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.tokens import count_tokens_fallback
 
 log = logging.getLogger(__name__)
@@ -394,40 +393,6 @@ async def _complete(request: Request, engine: SimEngine, er: EngineRequest, fmt:
 
 
 # -- running ---------------------------------------------------------------------------
-def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
-    """A listening TCP socket on (host, port); port 0 asks the OS for a free port.
-
-    Raises:
-        AstroUserError: the address cannot be bound (in use, bad host).
-    """
-    from rps_astro_cli.errors import AstroUserError
-
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # proto IPPROTO_TCP (not 0) so asyncio sets TCP_NODELAY on accepted connections; and
-    # NODELAY on the listener (Linux inherits it): without it, small SSE writes wait for
-    # the client's delayed ACK (~40 ms per response).
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise AstroUserError(f"cannot listen on {host}:{port}: {exc.strerror}", field="--port",
-                             fix="pick a free port or 0 for any") from None
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
-
-
-def _uvicorn_server(app: FastAPI, log_level: str):
-    import uvicorn
-
-    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
-                            lifespan="on", timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
-
-
 def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, limits: ApiLimits = ApiLimits(),
                served_model_name: str | None = None, log_level: str = "warning",
@@ -444,86 +409,3 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
                      counter=counter)
     serve_blocking(app, host, port, log_level, ready_file)
-
-
-def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning",
-                   ready_file: str | None = None, *, use_uvloop: bool = False) -> None:
-    """Serve `app` with uvicorn on host:port (port 0 = any free port) until interrupted
-    (blocking). Once listening, prints `ready: http://HOST:PORT` on stdout and writes that
-    URL to `ready_file` (when given), so a supervisor can learn the port. `use_uvloop`
-    runs the event loop on uvloop when it is installed (else asyncio). Shared by the
-    engine and the services (`services.http_common.run_app`).
-
-    Raises:
-        AstroUserError: the address cannot be bound.
-    """
-    import asyncio
-
-    sock = bind_socket(host, port)
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    server = _uvicorn_server(app, log_level)
-
-    async def main() -> None:
-        task = asyncio.create_task(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.01)
-        if server.started:
-            print(f"ready: {url}", flush=True)
-            if ready_file:
-                with open(ready_file, "w") as fh:
-                    fh.write(url + "\n")
-        await task
-
-    run = asyncio.run
-    if use_uvloop:
-        try:
-            import uvloop  # optional speed-up (uvicorn's "standard" extra)
-
-            run = uvloop.run
-        except ImportError:  # pragma: no cover
-            pass
-    try:
-        run(main())
-    except KeyboardInterrupt:
-        pass
-
-
-class ServerThread:
-    """Serve an app on 127.0.0.1:<free port> in a background thread (tests, `astro serve`
-    whole-cluster mode). Use as a context manager; `url` is the base URL.
-
-    Raises:
-        RuntimeError: the server did not come up within `timeout_s`.
-    """
-
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0,
-                 log_level: str = "warning", timeout_s: float = 20.0):
-        self.sock = bind_socket(host, port)
-        self.url = f"http://{host}:{self.sock.getsockname()[1]}"
-        self.server = _uvicorn_server(app, log_level)
-        self.thread = threading.Thread(target=self._run, daemon=True, name="astro-server")
-        self.timeout_s = timeout_s
-
-    def _run(self) -> None:
-        import asyncio
-
-        asyncio.run(self.server.serve(sockets=[self.sock]))
-
-    def start(self) -> ServerThread:
-        self.thread.start()
-        deadline = time.monotonic() + self.timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("server did not start")
-            time.sleep(0.01)
-        return self
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-    def __enter__(self) -> ServerThread:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

@@ -34,7 +34,7 @@ fcfs), `ASTRO_VLLM_POLICY_PARAMS` (JSON object of policy parameters),
 `ASTRO_VLLM_PROFILE_ID`, `ASTRO_VLLM_POLICY_MODULES` (comma-separated modules imported
 before the policy is looked up, so they can register user-defined policies),
 `ASTRO_VLLM_STEP_LOG` (CSV path: one line per engine step with its batch shape and
-duration, for `engine.vllm_calibrate`; unset = no log).
+duration, for `profiling.vllm_calibrate`; unset = no log).
 """
 
 from __future__ import annotations
@@ -51,10 +51,10 @@ from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.policies.base import InstancePolicy
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
 ENV_POLICY_PARAMS = "ASTRO_VLLM_POLICY_PARAMS"

@@ -27,7 +27,7 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
   instance id). Duration: from the start of the step's `schedule()` to the start of the
   next one while the engine stays busy (so the engine loop's own per-step work counts),
   or to the end of its `update_from_output()` when the engine then goes idle (seconds).
-  `engine.vllm_calibrate` fits an `ExecutionProfile` to this log.
+  `profiling.vllm_calibrate` fits an `ExecutionProfile` to this log.
 - After `schedule()`, `update_from_output()` (finished requests removed) and
   `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
   `/status` is served from it on demand. The plugin's own counters are the top-level

@@ -1,14 +1,9 @@
-"""In-instance scheduling policies (pure Python; no vllm import) shared by the sim engine,
-the Predictor's look-ahead and the vLLM scheduler plugin."""
+"""The richer in-instance scheduling policies (pure Python; no vllm import), above the
+sim core: `priority` (static class priority, EDF) and `rps` (RPS-Serve). The interface,
+its registry and FCFS live in `rps_astro_cli.sim.policy` / `sim.fcfs`; importing this
+package registers every built-in policy, so `make_policy(name)` from here knows them all."""
 
-from rps_astro_cli.policies.base import INSTANCE_POLICIES, InstancePolicy, make_policy
+from rps_astro_cli.policies import rps as _rps  # noqa: F401  (registers the RPS-Serve family)
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy, make_policy
 
 __all__ = ["INSTANCE_POLICIES", "InstancePolicy", "make_policy"]
-
-# Register the built-in policies.
-from rps_astro_cli.policies import fcfs as _fcfs  # noqa: E402,F401
-
-try:  # the RPS-Serve family lands in its own module
-    from rps_astro_cli.policies import rps as _rps  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies.base import INSTANCE_POLICIES, InstancePolicy
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.policies.priority import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
@@ -377,6 +377,6 @@ def make_policy_for_profile(name: str, profile: Any, **params: Any) -> InstanceP
     Raises:
         AstroUserError: unknown policy name or bad parameters.
     """
-    from rps_astro_cli.policies.base import make_policy
+    from rps_astro_cli.sim.policy import make_policy
 
     return make_policy(name, **{**profile_policy_params(name, profile), **params})

@@ -74,7 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's routing/HTTP errors (404, 405, ...) as OpenAI-style JSON, keeping their
     headers (e.g. `Allow` on a 405)."""
-    from rps_astro_cli.engine.openai_api import http_error_body
+    from rps_astro_cli.protocol.openai import http_error_body
 
     headers = dict(exc.headers or {})
     allow = {k.lower(): v for k, v in headers.items()}.get("allow")
@@ -206,7 +206,7 @@ def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
     Raises:
         AstroUserError: the address cannot be bound (names `--port`).
     """
-    from rps_astro_cli.engine.sim_server import bind_socket as _bind
+    from rps_astro_cli.protocol.http_server import bind_socket as _bind
 
     return _bind(host, port)
 
@@ -220,6 +220,6 @@ def run_app(app: FastAPI, host: str = DEFAULT_HOST, port: int = 0, log_level: st
     Raises:
         AstroUserError: the address cannot be bound.
     """
-    from rps_astro_cli.engine.sim_server import serve_blocking
+    from rps_astro_cli.protocol.http_server import serve_blocking
 
     serve_blocking(app, host, port, log_level, ready_file, use_uvloop=True)

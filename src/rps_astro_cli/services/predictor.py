@@ -46,7 +46,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -63,7 +63,7 @@ from rps_astro_cli.sim import lookahead as _lookahead
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
-from rps_astro_cli.status import InstanceStatus
+from rps_astro_cli.sim.status import InstanceStatus
 
 log = logging.getLogger("astro.predictor")
 

@@ -3,7 +3,7 @@
 Per request to `/v1/chat/completions` or `/v1/completions`:
 1. read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw
    body at once; validate the body with the engine's own parser
-   (`engine/openai_api.py`) while the tagger works. Bad input → 4xx naming the field,
+   (`protocol/openai.py`) while the tagger works. Bad input → 4xx naming the field,
    and nothing reaches an engine; an unknown `model` → 404.
 2. dispatch: the policy's `candidates` (power-of-k: k distinct healthy instances), then
    for prediction-guided policies one `POST /predict` per candidate to its Predictor, in
@@ -69,7 +69,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rps_astro_cli.dispatch import DispatchDecision, InstanceLoad, make_dispatch
-from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.http_common import (

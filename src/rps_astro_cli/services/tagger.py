@@ -10,16 +10,16 @@ Response:
      "encoder_s": float, "preprocess_s": float,   # media costs on the profile (s)
      "length_model": str, "tag_us": float}
 
-Token and media accounting reuse the engine's parser (`engine/openai_api.py`), so the
+Token and media accounting reuse the engine's parser (`protocol/openai.py`), so the
 tagger, the scheduler and the engine count the same way; vision tokens come from the
 execution profile's `VisionCosts` (0 on text-only profiles).
 
-Length model: `load_length_model(spec)`: by default the length package's shipped model
+Length model: `load_length_model(spec)` (`length.resolve.resolve_length_model`): by default the length package's shipped model
 (`rps_astro_cli.length`; chat bodies go through `LengthModel.predict_chats([messages])`,
 which builds the prompt the model was trained on (e.g. `classic` sees the previous turn
 before the last user message); completions through `LengthModel.predict([prompt])`),
 falling back to the documented
-baseline in `artifacts/length/baseline/` (`services/length_baseline.py`) when that
+baseline in `artifacts/length/baseline/` (`length/bin_median.py`) when that
 artifact is absent; "baseline" picks the baseline explicitly. The prediction only
 informs scheduling; it never changes generation.
 
@@ -38,8 +38,9 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rps_astro_cli.engine import openai_api as oa
+from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.length.resolve import resolve_length_model as load_length_model
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -50,82 +51,11 @@ from rps_astro_cli.services.http_common import (
     new_registry,
     read_body,
 )
-from rps_astro_cli.services.length_baseline import BASELINE_PATH, BinMedianLengthModel
 from rps_astro_cli.sim.profile import VisionCosts, load_profile
 
 log = logging.getLogger("astro.tagger")
 
 MAX_TAG_TEXT_CHARS = 20_000  # the length model sees at most this much prompt text
-
-
-def load_length_model(spec: str | Path | None) -> tuple[str, Callable[..., int]]:
-    """(name, predict(prompt_text, prompt_tokens, messages=None) → output tokens) for `spec`.
-    Give `messages` (the chat body's OpenAI messages list) for chat requests: package
-    models then predict with `predict_chats`, seeing the same context turns as in
-    training; the baseline only uses `prompt_tokens`.
-
-    - None / "" / "auto": the length package's shipped default
-      (`rps_astro_cli.length.default_length_model()`, `artifacts/length/classic`) when it
-      loads, else the baseline below (logged);
-    - "baseline", or a `bin_median` JSON (or a folder holding `model.json` of that kind):
-      the baseline of `services/length_baseline.py`;
-    - anything else: `rps_astro_cli.length.load_length_model(spec)` (a name under
-      `artifacts/length/` or a folder path).
-
-    Raises:
-        AstroUserError: the artifact is missing or cannot be loaded (names it).
-    """
-    if spec in (None, "", "auto"):
-        try:
-            from rps_astro_cli.length import default_length_model
-
-            model = default_length_model()
-            return f"{model.meta.model} (default)", _wrap(model)
-        except (ImportError, AstroUserError, OSError) as exc:
-            log.warning("default length model unavailable (%s); using the baseline", exc)
-            spec = "baseline"
-    if spec == "baseline":
-        m = BinMedianLengthModel.load(BASELINE_PATH)
-        return "baseline", lambda _text, ntok, messages=None: m.predict_tokens(ntok)
-    p = Path(str(spec))
-    baseline_file = next((c for c in (p, p / "model.json") if _is_bin_median(c)), None)
-    if baseline_file is not None:
-        found = BinMedianLengthModel.load(baseline_file)
-        return str(spec), lambda _text, ntok, messages=None: found.predict_tokens(ntok)
-    try:
-        from rps_astro_cli.length import load_length_model as load_pkg_model
-    except ImportError:
-        raise AstroUserError(f"cannot load length model {spec!r}: the length package is unavailable",
-                             field="length_model", fix="omit it to use the baseline") from None
-    return str(spec), _wrap(load_pkg_model(str(spec)))
-
-
-def _is_bin_median(path: Path) -> bool:
-    """Whether `path` is a JSON file of the baseline's kind."""
-    import json
-
-    if not (path.is_file() and path.suffix == ".json"):
-        return False
-    try:
-        return json.loads(path.read_text()).get("kind") == "bin_median"
-    except (ValueError, AttributeError, OSError):
-        return False
-
-
-def _wrap(model: Any) -> Callable[..., int]:
-    """A `LengthModel` as the tagger's callable (text, tokens, messages=None) → tokens:
-    `model.predict_chats([messages])[0]` for a chat (falling back to `predict([text])`
-    when the chat has no user message), else `model.predict([text])[0]`."""
-
-    def predict(text: str, _n: int, messages: Any = None) -> int:
-        if messages is not None:
-            try:
-                return max(1, int(model.predict_chats([messages])[0]))
-            except AstroUserError:  # e.g. only system/assistant turns: predict from the text
-                pass
-        return max(1, int(model.predict([text or " "])[0]))
-
-    return predict
 
 
 def prompt_text(body: dict[str, Any]) -> str:

@@ -17,12 +17,12 @@ from collections.abc import Callable
 from operator import attrgetter
 from typing import Any, cast
 
-from rps_astro_cli.policies.base import InstancePolicy
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import RequestStatus
+from rps_astro_cli.sim.status import RequestStatus
 
 CANDIDATE_ID = "__candidate__"
 PREEMPTED_ONLY = -1.0  # a step that only preempted: nothing ran, no time passed

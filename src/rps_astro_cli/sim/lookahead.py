@@ -23,12 +23,12 @@ from types import ModuleType
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies.base import InstancePolicy
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.remaining import RemainingLength
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.status import InstanceStatus, RequestStatus
+from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 
 def _load_jump() -> ModuleType:

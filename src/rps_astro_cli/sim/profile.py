@@ -158,7 +158,7 @@ class ExecutionProfile:
         except KeyError as exc:
             raise AstroUserError(
                 f"profile {pid} lacks field {exc.args[0]!r}", field="profile",
-                fix="regenerate it with `python -m rps_astro_cli.sim.fit_profiles`",
+                fix="regenerate it with `astro profiles fit`",
             ) from None
         except (TypeError, ValueError) as exc:
             if isinstance(exc, AstroUserError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rps_astro_cli.policies.base import INSTANCE_POLICIES, InstancePolicy
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 
 

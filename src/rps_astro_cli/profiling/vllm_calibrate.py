@@ -23,18 +23,13 @@ level, the remainder at the top level) with prompt lengths spread
 over [16, max_prompt_tokens] and outputs over [4, max_output_tokens] tokens (token-id
 prompts, `ignore_eos`), drawn from one `numpy.random.Generator`.
 
-Command line (the engine must run with `ASTRO_VLLM_STEP_LOG=LOG`):
-
-    python -m rps_astro_cli.engine.vllm_calibrate --engine-url URL --step-log LOG \\
-        --out PROFILE.json [--profile-id ID] [--requests 48] [--seed 0]
-
-The same through the CLI: `astro profile --backend vllm --engine-url URL --step-log LOG
---out PROFILE.json`. This module does not import vllm.
+Command line (the engine must run with `ASTRO_VLLM_STEP_LOG=LOG`): `astro profile
+--backend vllm --engine-url URL --step-log LOG --out PROFILE.json [--name ID]
+[--max-requests 48] [--seed 0]`. This module does not import vllm.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -149,7 +144,7 @@ def fit_step_log(steps: np.ndarray, profile_id: str, model: str, limits: dict[st
         max_num_seqs=int(limits["max_num_seqs"]),
         max_num_batched_tokens=int(limits["max_num_batched_tokens"]),
         max_model_len=int(limits["max_model_len"]),
-        sources={"calibration": "astro vLLM plugin step log (engine.vllm_calibrate)",
+        sources={"calibration": "astro vLLM plugin step log (profiling.vllm_calibrate)",
                  "step_log": source},
         fit={"n_steps": int(len(y)), "n_train_kept": int(keep.sum()),
              "dropped_outliers": int(train.sum() - keep.sum()),
@@ -246,31 +241,3 @@ def calibrate_engine(engine_url: str, step_log: str | Path, out: str | Path, pro
     prof = fit_step_log(read_step_log(step_log), profile_id, model, limits, source=str(step_log))
     Path(out).write_text(json.dumps(prof.to_dict(), indent=1) + "\n")
     return {"out": str(out), **prof.fit}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry (see module docstring); exit 2 on a user error."""
-    import httpx
-
-    ap = argparse.ArgumentParser(description="Fit an astro execution profile to a vLLM engine's step log.")
-    ap.add_argument("--engine-url", required=True, help="Base URL of the astro vLLM engine (has /status).")
-    ap.add_argument("--step-log", required=True, help="The engine's $ASTRO_VLLM_STEP_LOG file.")
-    ap.add_argument("--out", required=True, help="Profile JSON to write.")
-    ap.add_argument("--profile-id", default="vllm-calibrated", help="profile_id written into the JSON.")
-    ap.add_argument("--requests", type=int, default=48, help="Calibration requests to send (0 = fit only).")
-    ap.add_argument("--max-prompt-tokens", type=int, default=512)
-    ap.add_argument("--max-output-tokens", type=int, default=64)
-    ap.add_argument("--max-concurrency", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    try:
-        res = calibrate_engine(a.engine_url, a.step_log, a.out, a.profile_id, a.requests, a.seed,
-                               a.max_prompt_tokens, a.max_output_tokens, a.max_concurrency)
-    except AstroUserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    print(json.dumps(res))
-    return 0
-
-if __name__ == "__main__":
-    sys.exit(main())

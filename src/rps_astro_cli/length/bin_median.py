@@ -15,7 +15,7 @@ Artifact `artifacts/length/baseline/model.json` (numbers only, no text):
      "median_output_tokens": [m0, ..., m_{n-1}], "max_output_tokens": int,
      "data": {...provenance...}, "metrics": {...held-out...}}
 
-Refit: `python -m rps_astro_cli.services.length_baseline [SHAREGPT_JSON] [OUT_JSON]`.
+Refit: `python -m rps_astro_cli.length.bin_median [SHAREGPT_JSON] [OUT_JSON]`.
 """
 
 from __future__ import annotations

@@ -42,13 +42,12 @@ token counts, or below 1/3 of the median of the last 5 accepted readings at smal
 counts (the CSVs hold runs of bogus 0.0017–0.0019 ms readings where neighbours read
 0.1–1 ms); counts are in `fit.rows_excluded_glitch_per_op`.
 
-Run `python -m rps_astro_cli.sim.fit_profiles --data-dir DIR --out DIR` (or
-`astro profiles fit`) to regenerate `artifacts/profiles/*.json`.
+Run `astro profiles fit --data-dir DIR --out DIR` to regenerate
+`artifacts/profiles/*.json`.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
@@ -920,25 +919,3 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()
     raise TypeError(f"not JSON serializable: {type(o).__name__}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m rps_astro_cli.sim.fit_profiles --data-dir DIR --out DIR [--seed N]`."""
-    from rps_astro_cli.data_paths import ARTIFACTS_DIR, data_dir
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data-dir", type=Path, default=data_dir())
-    ap.add_argument("--out", type=Path, default=ARTIFACTS_DIR / "profiles")
-    ap.add_argument("--seed", type=int, default=0)
-    a = ap.parse_args(argv)
-    if a.data_dir is None:
-        ap.error("no sample-data folder: pass --data-dir or set ASTRO_DATA_DIR")
-    profiles = build_profiles(a.data_dir, a.seed)
-    for path, p in zip(write_profiles(profiles, a.out), profiles):
-        s = sanity_report(p)
-        print(f"{path}: " + ", ".join(f"{k}={v:.1f}" for k, v in s.items()))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
