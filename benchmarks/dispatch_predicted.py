@@ -86,10 +86,13 @@ ARMS: dict[str, Arm] = {
     # (d) a risk quantile of the conditional distribution instead of its mean
     "pok2_cond_q50": Arm("power_of_k", {"k": 2}, remaining="default:ratio@q50"),
     "pok2_cond_q90": Arm("power_of_k", {"k": 2}, remaining="default:ratio@q90"),
+    # (e) the ratio table keeps learning from finished requests during the run
+    "pok2_cond_online": Arm("power_of_k", {"k": 2}, remaining="online:default:ratio@mean"),
 }
 GROUPS = {
     "base": ["llumnix", "least_requests", "pok2", "pok2_oracle"],
-    "levers": ["pok2_cond", "pok2_emp", "pokall", "pok2_ttft", "pok2_cond_q50", "pok2_cond_q90"],
+    "levers": ["pok2_cond", "pok2_emp", "pokall", "pok2_ttft", "pok2_cond_q50", "pok2_cond_q90",
+               "pok2_cond_online"],
 }
 GROUPS["all"] = GROUPS["base"] + GROUPS["levers"]
 BASELINES = ("llumnix", "least_requests")
@@ -169,9 +172,13 @@ def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: Latency
     """P99 TTFT and mean E2E (s) of one arm on one request list."""
     kw: dict[str, Any] = {}
     if arm.remaining is not None:
-        from rps_astro_cli.sim.remaining import load_remaining
+        from rps_astro_cli.sim.remaining import OnlineRemaining, load_remaining
 
-        kw["remaining"] = load_remaining(arm.remaining)
+        spec = arm.remaining
+        if spec.startswith("online:"):
+            kw["remaining"] = OnlineRemaining(load_remaining(spec[len("online:"):]))
+        else:
+            kw["remaining"] = load_remaining(spec)
     res = simulate_cluster(reqs, num_instances, make_dispatch(arm.policy, **arm.params), lat, icfg,
                            lambda: make_policy("fcfs"), np.random.default_rng([seed, 11]), **kw)
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])
@@ -276,7 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                 per[n].append(run_arm(arm, reqs, args.instances, lat, icfg, s))
             log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s)")
         out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per}
-        print_table(load, rate, names, per)
+        if args.seeds:
+            print_table(load, rate, names, per)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     return 0

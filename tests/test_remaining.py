@@ -8,7 +8,7 @@ import json
 import pytest
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies.fcfs import FCFSPolicy
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict_instance
@@ -97,3 +97,33 @@ def test_lookahead_uses_the_conditional_length() -> None:
     assert with_table.e2e_s == pytest.approx(0.0405, abs=1e-12)
     plain = predict_instance(inst, 2.0, cand)
     assert plain.e2e_s == pytest.approx(0.0404, abs=1e-12)
+
+
+def test_online_table_refits_from_finished_requests() -> None:
+    from rps_astro_cli.sim.remaining import OnlineRemaining
+
+    on = OnlineRemaining(RemainingLength("ratio", (1.0, 1.0)), window=2, refit_every=2)
+    assert on.expected_total(100, 0) == 100
+    on.observe(100, 300)  # ratio 3
+    assert on.expected_total(100, 0) == 100  # no refit before `refit_every` observations
+    on.observe(50, 150)  # ratio 3 → pool (1, 1, 3, 3): mid-point quantiles 0.25, 0.75 → 1.0, 3.0
+    assert on.current.atoms == (1.0, 3.0)
+    assert on.expected_total(100, 0) == 200  # (100 + 300) / 2
+    on.observe(10, 10)  # ratio 1 replaces the oldest (window 2): buffer (1, 3)
+    on.observe(10, 10)  # buffer (1, 1) → pool (1, 1, 1, 1)
+    assert on.current.atoms == (1.0, 1.0) and on.observed == 4
+
+
+def test_snapshot_paths_use_the_conditional_length() -> None:
+    # The case of test_lookahead_uses_the_conditional_length as a /status snapshot: the jump
+    # look-ahead and the step-by-step reference both give TTFT 0.0201, E2E 0.0405.
+    from rps_astro_cli.sim.lookahead import predict, predict_stepwise
+    from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
+
+    cfg = InstanceConfig(max_model_len=4096)
+    status = InstanceStatus("i", 2.0, cfg, cfg.num_gpu_blocks - 1,
+                            (RequestStatus("R", 1.0, 10, 14, 5, 7, kv_blocks=1),))
+    for fn in (predict, predict_stepwise):
+        est = fn(status, CandidateRequest(100, 3), LatencyModel(HAND), FCFSPolicy(), remaining=RATIO)
+        assert est.ttft_s == pytest.approx(0.0201, abs=1e-12)
+        assert est.e2e_s == pytest.approx(0.0405, abs=1e-12)

@@ -43,7 +43,7 @@ from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.profile import ExecutionProfile
-from rps_astro_cli.sim.remaining import RemainingLength
+from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
 _ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
@@ -179,7 +179,7 @@ def simulate_cluster(
     *,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
-    remaining: RemainingLength | None = None,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -192,7 +192,8 @@ def simulate_cluster(
     rng: the run's only source of randomness (required).
     extension_tokens / default_output_tokens: the look-ahead's auto-extension rule.
     remaining: the look-ahead's conditional remaining-length rule for queued/running
-        requests (`sim.remaining`; None = the auto-extension rule).
+        requests (`sim.remaining`; None = the auto-extension rule). An
+        `OnlineRemaining` also observes every finished request's true length.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -218,6 +219,7 @@ def simulate_cluster(
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
     needs_pred = dispatch.needs_predictions
+    learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = dispatch.needs_status
 
     n = len(requests)
@@ -267,6 +269,8 @@ def simulate_cluster(
             if fin:
                 outstanding[i] -= len(fin)
                 for sr in fin:
+                    if learn is not None:  # the scheduler sees the true length when a request ends
+                        learn(sr.predicted_output_tokens, sr.num_generated_tokens)
                     rec = records[index_of[id(sr)]]
                     assert rec is not None
                     rec.first_scheduled_s = sr.first_scheduled_s

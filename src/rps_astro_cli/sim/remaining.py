@@ -177,3 +177,56 @@ def load_remaining(spec: str | Path) -> RemainingLength:
     return RemainingLength(str(d.get("kind", kind or "ratio")), tuple(d["atoms"]),
                            statistic or str(d.get("statistic", "mean")),
                            int(d.get("extension_tokens", 10)), int(d.get("default_output_tokens", 256)))
+
+
+class OnlineRemaining:
+    """A `RemainingLength` that keeps learning from the fleet's finished requests (issue
+    13 §2, "learning online"): each finish adds one observation — the ratio true /
+    predicted for a "ratio" table, the true length for an "empirical" one — to a ring
+    buffer of the last `window` observations; every `refit_every` observations the atoms
+    are re-fitted (`equal_probability_atoms`, as many as the prior has) to the prior's
+    atoms together with the buffer. Memory is bounded by `window` numbers; no prompt
+    text is kept.
+
+    prior: the table to start from (also its kind, statistic and extension rule).
+    window: observations kept (the oldest is dropped first). refit_every: observations
+    between refits.
+    """
+
+    def __init__(self, prior: RemainingLength, window: int = 2000, refit_every: int = 100) -> None:
+        if window < 1 or refit_every < 1:
+            raise AstroUserError("window and refit_every must be ≥ 1", field="remaining.online")
+        self.prior = prior
+        self.current = prior
+        self.window = window
+        self.refit_every = refit_every
+        self._buf: list[float] = []
+        self._next = 0  # ring position once the buffer is full
+        self._since_refit = 0
+        self.observed = 0
+
+    def expected_total(self, predicted: int | None, generated: int, cap: int | None = None) -> int:
+        return self.current.expected_total(predicted, generated, cap)
+
+    def observe(self, predicted: int | None, true_tokens: int) -> None:
+        """Record a finished request: its prediction (tokens; None/0 → the table's
+        default) and its true output length (tokens, ≥ 1)."""
+        if true_tokens < 1:
+            return
+        p = float(predicted) if predicted else float(self.prior.default_output_tokens)
+        x = true_tokens / p if self.prior.kind == "ratio" else float(true_tokens)
+        if len(self._buf) < self.window:
+            self._buf.append(x)
+        else:
+            self._buf[self._next] = x
+            self._next = (self._next + 1) % self.window
+        self.observed += 1
+        self._since_refit += 1
+        if self._since_refit >= self.refit_every:
+            self._since_refit = 0
+            atoms = equal_probability_atoms(list(self.prior.atoms) + self._buf, len(self.prior.atoms))
+            self.current = RemainingLength(self.prior.kind, atoms, self.prior.statistic,
+                                           self.prior.extension_tokens, self.prior.default_output_tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.prior.describe(), "online": True, "window": self.window, "observed": self.observed}
