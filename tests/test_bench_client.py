@@ -214,7 +214,7 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
 
     workloads.WORKLOADS._items["fake-test"] = fake_loader
     try:
-        res = run_bench(BenchConfig(workload="fake-test", base_url=fake_url, request_rate=math.inf,
+        res = run_bench(BenchConfig.flat(workload="fake-test", base_url=fake_url, request_rate=math.inf,
                                     slo=["ttft:5"], out_dir=str(tmp_path / "rep")))
     finally:
         del workloads.WORKLOADS._items["fake-test"]
@@ -247,7 +247,7 @@ def test_all_failed_exits_nonzero(fake_url):
     reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
     workloads.WORKLOADS._items["fake-fail"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
     try:
-        res = run_bench(BenchConfig(workload="fake-fail", base_url=fake_url))
+        res = run_bench(BenchConfig.flat(workload="fake-fail", base_url=fake_url))
     finally:
         del workloads.WORKLOADS._items["fake-fail"]
     o = res.runs[0].metrics["overall"]

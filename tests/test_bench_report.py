@@ -21,7 +21,7 @@ def _result(classes: list[str], rates=(1.0,)) -> BenchResult:
     for rate in rates:
         recs = [_rec(i, c, rate) for i, c in enumerate(classes)]
         runs.append(RunResult(f"rr @ {rate:g}", "round_robin", None, rate, "poisson", all_metrics(recs), recs))
-    return BenchResult(BenchConfig(virtual=True), {"name": "w", "source": "s", "num_requests": len(classes),
+    return BenchResult(BenchConfig.flat(virtual=True), {"name": "w", "source": "s", "num_requests": len(classes),
                                                    "skipped": {}, "notes": {}}, {"mode": "virtual"}, runs)
 
 

@@ -54,7 +54,7 @@ def test_burst_that_fits_the_batch_is_not_capacity(tmp_path):
     # request needs ≥ 300 × 13 ms = 3.9 s and the instance completes ≤ 30 / 3.9 s ≈ 7.7 req/s.
     # TTFT stays ≤ 30 × 100 tokens / 512 per step ≈ 6 steps × 61 ms ≈ 0.4 s < 2 s at any rate,
     # so without the steady-state rule every rate up to 256 req/s "met" the goal.
-    res = run_bench(BenchConfig(virtual=True, profile=str(prof), instances=1, workload="length-trace",
+    res = run_bench(BenchConfig.flat(virtual=True, profile=str(prof), instances=1, workload="length-trace",
                                 path=str(trace), num_requests=30, policies=["round_robin"], oracle_lengths=True,
                                 capacity=True, capacity_threshold_s=2.0, capacity_start_rps=4))
     cap = res.capacity[0]

@@ -44,3 +44,38 @@ def test_help_at_80_columns_shows_every_option_name_whole():
     shown = set(re.findall(r"--[a-z](?:[a-z-]*[a-z])?", res.output))
     assert {"--max-prompt-tokens", "--prediction-noise-fraction", "--no-send-true-lengths"} <= flags
     assert flags <= shown, f"cut or missing in --help: {sorted(flags - shown)}"
+
+
+def test_bench_config_sections_validate_and_report_json_keeps_the_flat_schema():
+    import math
+
+    from rps_astro_cli.bench.config import BenchConfig, ClusterSection, SloSection
+    from rps_astro_cli.errors import AstroUserError
+
+    cfg = BenchConfig.flat(virtual=True, instances=3, seed=7, request_rate=math.inf, api_key="secret")
+    assert cfg.cluster.instances == 3 and cfg.workload.seed == 7 and cfg.target.api_key == "secret"
+    d = cfg.to_dict()
+    # report.json's "config" (schema astro.bench/1): the flat flag names, in the order they
+    # have always had, the key dropped and infinite rates written as "inf"
+    assert list(d) == [
+        "workload", "path", "num_requests", "seed", "tokenizer", "image_dir", "video_dir", "max_frames",
+        "min_tokens", "max_prompt_tokens", "max_total_tokens", "arrival", "request_rate", "burstiness",
+        "time_scale", "max_concurrency", "rates", "cluster", "base_url", "model", "endpoint",
+        "send_true_lengths", "max_tokens", "ignore_eos", "timeout_s", "virtual", "instances",
+        "profile", "instance_policy", "policies", "ks", "objective", "oracle_lengths", "prediction_noise",
+        "prediction_noise_fraction", "length_model", "max_num_seqs", "slo", "slo_scale", "capacity",
+        "capacity_metric", "capacity_percentile", "capacity_threshold_s", "capacity_min_rps",
+        "capacity_start_rps", "capacity_max_rps", "capacity_tolerance", "fail_under", "out_dir"]
+    assert d["request_rate"] == "inf" and d["instances"] == 3 and "api_key" not in d
+    # a saved config repeats the run
+    again = BenchConfig.flat(**{**d, "request_rate": math.inf, "api_key": "secret"})
+    assert again == cfg
+    # each section names the flag it checks; cross-section rules live on BenchConfig
+    with pytest.raises(AstroUserError, match="--instances: must be ≥ 1, got 0"):
+        ClusterSection(instances=0)
+    with pytest.raises(AstroUserError, match=r"--fail-under needs an SLO \(add --slo ttft:10"):
+        SloSection(fail_under=0.9)
+    with pytest.raises(AstroUserError, match="--cluster: no target"):
+        BenchConfig()
+    with pytest.raises(TypeError, match="bogus"):
+        BenchConfig.flat(virtual=True, bogus=1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -12,20 +14,17 @@ from rps_astro_cli.bench.workloads import BenchRequest, Workload
 from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad
 from rps_astro_cli.sim.lookahead import LatencyEstimate
 from rps_astro_cli.sim.profile import ExecutionProfile, VisionCosts
+from conftest import write_profile
 
 
 def hand_profile(tmp_path):
-    import json
-
     prof = ExecutionProfile("mm", "m", "g", 1, base_s=0.01, per_seq_s=0.0, token_knots=(0, 10_000),
                             token_s=(0.0, 1.0), decode_attn_s_per_ctx_token=0.0,
                             prefill_attn_s_per_token_pair=0.0, max_model_len=2048,
                             vision=VisionCosts(tokens_per_image=500, tokens_per_frame=100,
                                                preprocess_s_per_image=0.2, preprocess_s_per_frame=0.05,
                                                encoder_s_per_image=0.03, encoder_s_per_frame=0.01))
-    p = tmp_path / "mm.json"
-    p.write_text(json.dumps(prof.to_dict()))
-    return p
+    return Path(write_profile(tmp_path, prof, "mm.json"))
 
 
 def test_virtual_requests_price_media_and_fail_too_long(tmp_path):
@@ -33,7 +32,7 @@ def test_virtual_requests_price_media_and_fail_too_long(tmp_path):
             BenchRequest("i", "look", 20, 5, "image", (MediaItem("image", stand_in=True),)),
             BenchRequest("v", "watch", 30, 5, "video", (MediaItem("video", stand_in=True, num_frames=8),)),
             BenchRequest("long", "x", 2000, 100)]
-    cfg = BenchConfig(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True)
+    cfg = BenchConfig.flat(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True)
     tgt = VirtualTarget(cfg, Workload("w", reqs, "test"), len)
     vreqs, failed = tgt.virtual_requests([0.0, 1.0, 2.0, 3.0])
     by = {v.request_id: v for v in vreqs}
@@ -69,7 +68,7 @@ def test_prediction_noise_multiplies_each_prediction():
 
 def test_objective_reaches_power_of_k_only(tmp_path):
     reqs = [BenchRequest("t", "hi", 10, 5)]
-    cfg = BenchConfig(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True, objective="ttft")
+    cfg = BenchConfig.flat(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True, objective="ttft")
     tgt = VirtualTarget(cfg, Workload("w", reqs, "test"), len)
     tgt.use_policy("power_of_k", "2")
     assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft"}
@@ -82,7 +81,7 @@ def test_report_folder_for_a_multimodal_sweep(tmp_path):
 
     prof = hand_profile(tmp_path)
     out = tmp_path / "rep"
-    res = run_bench(BenchConfig(virtual=True, profile=str(prof), instances=2, workload="mix-mh", num_requests=20,
+    res = run_bench(BenchConfig.flat(virtual=True, profile=str(prof), instances=2, workload="mix-mh", num_requests=20,
                                 max_frames=2, rates=[1.0, 2.0], policies=["round_robin"], oracle_lengths=True,
                                 slo_scale=5.0, out_dir=str(out)))
     assert res.exit_code == 0 and len(res.runs) == 2

@@ -21,12 +21,9 @@ from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_insta
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus, snapshot
+from conftest import linear_profile
 
-HAND = ExecutionProfile(
-    profile_id="hand", model="hand", gpu="paper", tp=1,
-    base_s=0.01, per_seq_s=0.0, token_knots=(0, 1000), token_s=(0.0, 0.1),
-    decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
-)
+HAND = linear_profile()
 
 
 class ShortestPromptFirst(InstancePolicy):

@@ -11,7 +11,7 @@ from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.policies.rps import make_policy_for_profile, profile_policy_params
 from rps_astro_cli.sim.profile import load_profile
 
-from rps_factories import hand_profile
+from conftest import hand_profile
 
 
 def test_engine_policy_picks_up_the_profiles_classifier():

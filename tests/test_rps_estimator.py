@@ -14,7 +14,7 @@ from rps_astro_cli.rps.records import ProfileRecord
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 
-from rps_factories import hand_profile, req
+from conftest import hand_profile, req
 
 
 def test_isolated_latency_by_hand_and_equal_to_the_instance_model():

@@ -11,7 +11,7 @@ from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
-from rps_factories import hand_profile
+from conftest import hand_profile
 
 PREDICTORS = [lookahead.predict_stepwise] + ([lookahead.predict] if hasattr(lookahead, "predict") else [])
 

@@ -12,7 +12,7 @@ from rps_astro_cli.policies.priority import PriorityRegulator
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 
-from rps_factories import hand_profile, req
+from conftest import hand_profile, req
 
 
 def test_all_policies_registered():

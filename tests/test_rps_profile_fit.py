@@ -18,7 +18,7 @@ from rps_astro_cli.profiling.rps_fit import fit_profile
 from rps_astro_cli.profiling.profiler import plan_points, profile_engine, profile_virtual
 from rps_astro_cli.rps.records import read_profile_csv
 
-from rps_factories import hand_profile
+from conftest import hand_profile
 
 runner = CliRunner()
 

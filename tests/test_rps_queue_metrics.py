@@ -8,7 +8,7 @@ from rps_astro_cli.policies import make_policy
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
 
-from rps_factories import hand_profile, req
+from conftest import hand_profile, req
 
 
 def test_class_queue_metrics_by_hand():

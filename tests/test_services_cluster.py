@@ -17,18 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from conftest import prom_sum as metric
+
 openai = pytest.importorskip("openai")
 
 pytestmark = pytest.mark.slow
-
-
-def metric(text: str, name: str, **labels) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-        if m and all(dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or "")).get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def alive(pid: int) -> bool:

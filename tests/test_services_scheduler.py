@@ -21,15 +21,15 @@ from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.http_common import free_port
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 from rps_astro_cli.sim.profile import ExecutionProfile
+from conftest import linear_profile, write_profile
+from conftest import prom_sum as metric
 
 MODEL = "hand/model"
 
 
 def hand_profile() -> ExecutionProfile:
     """step = 10 ms + 0.1 ms per token (no attention terms)."""
-    return ExecutionProfile(profile_id="hand", model=MODEL, gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
-                            token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
-                            prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=256, max_model_len=1024)
+    return linear_profile(model=MODEL, gpu="none", num_gpu_blocks=256, max_model_len=1024)
 
 
 @pytest.fixture()
@@ -42,9 +42,7 @@ def length_model(tmp_path) -> str:
 
 @pytest.fixture()
 def profile_path(tmp_path) -> str:
-    p = tmp_path / "hand.json"
-    p.write_text(json.dumps(hand_profile().to_dict()))
-    return str(p)
+    return write_profile(tmp_path, hand_profile())
 
 
 def engine_app(i: int, time_scale: float = 0.05) -> FastAPI:
@@ -63,19 +61,6 @@ def scheduler(stack: ExitStack, engines: list[str], predictors: list[str | None]
 
 def chat(content: str = "hello world", **kw) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, **kw}
-
-
-def metric(text: str, name: str, **labels) -> float:
-    """Sum of a Prometheus sample over series whose labels include `labels`."""
-    total = 0.0
-    for line in text.splitlines():
-        m = re.match(rf"^{re.escape(name)}(?:\{{(.*)\}})? (\S+)$", line)
-        if not m:
-            continue
-        got = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1) or ""))
-        if all(got.get(k) == v for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):

@@ -21,6 +21,7 @@ from rps_astro_cli.services.tagger import Tagger, TaggerSettings, create_app as 
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
+from conftest import linear_profile, write_profile
 
 
 # -- recipes -------------------------------------------------------------------------
@@ -203,9 +204,7 @@ def test_tagger_http_errors_name_field(hand_model):
 # -- predictor -------------------------------------------------------------------------
 def hand_profile() -> ExecutionProfile:
     """step = 10 ms + 0.1 ms per token (no attention terms)."""
-    return ExecutionProfile(profile_id="hand", model="hand/model", gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
-                            token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
-                            prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=64, max_model_len=1024)
+    return linear_profile(model="hand/model", gpu="none", num_gpu_blocks=64, max_model_len=1024)
 
 
 LIMITS = InstanceConfig(block_size=16, num_gpu_blocks=64, max_num_seqs=4, max_num_batched_tokens=512,
@@ -230,9 +229,7 @@ class FakeEngine:
 
 @pytest.fixture()
 def profile_path(tmp_path) -> str:
-    p = tmp_path / "hand.json"
-    p.write_text(json.dumps(hand_profile().to_dict()))
-    return str(p)
+    return write_profile(tmp_path, hand_profile())
 
 
 def test_predictor_by_hand(profile_path):

@@ -13,16 +13,14 @@ from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
 from rps_astro_cli.sim.status import InstanceStatus
+from conftest import linear_profile
 
 
 def make_profile(**kw) -> ExecutionProfile:
     """step = 10 ms + 0.1 ms per token (no attention terms)."""
-    base = dict(profile_id="hand", model="hand/model", gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
-                token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
-                prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=256, max_model_len=1024,
+    base = dict(model="hand/model", gpu="none", num_gpu_blocks=256, max_model_len=1024,
                 output_len=OutputLengthDist(mu=math.log(20), sigma=0.0, max_tokens=2048))
-    base.update(kw)
-    return ExecutionProfile(**base)
+    return linear_profile(**{**base, **kw})
 
 
 def req(prompt: int, **kw) -> ParsedRequest:

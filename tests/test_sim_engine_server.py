@@ -17,6 +17,7 @@ from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.engine.sim_server import create_app, synthetic_text
 from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
+from conftest import linear_profile
 from test_sim_engine_api import MP4_URL, PNG_URL
 
 pytestmark = pytest.mark.timeout(60)
@@ -27,12 +28,9 @@ HTTP = httpx.Client(timeout=10)  # one pooled client: new clients cost ~50 ms of
 
 def make_profile(**kw) -> ExecutionProfile:
     """step = base_s (10 ms) + 0.1 ms per token (no attention terms)."""
-    base = dict(profile_id="hand", model=MODEL, gpu="none", tp=1, base_s=0.010, per_seq_s=0.0,
-                token_knots=(0, 1000), token_s=(0.0, 0.1), decode_attn_s_per_ctx_token=0.0,
-                prefill_attn_s_per_token_pair=0.0, num_gpu_blocks=512, max_model_len=1024,
+    base = dict(model=MODEL, gpu="none", num_gpu_blocks=512, max_model_len=1024,
                 output_len=OutputLengthDist(mu=math.log(20), sigma=0.0, max_tokens=2048))
-    base.update(kw)
-    return ExecutionProfile(**base)
+    return linear_profile(**{**base, **kw})
 
 
 def serve(profile: ExecutionProfile, time_scale: float = 0.05, **app_kw) -> ServerThread:

@@ -13,12 +13,9 @@ from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
+from conftest import linear_profile
 
-HAND = ExecutionProfile(
-    profile_id="hand", model="hand", gpu="paper", tp=1,
-    base_s=0.01, per_seq_s=0.0, token_knots=(0, 1000), token_s=(0.0, 0.1),
-    decode_attn_s_per_ctx_token=0.0, prefill_attn_s_per_token_pair=0.0,
-)
+HAND = linear_profile()
 CFG = InstanceConfig(block_size=16, num_gpu_blocks=1000, max_num_seqs=48, max_num_batched_tokens=512,
                      max_model_len=4096)
 

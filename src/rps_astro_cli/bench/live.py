@@ -65,28 +65,28 @@ class LiveTarget:
         self.wl = wl
         self.counter = counter
         self.cluster: dict[str, Any] | None = None
-        self.base_url: str = cfg.base_url or ""
-        self.model: str | None = cfg.model
+        self.base_url: str = cfg.target.base_url or ""
+        self.model: str | None = cfg.target.model
         self._supervisor = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.policy_desc: dict[str, Any] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
-        if self.cfg.cluster:
-            self._load_cluster(read_cluster_json(self.cfg.cluster))
-        if self.cfg.slo_scale is not None and not ((self.cluster or {}).get("profile") or self.cfg.profile):
+        if self.cfg.target.cluster:
+            self._load_cluster(read_cluster_json(self.cfg.target.cluster))
+        if self.cfg.slo.e2e_scale is not None and not ((self.cluster or {}).get("profile") or self.cfg.cluster.profile):
             raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
                                  fix="pass --profile ID (the served model's profile) or use --cluster")
         self._check_reachable()
         if self.model is None:
-            self.model = asyncio.run(discover_model(self.base_url, self.cfg.api_key))
+            self.model = asyncio.run(discover_model(self.base_url, self.cfg.target.api_key))
 
     def _load_cluster(self, d: dict[str, Any]) -> None:
         self.cluster = d
         self.base_url = d["scheduler"]["url"]
         self.policy_desc = d.get("policy")
-        if self.cfg.model is None:
+        if self.cfg.target.model is None:
             self.model = d.get("model")
 
     def _check_reachable(self) -> None:
@@ -94,7 +94,7 @@ class LiveTarget:
             with httpx.Client(timeout=5.0) as c:
                 c.get(self.base_url.rstrip("/") + "/v1/models")
         except httpx.HTTPError as exc:
-            flag = "--cluster" if self.cfg.cluster else "--base-url"
+            flag = "--cluster" if self.cfg.target.cluster else "--base-url"
             raise AstroUserError(f"cannot reach {self.base_url}: {type(exc).__name__}", field=flag,
                                  fix="is the server running?") from None
 
@@ -108,10 +108,10 @@ class LiveTarget:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
-                             "endpoint": self.cfg.endpoint, "send_true_lengths": self.cfg.send_true_lengths,
+                             "endpoint": self.cfg.target.endpoint, "send_true_lengths": self.cfg.target.send_true_lengths,
                              "max_tokens": self.max_tokens_mode}
         if self.cluster:
-            d.update(cluster=str(self.cfg.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
+            d.update(cluster=str(self.cfg.target.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
                      instance_policy=self.cluster.get("instance_policy"),
                      time_scale=self.time_scale)
@@ -147,17 +147,17 @@ class LiveTarget:
 
     # -- runs ------------------------------------------------------------------------------
     def _client_opts(self) -> ClientOptions:
-        return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.endpoint,
-                             send_true_lengths=self.cfg.send_true_lengths, ignore_eos=self.cfg.ignore_eos,
-                             timeout_s=self.cfg.timeout_s, api_key=self.cfg.api_key, counter=self.counter,
+        return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.target.endpoint,
+                             send_true_lengths=self.cfg.target.send_true_lengths, ignore_eos=self.cfg.target.ignore_eos,
+                             timeout_s=self.cfg.target.timeout_s, api_key=self.cfg.target.api_key, counter=self.counter,
                              max_tokens_mode=self.max_tokens_mode)
 
     @property
     def max_tokens_mode(self) -> str:
         """"auto" → "none" against an astro cluster (no oracle bound for its dispatcher),
         "reference" against a plain server (as `vllm bench serve`)."""
-        if self.cfg.max_tokens != "auto":
-            return self.cfg.max_tokens
+        if self.cfg.target.max_tokens != "auto":
+            return self.cfg.target.max_tokens
         return "none" if self.cluster else "reference"
 
     @property
@@ -205,7 +205,7 @@ class LiveTarget:
         stop = asyncio.Event()
         poller = asyncio.create_task(self._poll_classes(classes, stop))
         try:
-            records = await run_requests(requests, times, self._client_opts(), self.cfg.max_concurrency, on_done)
+            records = await run_requests(requests, times, self._client_opts(), self.cfg.arrivals.max_concurrency, on_done)
         finally:
             stop.set()
             await poller
@@ -306,7 +306,7 @@ class LiveTarget:
         from rps_astro_cli.bench.slo import isolated_for
         from rps_astro_cli.sim.profile import load_profile
 
-        prof_id = (self.cluster or {}).get("profile") or self.cfg.profile
+        prof_id = (self.cluster or {}).get("profile") or self.cfg.cluster.profile
         if not prof_id:
             raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
                                  fix="pass --profile ID (the served model's profile) or use --cluster")

@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import numpy as np
 
 from rps_astro_cli.bench import capacity as cap
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
+from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value, top_errors
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloSpec, parse_slo
@@ -39,89 +40,6 @@ from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_worklo
 from rps_astro_cli.errors import AstroUserError
 
 Progress = Callable[..., None]
-
-
-@dataclass
-class BenchConfig:
-    """Everything a bench run needs (the CLI flags; saved in report.json so a run can be
-    repeated). Times in seconds, rates in requests/s.
-
-    workload / path / num_requests / seed / tokenizer / image_dir / video_dir /
-    max_frames / min_tokens / max_prompt_tokens / max_total_tokens: see `workloads`.
-    arrival / request_rate / burstiness / time_scale / max_concurrency: see `arrivals`.
-    rates: a sweep of request rates (overrides request_rate).
-    cluster / base_url / model / endpoint / send_true_lengths / ignore_eos / timeout_s /
-    api_key: live target (see `client`). virtual: use the virtual cluster instead.
-    instances / profile / instance_policy / policies / ks / objective (power_of_k: e2e
-    or ttft) / oracle_lengths / prediction_noise / prediction_noise_fraction /
-    length_model / max_num_seqs: virtual cluster (policies also live).
-    slo / slo_scale: SLO (see `slo`). capacity: search SLO capacity on `capacity_metric`
-    at `capacity_percentile` against `capacity_threshold_s` (default: the `--slo` value
-    of that metric, else 10 s as in Astrolabe). capacity_* bound the search.
-    fail_under: exit non-zero when SLO attainment (good / all) is below it in any run.
-    out_dir: report folder (None = no files).
-    """
-
-    workload: str = "sharegpt"
-    path: str | None = None
-    num_requests: int = 200
-    seed: int = 0
-    tokenizer: str | None = None
-    image_dir: str | None = None
-    video_dir: str | None = None
-    max_frames: int = 32
-    min_tokens: int = 4
-    max_prompt_tokens: int = 1024
-    max_total_tokens: int = 2048
-    arrival: str = "poisson"
-    request_rate: float = math.inf
-    burstiness: float = 1.0
-    time_scale: float = 1.0
-    max_concurrency: int | None = None
-    rates: list[float] | None = None
-    cluster: str | None = None
-    base_url: str | None = None
-    model: str | None = None
-    endpoint: str = "chat"
-    send_true_lengths: bool = True
-    max_tokens: str = "auto"
-    ignore_eos: bool = False
-    timeout_s: float = 600.0
-    api_key: str | None = None
-    virtual: bool = False
-    instances: int = 4
-    profile: str | None = None
-    instance_policy: str = "fcfs"
-    policies: list[str] | None = None
-    ks: list[str] | None = None
-    objective: str | None = None
-    oracle_lengths: bool = False
-    prediction_noise: float = 0.0
-    prediction_noise_fraction: float = 1.0
-    length_model: str | None = None
-    max_num_seqs: int | None = None
-    slo: list[str] | None = None
-    slo_scale: float | None = None
-    capacity: bool = False
-    capacity_metric: str = "ttft"
-    capacity_percentile: float = 99.0
-    capacity_threshold_s: float | None = None
-    capacity_min_rps: float = 0.5
-    capacity_start_rps: float = 4.0
-    capacity_max_rps: float = 256.0
-    capacity_tolerance: float = 0.02
-    fail_under: float | None = None
-    out_dir: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("api_key", None)
-        for k in ("request_rate",):
-            if math.isinf(d[k]):
-                d[k] = "inf"
-        if math.isinf(d["burstiness"]):
-            d["burstiness"] = "inf"
-        return d
 
 
 @dataclass
@@ -178,68 +96,25 @@ def _num(v: float) -> float | str:
 # -- preparation ---------------------------------------------------------------------------
 
 def _check(cfg: BenchConfig) -> None:
-    if cfg.virtual and (cfg.cluster or cfg.base_url):
-        raise AstroUserError("--virtual runs the simulated cluster; it takes no --cluster/--base-url",
-                             field="--virtual", fix="drop one of them")
-    if not cfg.virtual and not cfg.cluster and not cfg.base_url:
-        raise AstroUserError("no target", field="--cluster",
-                             fix="pass --cluster cluster.json, --base-url URL, or --virtual")
-    if not cfg.virtual:
-        flags = [f for f, on in (("--oracle-lengths", cfg.oracle_lengths), ("--prediction-noise", cfg.prediction_noise > 0),
-                                 ("--objective", cfg.objective is not None),
-                                 ("--length-model", cfg.length_model is not None),
-                                 ("--max-num-seqs", cfg.max_num_seqs is not None)) if on]
-        if flags:
-            raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
-                                 fix="add --virtual, or set them in the cluster's recipe for astro serve")
-    if cfg.cluster and cfg.base_url:
-        raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
-    if cfg.max_tokens not in ("auto", "reference", "none") and not (cfg.max_tokens.isdigit() and int(cfg.max_tokens) > 0):
-        raise AstroUserError(f"got {cfg.max_tokens!r}", field="--max-tokens", fix="use auto, reference, none or a positive integer")
-    if cfg.endpoint not in ("chat", "completions"):
-        raise AstroUserError(f"unknown endpoint {cfg.endpoint!r}", field="--endpoint", fix="use chat or completions")
-    if cfg.max_concurrency is not None and cfg.max_concurrency < 1:
-        raise AstroUserError(f"must be ≥ 1, got {cfg.max_concurrency}", field="--max-concurrency")
-    if cfg.instances < 1:
-        raise AstroUserError(f"must be ≥ 1, got {cfg.instances}", field="--instances")
-    if not (0 < cfg.capacity_percentile <= 100):
-        raise AstroUserError("must be in (0, 100]", field="--capacity-percentile")
-    if cfg.capacity_metric not in ("ttft", "tpot", "e2el", "nlat"):
-        raise AstroUserError(f"unknown metric {cfg.capacity_metric!r}", field="--capacity-metric",
-                             fix="choose ttft, tpot, e2el or nlat")
-    if cfg.prediction_noise < 0:
-        raise AstroUserError("must be ≥ 0", field="--prediction-noise")
-    if cfg.objective is not None and cfg.objective not in ("e2e", "ttft"):
-        raise AstroUserError(f"unknown objective {cfg.objective!r}", field="--objective", fix="use e2e or ttft")
-    if not 0 <= cfg.prediction_noise_fraction <= 1:
-        raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
-    if cfg.fail_under is not None and not (0 <= cfg.fail_under <= 1):
-        raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
-    if cfg.fail_under is not None and not cfg.slo and cfg.slo_scale is None:
-        raise AstroUserError("--fail-under needs an SLO", field="--fail-under", fix="add --slo ttft:10 or --slo-scale 5")
-    if cfg.arrival == "trace" and (cfg.rates or cfg.capacity):
-        raise AstroUserError("trace replay has no rate to sweep", field="--arrival",
-                             fix="use --time-scale, or a poisson/gamma arrival for --rates/--capacity")
-    if cfg.policies:
+    """The checks that read files or registries (the field checks ran when `cfg` was
+    built, see `bench.config`)."""
+    if cfg.cluster.policies:
         from rps_astro_cli.dispatch import DISPATCH_POLICIES
 
-        for p in cfg.policies:
+        for p in cfg.cluster.policies:
             DISPATCH_POLICIES.get(p)  # raises listing the valid names
-    for k in cfg.ks or []:
-        if k != "all" and not (k.isdigit() and int(k) >= 1):
-            raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all")
-    if cfg.cluster:
+    if cfg.target.cluster:
         from rps_astro_cli.bench.live import read_cluster_json
 
-        read_cluster_json(cfg.cluster)  # missing / invalid file → error before any data loads
-    if cfg.virtual:
+        read_cluster_json(cfg.target.cluster)  # missing / invalid file → error before any data loads
+    if cfg.cluster.virtual:
         from rps_astro_cli.policies import make_policy
         from rps_astro_cli.sim.profile import load_profile
 
-        make_policy(cfg.instance_policy)  # raises listing the valid names
-        if cfg.profile:
+        make_policy(cfg.cluster.instance_policy)  # raises listing the valid names
+        if cfg.cluster.profile:
             try:
-                load_profile(cfg.profile)
+                load_profile(cfg.cluster.profile)
             except AstroUserError as exc:
                 raise AstroUserError(str(exc), field="--profile") from None
 
@@ -247,11 +122,11 @@ def _check(cfg: BenchConfig) -> None:
 def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
     """(policy, k) pairs to run; k only varies for power_of_k."""
     # live without --policies: the running cluster's own policy; virtual: astro serve's default
-    pols: list[str | None] = list(cfg.policies) if cfg.policies else (["power_of_k"] if cfg.virtual else [None])
+    pols: list[str | None] = list(cfg.cluster.policies) if cfg.cluster.policies else (["power_of_k"] if cfg.cluster.virtual else [None])
     out: list[tuple[str | None, str | None]] = []
     for p in pols:
-        if p == "power_of_k" and cfg.ks:
-            out += [(p, k) for k in cfg.ks]
+        if p == "power_of_k" and cfg.cluster.ks:
+            out += [(p, k) for k in cfg.cluster.ks]
         else:
             out.append((p, None))
     return out
@@ -270,7 +145,7 @@ def _label(policy: str | None, k: str | None, spec: ArrivalSpec, target: dict[st
 
 def _arrivals(cfg: BenchConfig, wl: Workload, spec: ArrivalSpec, n: int) -> np.ndarray:
     seed_rate = 0 if math.isinf(spec.rate_rps) else int(round(spec.rate_rps * 1000))
-    rng = np.random.default_rng([cfg.seed, seed_rate, 7])
+    rng = np.random.default_rng([cfg.workload.seed, seed_rate, 7])
     return arrival_times(spec, n, rng, [r.arrival_s for r in wl.requests])
 
 
@@ -289,29 +164,29 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     from rps_astro_cli.tokens import load_counter
 
     length_model = None
-    if config.virtual and not config.oracle_lengths:
+    if config.cluster.virtual and not config.cluster.oracle_lengths:
         from rps_astro_cli.bench.virtual import load_bench_length_model
 
-        length_model = load_bench_length_model(config.length_model)
+        length_model = load_bench_length_model(config.cluster.length_model)
 
     prog = progress or (lambda *a, **k: None)
-    slo = parse_slo(config.slo, config.slo_scale)
-    counter = load_counter(config.tokenizer)
-    spec0 = ArrivalSpec(config.arrival, config.request_rate, config.burstiness, config.time_scale)
+    slo = parse_slo(config.slo.specs, config.slo.e2e_scale)
+    counter = load_counter(config.workload.tokenizer)
+    spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness, config.arrivals.time_scale)
     opts = WorkloadOptions(
-        path=Path(config.path) if config.path else None, num_requests=config.num_requests,
-        min_tokens=config.min_tokens, max_prompt_tokens=config.max_prompt_tokens,
-        max_total_tokens=config.max_total_tokens,
-        image_dir=Path(config.image_dir) if config.image_dir else None,
-        video_dir=Path(config.video_dir) if config.video_dir else None,
-        max_frames=config.max_frames, counter=counter)
-    wl = load_workload(config.workload, opts, np.random.default_rng(config.seed))
+        path=Path(config.workload.path) if config.workload.path else None, num_requests=config.workload.num_requests,
+        min_tokens=config.workload.min_tokens, max_prompt_tokens=config.workload.max_prompt_tokens,
+        max_total_tokens=config.workload.max_total_tokens,
+        image_dir=Path(config.workload.image_dir) if config.workload.image_dir else None,
+        video_dir=Path(config.workload.video_dir) if config.workload.video_dir else None,
+        max_frames=config.workload.max_frames, counter=counter)
+    wl = load_workload(config.workload.name, opts, np.random.default_rng(config.workload.seed))
     prog("workload", workload=wl)
-    if config.arrival == "trace" and not wl.has_timestamps:
+    if config.arrivals.process == "trace" and not wl.has_timestamps:
         raise AstroUserError(f"workload {wl.name} has no timestamps to replay", field="--arrival",
                              fix="use burstgpt/azure for replay, or --arrival poisson/gamma/constant")
 
-    if config.virtual:
+    if config.cluster.virtual:
         from rps_astro_cli.bench.virtual import VirtualTarget
 
         target: Any = VirtualTarget(config, wl, counter, length_model)
@@ -329,7 +204,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             target.use_policy(policy, k)
 
             def run_at(rate: float, _p=policy, _k=k) -> RunResult:
-                spec = spec0.with_rate(rate) if config.arrival != "trace" else spec0
+                spec = spec0.with_rate(rate) if config.arrivals.process != "trace" else spec0
                 times = _arrivals(config, wl, spec, len(wl.requests))
                 label = _label(_p, _k, spec, result.target)
                 prog("run_start", label=label, total=len(wl.requests))
@@ -345,11 +220,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 prog("run_end", run=run)
                 return run
 
-            if config.capacity:
-                thr = config.capacity_threshold_s
+            if config.capacity.enabled:
+                thr = config.capacity.threshold_s
                 if thr is None:
-                    thr = dict(slo.thresholds_s).get(config.capacity_metric, 10.0)
-                goal = cap.CapacityGoal(config.capacity_metric, config.capacity_percentile, thr)
+                    thr = dict(slo.thresholds_s).get(config.capacity.metric, 10.0)
+                goal = cap.CapacityGoal(config.capacity.metric, config.capacity.percentile, thr)
 
                 short: list[tuple[float, cap.SteadyState]] = []
 
@@ -366,9 +241,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
                 res = cap.search_capacity(
                     probe, goal,
-                    rates=config.rates, start_rps=config.capacity_start_rps,
-                    min_rps=config.capacity_min_rps, max_rps=config.capacity_max_rps,
-                    tolerance=config.capacity_tolerance, label=_label(policy, k, spec0, result.target).split(" @ ")[0])
+                    rates=config.arrivals.rates_rps, start_rps=config.capacity.start_rps,
+                    min_rps=config.capacity.min_rps, max_rps=config.capacity.max_rps,
+                    tolerance=config.capacity.tolerance, label=_label(policy, k, spec0, result.target).split(" @ ")[0])
                 result.capacity.append(res)
                 if short:
                     r0, st0 = min(short, key=lambda x: x[0])
@@ -378,15 +253,15 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                         f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
                         f"raise -n for a trustworthy capacity")
             else:
-                for rate in (config.rates or [config.request_rate]):
+                for rate in (config.arrivals.rates_rps or [config.arrivals.request_rate_rps]):
                     run_at(rate)
     finally:
         target.close()
     _exit_status(result, slo)
-    if config.out_dir:
+    if config.output.out_dir:
         from rps_astro_cli.bench.report import write_report
 
-        result.out_dir = write_report(result, Path(config.out_dir))
+        result.out_dir = write_report(result, Path(config.output.out_dir))
     return result
 
 
@@ -396,11 +271,11 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
         if o.num_requests and o.num_completed == 0:
             result.exit_code = 1
             result.exit_reasons.append(f"every request failed in run {run.label}: {top_errors(o.errors)}")
-        if result.config.fail_under is not None and o.slo is not None and o.num_requests:
+        if result.config.slo.fail_under is not None and o.slo is not None and o.num_requests:
             att = o.slo.good / o.num_requests
-            if att < result.config.fail_under:
+            if att < result.config.slo.fail_under:
                 result.exit_code = 1
-                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.fail_under:.1%} "
+                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.slo.fail_under:.1%} "
                                            f"in run {run.label}")
 
 

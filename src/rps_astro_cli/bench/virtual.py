@@ -106,14 +106,14 @@ class VirtualTarget:
     def __init__(self, cfg, wl: Workload, counter: TokenCounter,
                  length_model: tuple[str, Callable[..., int]] | None = None):
         """length_model: (name, predict) already loaded by `load_bench_length_model`
-        (else it is loaded here unless `cfg.oracle_lengths`)."""
+        (else it is loaded here unless `cfg.cluster.oracle_lengths`)."""
         from rps_astro_cli.sim.profile import load_profile
 
         self.cfg = cfg
         self.wl = wl
         self.counter = counter
         media = any(r.media for r in wl.requests)
-        prof_id = cfg.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
+        prof_id = cfg.cluster.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
         self.profile = load_profile(prof_id)
         if media and self.profile.vision is None:
             raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
@@ -121,14 +121,14 @@ class VirtualTarget:
         self.policy: str = "round_robin"
         self.k: str | None = None
         self.length_model_name = "oracle"
-        if length_model is not None and not cfg.oracle_lengths:
+        if length_model is not None and not cfg.cluster.oracle_lengths:
             self.length_model_name, self._predict_len = length_model
         else:
-            self._predict_len = None if cfg.oracle_lengths else self._load_length_model()
+            self._predict_len = None if cfg.cluster.oracle_lengths else self._load_length_model()
         self._predicted = [self._predicted_len(r) for r in wl.requests]
 
     def _load_length_model(self):
-        self.length_model_name, fn = load_bench_length_model(self.cfg.length_model)
+        self.length_model_name, fn = load_bench_length_model(self.cfg.cluster.length_model)
         return fn
 
     def _predicted_len(self, r: BenchRequest) -> int:
@@ -143,10 +143,10 @@ class VirtualTarget:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "virtual", "instances": self.cfg.instances, "profile": self.profile.profile_id,
-                "instance_policy": self.cfg.instance_policy, "length_model": self.length_model_name,
-                "prediction_noise_sigma": self.cfg.prediction_noise,
-                "prediction_noise_fraction": self.cfg.prediction_noise_fraction, "max_num_seqs": self.cfg.max_num_seqs}
+        return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
+                "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
+                "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
+                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction, "max_num_seqs": self.cfg.cluster.max_num_seqs}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"
@@ -158,11 +158,11 @@ class VirtualTarget:
         params: dict[str, Any] = {}
         if self.k is not None:
             params["k"] = self.k if self.k == "all" else int(self.k)
-        if self.cfg.objective is not None and self.policy == "power_of_k":
-            params["objective"] = self.cfg.objective
+        if self.cfg.cluster.objective is not None and self.policy == "power_of_k":
+            params["objective"] = self.cfg.cluster.objective
         pol = make_dispatch(self.policy, **params)
-        if self.cfg.prediction_noise > 0:
-            pol = NoisyDispatch(pol, self.cfg.prediction_noise, rng, self.cfg.prediction_noise_fraction)
+        if self.cfg.cluster.prediction_noise > 0:
+            pol = NoisyDispatch(pol, self.cfg.cluster.prediction_noise, rng, self.cfg.cluster.prediction_noise_fraction)
         return pol
 
     def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
@@ -189,7 +189,7 @@ class VirtualTarget:
 
     def run(self, requests: list[BenchRequest], times: list[float],
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
-        rng = np.random.default_rng([self.cfg.seed, 11])
+        rng = np.random.default_rng([self.cfg.workload.seed, 11])
         vreqs, failed = self.virtual_requests(times)
         sim = self.simulate or _simulate_cluster
         recs, extras = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
@@ -213,14 +213,14 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    make_policy(cfg.instance_policy)  # unknown name → AstroUserError listing the valid ones
-    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.max_num_seqs)
+    make_policy(cfg.cluster.instance_policy)  # unknown name → AstroUserError listing the valid ones
+    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
-    res = simulate_cluster(timed, cfg.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.instance_policy), rng)
+    res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
+                           lambda: make_policy(cfg.cluster.instance_policy), rng)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None

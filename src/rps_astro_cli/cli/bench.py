@@ -89,7 +89,8 @@ def bench(
           --k 2,all --oracle-lengths --capacity
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     # Parse-time checks: bad numbers fail before anything starts.
     rate = parse_positive(request_rate, "--request-rate")
@@ -99,7 +100,7 @@ def bench(
         arrival = "gamma"
     rate_list = parse_rates(rates) if rates is not None else None
     out_dir = None if no_report else (out or f"{_DEFAULT_OUT}/{workload}-{time.strftime('%Y%m%d-%H%M%S')}")
-    cfg = BenchConfig(
+    cfg = BenchConfig.flat(
         workload=workload, path=path, num_requests=num_requests, seed=seed, tokenizer=tokenizer,
         image_dir=image_dir, video_dir=video_dir, max_frames=max_frames, min_tokens=min_tokens,
         max_prompt_tokens=max_prompt_tokens, max_total_tokens=max_total_tokens, arrival=arrival,

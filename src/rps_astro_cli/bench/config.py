@@ -1,0 +1,266 @@
+"""`BenchConfig`: everything one `run_bench` needs, in validated sections.
+
+Sections (each a frozen dataclass that checks its own fields when built, naming the
+`astro bench` flag and the fix; `BenchConfig` checks the rules that span sections):
+
+- `workload` (`WorkloadSection`): which requests (see `bench.workloads`);
+- `arrivals` (`ArrivalSection`): when they are sent (see `bench.arrivals`);
+- `target` (`TargetSection`): the live server or cluster and how the client talks to it
+  (see `bench.client`);
+- `cluster` (`ClusterSection`): the virtual cluster, and the dispatch policies to compare
+  (live too);
+- `slo` (`SloSection`): SLOs and the exit-code threshold (see `bench.slo`);
+- `capacity` (`CapacitySection`): the SLO-capacity search (see `bench.capacity`);
+- `output` (`OutputSection`): the report folder.
+
+Times in seconds, rates in requests/s. `BenchConfig.flat(**flags)` builds one from the
+flat flag names (`num_requests=`, `request_rate=`, `virtual=`...; what `astro bench`
+passes), and `to_dict()` writes that same flat form into report.json
+(schema "astro.bench/1"), so a saved config still repeats a run. Checks that read files
+or registries (the cluster file, the profile, policy names) run in `run_bench`, before
+any data loads.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from rps_astro_cli.errors import AstroUserError
+
+CAPACITY_METRICS = ("ttft", "tpot", "e2el", "nlat")
+ENDPOINTS = ("chat", "completions")
+OBJECTIVES = ("e2e", "ttft")
+
+
+@dataclass(frozen=True)
+class WorkloadSection:
+    """Which requests to send (`bench.workloads`)."""
+
+    name: str = "sharegpt"              # registered workload (-w): sharegpt, llava-instruct, burstgpt, mix-mh...
+    path: str | None = None             # data file or folder (--path); None: the data folder, hub, synthetic
+    num_requests: int = 200             # requests to load (-n)
+    seed: int = 0                       # seeds the workload sample, arrivals and policies (--seed)
+    tokenizer: str | None = None        # Hugging Face tokenizer for token counts; None: the fallback counter
+    image_dir: str | None = None        # folder of the LLaVA-Instruct images
+    video_dir: str | None = None        # folder of the LLaVA-Video videos
+    max_frames: int = 32                # frames sampled per video
+    min_tokens: int = 4                 # drop records whose prompt or reply is shorter (tokens)
+    max_prompt_tokens: int = 1024       # drop records whose prompt is longer (tokens)
+    max_total_tokens: int = 2048        # drop records whose prompt + reply is longer (tokens)
+
+
+@dataclass(frozen=True)
+class ArrivalSection:
+    """When requests are sent (`bench.arrivals`)."""
+
+    process: str = "poisson"            # arrival process (--arrival): poisson, gamma, constant, trace
+    request_rate_rps: float = math.inf  # offered rate (--request-rate); inf: all at t = 0
+    burstiness: float = 1.0             # gamma shape (--burstiness); 1 = Poisson
+    time_scale: float = 1.0             # trace replay: multiply inter-arrival times by this
+    max_concurrency: int | None = None  # at most this many requests in flight (None: unbounded)
+    rates_rps: list[float] | None = None  # a sweep of rates (--rates), overrides request_rate_rps
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise AstroUserError(f"must be ≥ 1, got {self.max_concurrency}", field="--max-concurrency")
+
+
+@dataclass(frozen=True)
+class TargetSection:
+    """The live target and how the client talks to it (`bench.client`)."""
+
+    cluster: str | None = None          # astro serve's cluster.json (--cluster)
+    base_url: str | None = None         # any OpenAI-compatible server (--base-url)
+    model: str | None = None            # model name to send; None: the server's first model
+    endpoint: str = "chat"              # chat or completions
+    send_true_lengths: bool = True      # send the reference reply length (vllm_xargs, ignore_eos)
+    max_tokens: str = "auto"            # auto, reference, none or a positive integer
+    ignore_eos: bool = False            # ask the server to ignore end-of-sequence
+    timeout_s: float = 600.0            # per-request timeout (s)
+    api_key: str | None = None          # bearer key; never written to the report
+
+    def __post_init__(self) -> None:
+        if self.cluster and self.base_url:
+            raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
+        mt = self.max_tokens
+        if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
+            raise AstroUserError(f"got {mt!r}", field="--max-tokens", fix="use auto, reference, none or a positive integer")
+        if self.endpoint not in ENDPOINTS:
+            raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint", fix="use chat or completions")
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    """The virtual cluster (`cluster.virtual`), and the dispatch policies to compare."""
+
+    virtual: bool = False               # run the virtual-time cluster instead of a live target
+    instances: int = 4                  # virtual instances
+    profile: str | None = None          # execution profile id or file; None: chosen by the workload's media
+    instance_policy: str = "fcfs"       # in-instance policy of every virtual instance
+    policies: list[str] | None = None   # dispatch policies to compare (live: one cluster per policy)
+    ks: list[str] | None = None         # power_of_k's k values ("all" = full fan-out)
+    objective: str | None = None        # power_of_k objective: e2e or ttft
+    oracle_lengths: bool = False        # give the dispatcher true output lengths
+    prediction_noise: float = 0.0       # σ of the (1 + σ·z) noise on each latency prediction
+    prediction_noise_fraction: float = 1.0  # share of predictions that get the noise
+    length_model: str | None = None     # the tagger's length model (length.resolve spec)
+    max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
+
+    def __post_init__(self) -> None:
+        if self.instances < 1:
+            raise AstroUserError(f"must be ≥ 1, got {self.instances}", field="--instances")
+        if self.prediction_noise < 0:
+            raise AstroUserError("must be ≥ 0", field="--prediction-noise")
+        if self.objective is not None and self.objective not in OBJECTIVES:
+            raise AstroUserError(f"unknown objective {self.objective!r}", field="--objective", fix="use e2e or ttft")
+        if not 0 <= self.prediction_noise_fraction <= 1:
+            raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
+        for k in self.ks or []:
+            if k != "all" and not (k.isdigit() and int(k) >= 1):
+                raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all")
+
+
+@dataclass(frozen=True)
+class SloSection:
+    """SLOs (`bench.slo`) and the exit-code threshold."""
+
+    specs: list[str] | None = None      # --slo metric:seconds entries, e.g. ["ttft:10"]
+    e2e_scale: float | None = None      # --slo-scale: SLO = this × the request's isolated E2E
+    fail_under: float | None = None     # exit 1 when SLO attainment (good / all) is below this in a run
+
+    def __post_init__(self) -> None:
+        if self.fail_under is not None and not (0 <= self.fail_under <= 1):
+            raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
+        if self.fail_under is not None and not self.specs and self.e2e_scale is None:
+            raise AstroUserError("--fail-under needs an SLO", field="--fail-under", fix="add --slo ttft:10 or --slo-scale 5")
+
+
+@dataclass(frozen=True)
+class CapacitySection:
+    """The SLO-capacity search (`bench.capacity`)."""
+
+    enabled: bool = False               # search SLO capacity (--capacity)
+    metric: str = "ttft"                # ttft, tpot, e2el or nlat
+    percentile: float = 99.0            # the percentile that must meet the threshold, in (0, 100]
+    threshold_s: float | None = None    # None: the --slo value of `metric`, else 10 s (Astrolabe)
+    min_rps: float = 0.5                # search bounds and start (req/s)
+    start_rps: float = 4.0
+    max_rps: float = 256.0
+    tolerance: float = 0.02             # stop when the bracket is this narrow (relative)
+
+    def __post_init__(self) -> None:
+        if not (0 < self.percentile <= 100):
+            raise AstroUserError("must be in (0, 100]", field="--capacity-percentile")
+        if self.metric not in CAPACITY_METRICS:
+            raise AstroUserError(f"unknown metric {self.metric!r}", field="--capacity-metric",
+                                 fix="choose ttft, tpot, e2el or nlat")
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    """Where the report goes."""
+
+    out_dir: str | None = None          # report folder; None: no files
+
+
+# Flat flag name → (section, field), in the order report.json has always listed them.
+FLAT_FIELDS: dict[str, tuple[str, str]] = {
+    "workload": ("workload", "name"), "path": ("workload", "path"),
+    "num_requests": ("workload", "num_requests"), "seed": ("workload", "seed"),
+    "tokenizer": ("workload", "tokenizer"), "image_dir": ("workload", "image_dir"),
+    "video_dir": ("workload", "video_dir"), "max_frames": ("workload", "max_frames"),
+    "min_tokens": ("workload", "min_tokens"), "max_prompt_tokens": ("workload", "max_prompt_tokens"),
+    "max_total_tokens": ("workload", "max_total_tokens"),
+    "arrival": ("arrivals", "process"), "request_rate": ("arrivals", "request_rate_rps"),
+    "burstiness": ("arrivals", "burstiness"), "time_scale": ("arrivals", "time_scale"),
+    "max_concurrency": ("arrivals", "max_concurrency"), "rates": ("arrivals", "rates_rps"),
+    "cluster": ("target", "cluster"), "base_url": ("target", "base_url"), "model": ("target", "model"),
+    "endpoint": ("target", "endpoint"), "send_true_lengths": ("target", "send_true_lengths"),
+    "max_tokens": ("target", "max_tokens"), "ignore_eos": ("target", "ignore_eos"),
+    "timeout_s": ("target", "timeout_s"), "api_key": ("target", "api_key"),
+    "virtual": ("cluster", "virtual"), "instances": ("cluster", "instances"),
+    "profile": ("cluster", "profile"), "instance_policy": ("cluster", "instance_policy"),
+    "policies": ("cluster", "policies"), "ks": ("cluster", "ks"), "objective": ("cluster", "objective"),
+    "oracle_lengths": ("cluster", "oracle_lengths"), "prediction_noise": ("cluster", "prediction_noise"),
+    "prediction_noise_fraction": ("cluster", "prediction_noise_fraction"),
+    "length_model": ("cluster", "length_model"), "max_num_seqs": ("cluster", "max_num_seqs"),
+    "slo": ("slo", "specs"), "slo_scale": ("slo", "e2e_scale"),
+    "capacity": ("capacity", "enabled"), "capacity_metric": ("capacity", "metric"),
+    "capacity_percentile": ("capacity", "percentile"), "capacity_threshold_s": ("capacity", "threshold_s"),
+    "capacity_min_rps": ("capacity", "min_rps"), "capacity_start_rps": ("capacity", "start_rps"),
+    "capacity_max_rps": ("capacity", "max_rps"), "capacity_tolerance": ("capacity", "tolerance"),
+    "fail_under": ("slo", "fail_under"), "out_dir": ("output", "out_dir"),
+}
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """Everything a bench run needs (see module docstring); saved in report.json."""
+
+    workload: WorkloadSection = field(default_factory=WorkloadSection)
+    arrivals: ArrivalSection = field(default_factory=ArrivalSection)
+    target: TargetSection = field(default_factory=TargetSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
+    slo: SloSection = field(default_factory=SloSection)
+    capacity: CapacitySection = field(default_factory=CapacitySection)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def __post_init__(self) -> None:
+        """Rules that span sections.
+
+        Raises:
+            AstroUserError: names the flag and the fix.
+        """
+        virtual, tgt = self.cluster.virtual, self.target
+        if virtual and (tgt.cluster or tgt.base_url):
+            raise AstroUserError("--virtual runs the simulated cluster; it takes no --cluster/--base-url",
+                                 field="--virtual", fix="drop one of them")
+        if not virtual and not tgt.cluster and not tgt.base_url:
+            raise AstroUserError("no target", field="--cluster",
+                                 fix="pass --cluster cluster.json, --base-url URL, or --virtual")
+        if not virtual:
+            c = self.cluster
+            flags = [f for f, on in (("--oracle-lengths", c.oracle_lengths), ("--prediction-noise", c.prediction_noise > 0),
+                                     ("--objective", c.objective is not None),
+                                     ("--length-model", c.length_model is not None),
+                                     ("--max-num-seqs", c.max_num_seqs is not None)) if on]
+            if flags:
+                raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
+                                     fix="add --virtual, or set them in the cluster's recipe for astro serve")
+        if self.arrivals.process == "trace" and (self.arrivals.rates_rps or self.capacity.enabled):
+            raise AstroUserError("trace replay has no rate to sweep", field="--arrival",
+                                 fix="use --time-scale, or a poisson/gamma arrival for --rates/--capacity")
+
+    @classmethod
+    def flat(cls, **flags: Any) -> BenchConfig:
+        """Build from the flat flag names of `FLAT_FIELDS` (what `astro bench` passes and
+        report.json's "config" holds); unnamed ones keep their defaults.
+
+        Raises:
+            TypeError: an unknown name (as a dataclass constructor would).
+            AstroUserError: a bad value (names the flag).
+        """
+        unknown = sorted(set(flags) - set(FLAT_FIELDS))
+        if unknown:
+            raise TypeError(f"BenchConfig.flat() got unexpected keyword arguments {', '.join(unknown)}")
+        per: dict[str, dict[str, Any]] = {}
+        for name, value in flags.items():
+            section, attr = FLAT_FIELDS[name]
+            per.setdefault(section, {})[attr] = value
+        types = {f.name: f.default_factory for f in fields(cls)}  # type: ignore[misc]
+        return cls(**{s: types[s](**kw) for s, kw in per.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The flat form (FLAT_FIELDS order), without `api_key`; infinite rates as "inf"."""
+        d: dict[str, Any] = {}
+        for name, (section, attr) in FLAT_FIELDS.items():
+            if name == "api_key":
+                continue
+            v = getattr(getattr(self, section), attr)
+            d[name] = list(v) if isinstance(v, list) else v
+        for k in ("request_rate", "burstiness"):
+            if isinstance(d[k], float) and math.isinf(d[k]):
+                d[k] = "inf"
+        return d
