@@ -116,9 +116,12 @@ class Pool:
     info: dict[str, Any]
 
 
-def held_out_pool(data: Path, model_name: str | None = None) -> Pool:
+def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all") -> Pool:
     """The test-split pairs of the length model's own training split (module docstring),
-    with the tagger's prediction for each."""
+    with the tagger's prediction for each. pairs="all": every human → reply pair of a test
+    conversation, prompt as the tagger was trained on it (with its context turns);
+    "first": what `astro bench -w sharegpt` takes — the first human → gpt pair of each
+    test-split record, the human turn alone as the prompt."""
     from rps_astro_cli.length import default_length_model, load_length_model
     from rps_astro_cli.length.data import load_length_data
     from rps_astro_cli.length.pipeline import make_split
@@ -139,15 +142,28 @@ def held_out_pool(data: Path, model_name: str | None = None) -> Pool:
     if meta.data.get("n_test") is not None and len(test) != int(meta.data["n_test"]):
         raise SystemExit(f"test split has {len(test)} pairs, the model's meta says {meta.data['n_test']}")
     pt, ot, prompts = [], [], []
-    for s in test.samples:
-        p, o = count_tokens_fallback(s.prompt), int(s.response_tokens)
+    if pairs == "first":
+        from rps_astro_cli.bench.workload_base import _first_pair, _read_json_records
+        from rps_astro_cli.length.data import conversation_key
+
+        test_ids = set(test.conversation_ids)
+        cand = []
+        for row, e in enumerate(_read_json_records(data)):
+            if conversation_key(e.get("id"), row) in test_ids:
+                got = _first_pair(e.get("conversations") or [])
+                if not isinstance(got, str):
+                    cand.append((got[0], count_tokens_fallback(got[1])))
+    else:
+        cand = [(s.prompt, int(s.response_tokens)) for s in test.samples]
+    for text, o in cand:
+        p = count_tokens_fallback(text)
         if 4 <= p <= 1024 and o >= 4 and p + o <= 2048:  # vLLM's ShareGPT sampler filter
             pt.append(p)
             ot.append(o)
-            prompts.append(s.prompt)
+            prompts.append(text)
     pred = model.predict(prompts)
     info = {"data": str(data), "length_model": meta.model, "split": {"seed": seed, "test_frac": test_frac,
-            "val_frac": val_frac, "by": "conversation id"}, "test_pairs": len(test), "pool": len(pt),
+            "val_frac": val_frac, "by": "conversation id"}, "test_pairs": len(test), "pairs": pairs, "pool": len(pt),
             "test_conversations": len(set(test.conversation_ids))}
     return Pool(np.asarray(pt, np.int64), np.asarray(ot, np.int64), np.asarray(pred, np.int64), info)
 
@@ -220,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", type=Path, default=None, help="ShareGPT file the length model was trained on")
     ap.add_argument("--length-model", default=None, help="length model name/folder (default: the shipped one)")
+    ap.add_argument("--pairs", choices=("all", "first"), default="all",
+                    help="all human→reply pairs of the test conversations, or only each record's first (as -w sharegpt)")
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2000)
@@ -253,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     data = args.data or _default_data()
     if not data.is_file():
         ap.error(f"--data: no such file {data}; pass the ShareGPT sample (or set ASTRO_DATA_DIR)")
-    pool = held_out_pool(data, args.length_model)
+    pool = held_out_pool(data, args.length_model, args.pairs)
     log(f"held-out pool: {json.dumps(pool.info)}")
     prof = load_profile(args.profile)
     lat = LatencyModel(prof)
