@@ -52,6 +52,48 @@ from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
 
+class LlumnixGuarded:
+    """Benchmark-only hybrid (a lever under test, not a registered policy): fan out to
+    every instance, and among those whose predicted TTFT is within `slack_s` of the
+    lowest, pick the lowest Llumnix- load — Llumnix's memory balancing when the
+    look-ahead sees no queue, the look-ahead's veto when it does."""
+
+    name = "llumnix_guarded"
+    needs_predictions = True
+    needs_status = True
+
+    def __init__(self, slack_s: float = 0.5) -> None:
+        from rps_astro_cli.dispatch.guided import LlumnixDispatch
+
+        self.slack_s = slack_s
+        self._llx = LlumnixDispatch()
+
+    def candidates(self, loads, rng):
+        return [ld.index for ld in loads if ld.healthy] or [ld.index for ld in loads]
+
+    def choose(self, loads, candidates, predictions, rng):
+        from rps_astro_cli.dispatch.base import DispatchDecision, pick_min
+
+        if not predictions:
+            return self._llx.choose(loads, candidates, predictions, rng)
+        best = min(p.ttft_s for p in predictions.values())
+        ok = [i for i, p in predictions.items() if p.ttft_s <= best + self.slack_s]
+        by = {ld.index: ld for ld in loads}
+        vals = {i: v for i in ok if (v := self._llx.load(by[i])) is not None}
+        if not vals:
+            vals = {i: predictions[i].ttft_s for i in ok}
+        return DispatchDecision(self.name, tuple(candidates), pick_min(vals, rng), "llumnix among ttft-near-best")
+
+    def describe(self):
+        return {"name": self.name, "slack_s": self.slack_s}
+
+
+def _make(policy: str, params: dict[str, Any]):
+    if policy == "llumnix_guarded":
+        return LlumnixGuarded(**params)
+    return make_dispatch(policy, **params)
+
+
 SHAREGPT_REL = "sharegpt/sharegpt_v3_sample500.json"
 SLO_TTFT_S = 10.0  # the capacity goal: P99 TTFT ≤ 10 s (Astrolabe §5)
 SLO_PERCENTILE = 99.0
@@ -88,6 +130,10 @@ ARMS: dict[str, Arm] = {
     "pok2_cond_q90": Arm("power_of_k", {"k": 2}, remaining="default:ratio@q90"),
     # (e) the ratio table keeps learning from finished requests during the run
     "pok2_cond_online": Arm("power_of_k", {"k": 2}, remaining="online:default:ratio@mean"),
+    # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
+    "guarded": Arm("llumnix_guarded", {"slack_s": 0.5}),
+    "guarded_cond": Arm("llumnix_guarded", {"slack_s": 0.5}, remaining="default:ratio@mean"),
+    "guarded_oracle": Arm("llumnix_guarded", {"slack_s": 0.5}, lengths="oracle"),
 }
 GROUPS = {
     "base": ["llumnix", "least_requests", "pok2", "pok2_oracle"],
@@ -195,7 +241,7 @@ def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: Latency
             kw["remaining"] = OnlineRemaining(load_remaining(spec[len("online:"):]))
         else:
             kw["remaining"] = load_remaining(spec)
-    res = simulate_cluster(reqs, num_instances, make_dispatch(arm.policy, **arm.params), lat, icfg,
+    res = simulate_cluster(reqs, num_instances, _make(arm.policy, arm.params), lat, icfg,
                            lambda: make_policy("fcfs"), np.random.default_rng([seed, 11]), **kw)
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])
     e2e = np.array([r.e2e_s for r in res.records if r.finish_s is not None])
