@@ -68,8 +68,14 @@ class LlumnixGuarded:
         self.slack_s = slack_s
         self._llx = LlumnixDispatch()
 
-    def candidates(self, loads, rng):
+    def filter(self, loads):
         return [ld.index for ld in loads if ld.healthy] or [ld.index for ld in loads]
+
+    def sample(self, pool, rng):
+        return list(pool)
+
+    def candidates(self, loads, rng):
+        return self.sample(self.filter(loads), rng)
 
     def choose(self, loads, candidates, predictions, rng):
         from rps_astro_cli.dispatch.base import DispatchDecision, pick_min

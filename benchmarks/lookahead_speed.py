@@ -11,8 +11,8 @@ Prints one row per (running, waiting): median and p99 µs of the jump look-ahead
 clock, and the process CPU time beside it: the machine is shared, so wall time includes
 waiting for a core), the step-by-step median on a subset, their ratio (same subset),
 mean steps simulated and mean events, and the largest relative difference between the two
-look-aheads' TTFT/E2E on the subset. When the engine (sim/jump.py) runs as its mypyc
-build, the same snapshots are also timed on the interpreted source in this process
+look-aheads' TTFT/E2E on the subset. When the engine (sim/lookahead_engine/) runs as its
+mypyc build, the same snapshots are also timed on the interpreted source in this process
 ("src med µs") and the ratio printed ("×src").
 
     .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15] [--policy fcfs]
@@ -21,15 +21,13 @@ build, the same snapshots are also timed on the interpreted source in this proce
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import time
-from pathlib import Path
 
 import numpy as np
 
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.policies.rps import make_policy_for_profile
-from rps_astro_cli.sim import lookahead
+from rps_astro_cli.sim import engine_build, lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
@@ -121,12 +119,8 @@ def main() -> None:
     mix = tuple(float(x) for x in args.mix.split(","))
     if len(mix) != 2 or min(mix) < 0 or sum(mix) > 1:
         raise SystemExit("--mix: two fractions IMAGE,VIDEO, each ≥ 0, summing to ≤ 1 (e.g. 0.2,0.1)")
-    native = lookahead.jump
-    source = None
-    if lookahead.NATIVE:
-        spec = importlib.util.spec_from_file_location("rps_astro_cli.sim._jump_source", Path(lookahead.__file__).with_name("jump.py"))
-        source = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(source)
+    native = lookahead.engine
+    source = engine_build.load_source("rps_astro_cli.sim._engine_source") if lookahead.NATIVE else None
     print(f"profile {prof.profile_id}; blocks {cfg.num_gpu_blocks}×{cfg.block_size}, "
           f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}; policy {args.policy}; "
           f"engine {'mypyc build' if lookahead.NATIVE else 'interpreted source'}")
@@ -148,13 +142,13 @@ def main() -> None:
                 events.append(est.events)
             src_med, src_ratio = float("nan"), float("nan")
             if source is not None:  # the interpreted engine on the same snapshots
-                lookahead.jump = source
+                lookahead.engine = source
                 src_us = []
                 for st, cand in snaps:
                     t0 = time.perf_counter()
                     predict(st, cand, lat, policy)
                     src_us.append((time.perf_counter() - t0) * 1e6)
-                lookahead.jump = native
+                lookahead.engine = native
                 src_med = float(np.median(src_us))
                 src_ratio = src_med / float(np.median(fast_us))
             slow_us, fast_sub, maxdiff = [], [], 0.0

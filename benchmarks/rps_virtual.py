@@ -1,7 +1,7 @@
 """RPS-Serve reproduction in virtual time: one LLaVA-OneVision-7B/A100 sim instance,
 the MH mix, Poisson arrivals, SLO = `slo_scale` × each request's isolated E2E, compared
 across the in-instance policies fcfs (vLLM), edf, naive_class, static_class,
-naive_aging and rps (DESIGN.md §3; paper §4).
+naive_aging and rps (ARCHITECTURE.md §3; paper §4).
 
     .venv/bin/python benchmarks/rps_virtual.py                      # main tables (2 req/s)
     .venv/bin/python benchmarks/rps_virtual.py --sweep rate         # 1 … 3 req/s (paper), then 4, 5, 6

@@ -7,7 +7,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 
 import pytest
 
@@ -142,7 +141,7 @@ def _fake_server():
             head = await reader.readuntil(b"\r\n\r\n")
             lines = head.decode().split("\r\n")
             method, path, _ = lines[0].split(" ")
-            headers = {k.lower(): v.strip() for k, v in (l.split(":", 1) for l in lines[1:] if ":" in l)}
+            headers = {k.lower(): v.strip() for k, v in (h.split(":", 1) for h in lines[1:] if ":" in h)}
             body = await reader.readexactly(int(headers.get("content-length", 0)))
             if path == "/v1/models":
                 data = json.dumps({"data": [{"id": "fake-model"}]}).encode()

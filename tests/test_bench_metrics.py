@@ -51,7 +51,8 @@ def test_hand_computed_group():
     # SLO: a misses ttft (1 > 0.8, by 0.2) and e2el (3 > 2, by 1); b, c good; d failed → 2 good of 4
     assert m.slo.good == 2 and m.slo.violation_rate == pytest.approx(0.5)
     assert m.slo.goodput_rps == pytest.approx(2 / 4)
-    assert m.slo.per_metric["ttft"] == {"violations": 1, "rate": pytest.approx(1 / 3), "severity_mean_s": pytest.approx(0.2)}
+    assert m.slo.per_metric["ttft"] == {"violations": 1, "rate": pytest.approx(1 / 3),
+                                        "severity_mean_s": pytest.approx(0.2)}
     assert m.slo.per_metric["e2el"]["severity_mean_s"] == pytest.approx(1.0)
     assert m.preemptions == 2
     # length error: |4 − 5| and |3 − 1| → MAE 1.5, MAPE (0.2 + 2) / 2 = 1.1

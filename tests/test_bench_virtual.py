@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import write_profile
 from rps_astro_cli.bench.media import MediaItem
 from rps_astro_cli.bench.runner import BenchConfig
 from rps_astro_cli.bench.virtual import NoisyDispatch, VirtualTarget
@@ -14,7 +15,6 @@ from rps_astro_cli.bench.workloads import BenchRequest, Workload
 from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad
 from rps_astro_cli.sim.lookahead import LatencyEstimate
 from rps_astro_cli.sim.profile import ExecutionProfile, VisionCosts
-from conftest import write_profile
 
 
 def hand_profile(tmp_path):
@@ -38,7 +38,8 @@ def test_virtual_requests_price_media_and_fail_too_long(tmp_path):
     by = {v.request_id: v for v in vreqs}
     assert (by["t"].prompt_tokens, by["t"].vision_tokens, by["t"].req_class) == (10, 0, "sand")
     # image: 20 + 500 vision tokens, encoder 0.03 s, preprocess 0.2 s, pebbles
-    assert (by["i"].prompt_tokens, by["i"].encoder_s, by["i"].preprocess_s, by["i"].req_class) == (520, 0.03, 0.2, "pebbles")
+    assert (by["i"].prompt_tokens, by["i"].encoder_s,
+            by["i"].preprocess_s, by["i"].req_class) == (520, 0.03, 0.2, "pebbles")
     # video: 30 + 8 × 100 tokens, encoder 8 × 0.01, preprocess 8 × 0.05, rocks
     assert by["v"].prompt_tokens == 830 and by["v"].encoder_s == pytest.approx(0.08)
     assert by["v"].preprocess_s == pytest.approx(0.4) and by["v"].req_class == "rocks"

@@ -111,7 +111,8 @@ def test_azure_and_length_trace(tmp_path):
     wl = load_workload("azure", WorkloadOptions(path=az), RNG(0))
     assert [(r.prompt_tokens, r.output_tokens) for r in wl.requests] == [(374, 44), (396, 109)]
     assert wl.requests[1].arrival_s == pytest.approx(4.314579)
-    lt = write(tmp_path, "lt.csv", "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n3742,284,4026,0.07\n18,243,261,13.5\n")
+    lt = write(tmp_path, "lt.csv",
+               "num_prefill_tokens,num_decode_tokens,num_total_tokens,pd_ratio\n3742,284,4026,0.07\n18,243,261,13.5\n")
     wl = load_workload("length-trace", WorkloadOptions(path=lt, max_total_tokens=4096), RNG(0))
     assert [(r.prompt_tokens, r.output_tokens) for r in wl.requests] == [(3742, 284), (18, 243)]
     wl = load_workload("length-trace", WorkloadOptions(path=lt), RNG(0))  # 4026 > 2048 → skipped

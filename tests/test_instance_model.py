@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import linear_profile
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
-from conftest import linear_profile
 
 PROFILE = linear_profile()
 LAT = LatencyModel(PROFILE)

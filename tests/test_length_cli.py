@@ -52,17 +52,20 @@ def test_eval_length_json_and_report(trained, pairs_csv, tmp_path):
     res = json.loads(r.stdout)
     assert list(res) == ["classic", "linear-prompt", "median"]
     for row in res.values():
-        assert row["n"] == 16 and {"mae", "mape", "kendall_tau", "median_ae", "bucket_accuracy", "p50_ms_batch1"} <= set(row)
+        assert row["n"] == 16 and {"mae", "mape", "kendall_tau", "median_ae",
+                                   "bucket_accuracy", "p50_ms_batch1"} <= set(row)
     assert res["classic"]["mae"] < res["median"]["mae"]
     # median baseline MAE on a half-essay / half-yes-no split is several hundred tokens
     assert res["median"]["mae"] > 300
     assert res["median"]["kendall_tau"] is None  # constant prediction: τ undefined
-    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["error_cdf.png", "metrics.json", "metrics.md", "scatter.png"]
+    assert sorted(p.name for p in (tmp_path / "rep").iterdir()) == ["error_cdf.png", "metrics.json",
+                                                                    "metrics.md", "scatter.png"]
 
 
 def test_eval_length_table(trained, pairs_csv):
     out, _ = trained
-    r = runner.invoke(app, ["eval-length", "--data", str(pairs_csv), "--model", str(out), "--no-baselines", "--no-latency"])
+    r = runner.invoke(app, ["eval-length", "--data", str(pairs_csv), "--model", str(out),
+                            "--no-baselines", "--no-latency"])
     assert r.exit_code == 0, r.output
     assert "classic" in r.stdout and "│ median" not in r.stdout and "16 pairs" in r.stdout
 
@@ -109,9 +112,12 @@ def test_bad_inputs_exit_2(trained, tmp_path, pairs_csv):
     cases = [
         (["eval-length", "--data", str(bad), "--model", str(out)], "not valid UTF-8"),
         (["eval-length", "--data", str(pairs_csv), "--model", str(tmp_path / "nothing")], "no length-model artifact"),
-        (["train-length", "--data", str(pairs_csv), "--model", "gpt5", "--out", str(tmp_path / "x")], "unknown length model 'gpt5'"),
-        (["train-length", "--data", str(pairs_csv), "--test-split", "0.7", "--val-split", "0.4", "--out", str(tmp_path / "y")], "leave no training data"),
-        (["train-length", "--data", str(pairs_csv), "--epochs", "2", "--out", str(tmp_path / "z")], "apply to roberta/minilm only"),
+        (["train-length", "--data", str(pairs_csv), "--model", "gpt5", "--out", str(tmp_path / "x")],
+         "unknown length model 'gpt5'"),
+        (["train-length", "--data", str(pairs_csv), "--test-split", "0.7", "--val-split", "0.4", "--out",
+          str(tmp_path / "y")], "leave no training data"),
+        (["train-length", "--data", str(pairs_csv), "--epochs", "2", "--out", str(tmp_path / "z")],
+         "apply to roberta/minilm only"),
     ]
     for args, needle in cases:
         r = runner.invoke(app, args)
@@ -133,7 +139,8 @@ def test_corrupt_artifact_exit_2(trained, tmp_path, pairs_csv):
 
 def test_long_prompt_truncation_is_noted(trained, tmp_path):
     out, _ = trained
-    rows = [{"prompt": "Write a long detailed essay about rivers " * 2500, "response_tokens": 800, "conversation_id": "a"},
+    rows = [{"prompt": "Write a long detailed essay about rivers " * 2500, "response_tokens": 800,
+             "conversation_id": "a"},
             {"prompt": "", "response_tokens": 5, "conversation_id": "b"},
             {"prompt": "yes or no: is it gardens?", "response_tokens": 5, "conversation_id": "c"}]
     p = tmp_path / "long.jsonl"

@@ -69,12 +69,15 @@ def test_pairs_csv_and_jsonl(tmp_path):
     c = tmp_path / "p.csv"
     c.write_text("prompt,response_tokens,conversation_id\nhello,12,c1\nbye,0,c2\nagain,30,c1\n", encoding="utf-8")
     ds = load_length_data(c)
-    assert [(s.prompt, s.response_tokens, s.conversation_id) for s in ds.samples] == [("hello", 12, "c1"), ("again", 30, "c1")]
+    assert [(s.prompt, s.response_tokens, s.conversation_id) for s in ds.samples] == [("hello", 12, "c1"),
+                                                                                      ("again", 30, "c1")]
     assert ds.notes == ["dropped 1 row(s) with an empty prompt or response_tokens < 1"]
     j = tmp_path / "p.jsonl"
-    j.write_text('{"prompt": "a", "response": "one two three"}\n{"prompt": "b", "response_tokens": 5}\n', encoding="utf-8")
+    j.write_text('{"prompt": "a", "response": "one two three"}\n{"prompt": "b", "response_tokens": 5}\n',
+                 encoding="utf-8")
     ds = load_length_data(j)
-    assert [(s.response_tokens, s.conversation_id) for s in ds.samples] == [(4, "row1"), (5, "row2")]  # one two three = 1+1+2
+    # "one two three" = 1 + 1 + 2 tokens
+    assert [(s.response_tokens, s.conversation_id) for s in ds.samples] == [(4, "row1"), (5, "row2")]
 
 
 @pytest.mark.parametrize(

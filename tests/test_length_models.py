@@ -78,7 +78,8 @@ def test_classic_learns_planted_signal():
     m = ClassicLengthModel(n_hash=2**12)
     info = m.fit(planted(60, 1), planted(20, 2), rng=np.random.default_rng(0))
     assert info["alpha"] in (0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0)
-    pred = m.predict(["Write a long detailed essay about oceans and their history", "Answer yes or no: are oceans blue?"])
+    pred = m.predict(["Write a long detailed essay about oceans and their history",
+                      "Answer yes or no: are oceans blue?"])
     assert pred[0] > 400 and pred[1] < 30
 
 
@@ -137,7 +138,8 @@ def _set_meta(d, key, value):
 @pytest.mark.parametrize(
     "damage, needle",
     [
-        (lambda d: (d / "model.npz").write_bytes((d / "model.npz").read_bytes()[:-10] + b"0123456789"), "checksum mismatch"),
+        (lambda d: (d / "model.npz").write_bytes((d / "model.npz").read_bytes()[:-10] + b"0123456789"),
+         "checksum mismatch"),
         (lambda d: (d / "model.npz").unlink(), "missing artifact file"),
         (lambda d: (d / "meta.json").unlink(), "no meta.json"),
         (lambda d: (d / "meta.json").write_text("{not json"), "corrupt meta.json"),

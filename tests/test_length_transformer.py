@@ -9,7 +9,6 @@ import pytest
 
 from rps_astro_cli.errors import AstroUserError
 
-
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
@@ -23,7 +22,8 @@ def _rows(n: int, seed: int) -> list[dict]:
     for i in range(n):
         topic = TOPICS[rng.integers(len(TOPICS))]
         if i % 2 == 0:
-            rows.append({"prompt": f"Write a long detailed essay about {topic}", "response_tokens": int(rng.integers(700, 900)),
+            rows.append({"prompt": f"Write a long detailed essay about {topic}",
+                         "response_tokens": int(rng.integers(700, 900)),
                          "conversation_id": f"c{seed}-{i}"})
         else:
             rows.append({"prompt": f"yes or no: {topic}?", "response_tokens": int(rng.integers(4, 8)),

@@ -11,17 +11,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import linear_profile
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
-from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim import lookahead
+from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus, snapshot
-from conftest import linear_profile
 
 HAND = linear_profile()
 
@@ -237,27 +237,21 @@ def test_jump_equals_stepwise_seeded_sweep() -> None:
         _same(predict_stepwise(status, cand, lat, FCFSPolicy()), predict(status, cand, lat, FCFSPolicy()))
 
 
-# --- the engine module (sim/jump.py), compiled by mypyc at install or interpreted ----------
+# --- the engine package (sim/lookahead_engine/), compiled by mypyc at install or interpreted --
 
 def _source_engine():
-    """sim/jump.py loaded from its source under another module name: the interpreted
-    engine, whatever the install built."""
-    import importlib.util
-    from pathlib import Path
+    """sim/lookahead_engine/ loaded from its source under another package name: the
+    interpreted engine, whatever the install built."""
+    from rps_astro_cli.sim import engine_build
 
-    path = Path(lookahead.__file__).with_name("jump.py")
-    spec = importlib.util.spec_from_file_location("rps_astro_cli.sim._jump_source_for_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return engine_build.load_source("rps_astro_cli.sim._engine_source_for_test")
 
 
 def test_engine_request_mirrors_simrequest_fields() -> None:
     # LReq is SimRequest's field list (same order, so the same positional constructor)
     # plus the pool bookkeeping; InstanceSim and the policies step it as a SimRequest.
     names = [f.name for f in dataclasses.fields(SimRequest)]
-    for engine in (lookahead.jump, _source_engine()):
+    for engine in (lookahead.engine, _source_engine()):
         args = ("a", 1.5, 20, 30, "image", 4, 0.25, "rocks", 7, 9.0, 5, 6, 2)
         r, lr = SimRequest(*args), engine.LReq(*args)
         for n in names:  # every SimRequest field, with the same value
@@ -270,17 +264,55 @@ def test_compiled_and_source_engines_agree(monkeypatch: pytest.MonkeyPatch) -> N
     # The mypyc build must compute exactly what the source does (same IEEE double
     # operations in the same order), under every policy kind.
     if not lookahead.NATIVE:
-        pytest.skip("this install has no mypyc build of sim/jump.py (the source is what runs)")
-    native, source = lookahead.jump, _source_engine()
+        pytest.skip("this install has no mypyc build of sim/lookahead_engine/ (the source is what runs)")
+    native, source = lookahead.engine, _source_engine()
     g = np.random.default_rng(11)
     for _ in range(120):
         lat, status, cand = _seeded_scenario(g)
         for pol in (FCFSPolicy(), ShortestPromptFirst(), Aging()):
-            monkeypatch.setattr(lookahead, "jump", native)
+            monkeypatch.setattr(lookahead, "engine", native)
             a = predict(status, cand, lat, pol)
-            monkeypatch.setattr(lookahead, "jump", source)
+            monkeypatch.setattr(lookahead, "engine", source)
             b = predict(status, cand, lat, pol)
             assert a == b
+
+
+def test_a_build_older_than_any_engine_file_is_stale(tmp_path) -> None:
+    # engine_build imports the build only when every module of the package has one no
+    # older than its source (2 s slack); else the whole package runs from source.
+    import importlib.machinery
+    import os
+
+    from rps_astro_cli.sim import engine_build
+
+    ext = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for m in ("__init__", "pool", "engine"):
+        (tmp_path / f"{m}.py").write_text("")
+    assert engine_build.build_state(tmp_path) == "none"
+    for m in ("__init__", "pool", "engine"):
+        (tmp_path / f"{m}{ext}").write_bytes(b"")
+        os.utime(tmp_path / f"{m}.py", (1000.0, 1000.0))
+        os.utime(tmp_path / f"{m}{ext}", (1001.5, 1001.5))
+    assert engine_build.build_state(tmp_path) == "current"
+    os.utime(tmp_path / "pool.py", (1003.0, 1003.0))  # edited 1.5 s after its build: within the slack
+    assert engine_build.build_state(tmp_path) == "current"
+    os.utime(tmp_path / "pool.py", (1004.0, 1004.0))  # 2.5 s after: stale
+    assert engine_build.build_state(tmp_path) == "stale"
+    os.utime(tmp_path / "pool.py", (1000.0, 1000.0))
+    (tmp_path / "new_module.py").write_text("")  # a module the build does not have
+    assert engine_build.build_state(tmp_path) == "stale"
+
+
+def test_ci_runs_the_build() -> None:
+    # Where the install was required to compile the engine (.ci/run), the look-ahead
+    # must run that build: a silent fall-back to the source would hide a broken build.
+    import os
+
+    if os.environ.get("ASTRO_REQUIRE_BUILD") != "1" and os.environ.get("CI", "").lower() != "true":
+        pytest.skip("the build is required only in CI (ASTRO_REQUIRE_BUILD=1 or CI=true)")
+    if os.environ.get("ASTRO_PURE_PYTHON") == "1":
+        pytest.skip("ASTRO_PURE_PYTHON=1: the source runs on purpose")
+    assert lookahead.NATIVE
 
 
 def test_pure_python_switch() -> None:
@@ -289,7 +321,9 @@ def test_pure_python_switch() -> None:
     import subprocess
     import sys
 
-    code = "from rps_astro_cli.sim import lookahead as L; print(L.NATIVE, L.jump.__file__.endswith('.py'))"
+    code = ("from rps_astro_cli.sim import lookahead as L; import sys; "
+            "print(L.NATIVE, all(m.__file__.endswith('.py') for n, m in sys.modules.items() "
+            "if n.startswith('rps_astro_cli.sim.lookahead_engine')))")
     env = {**os.environ, "ASTRO_PURE_PYTHON": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]

@@ -58,7 +58,8 @@ def _synthetic_mlp(path: Path) -> Path:
         if r["num_tokens"] == 2048:
             r.update(_stat_cols("attn_post_proj", ""))
     # rows for another TP degree must be ignored
-    rows.append({"num_tokens": 512, "num_tensor_parallel_workers": 2, **{k: 99.0 for k in header if k.startswith("time")}})
+    rows.append({"num_tokens": 512, "num_tensor_parallel_workers": 2,
+                 **{k: 99.0 for k in header if k.startswith("time")}})
     return _write_csv(path, header, rows)
 
 
@@ -97,7 +98,8 @@ def test_attention_fit_recovers_known_coefficients(tmp_path):
     rows = []
     for B in (1, 4, 16, 48):
         for kv in (32, 256, 1024, 4000):
-            rows.append({**_stat_cols("attn_decode", 0.01 + 0.001 * B + 2e-6 * B * kv), **_stat_cols("attn_prefill", 0.0),
+            rows.append({**_stat_cols("attn_decode", 0.01 + 0.001 * B + 2e-6 * B * kv),
+                         **_stat_cols("attn_prefill", 0.0),
                          **_stat_cols("attn_kv_cache_save", 0.002 + 1e-5 * B),
                          "batch_size": B, "prefill_chunk_size": 0, "kv_cache_size": kv, "is_prefill": False})
     for c in (64, 256, 512, 2048):

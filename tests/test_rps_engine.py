@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import httpx
 
+from conftest import hand_profile
 from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.engine.sim_server import create_app
-from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.policies.rps import make_policy_for_profile, profile_policy_params
+from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.sim.profile import load_profile
-
-from conftest import hand_profile
 
 
 def test_engine_policy_picks_up_the_profiles_classifier():

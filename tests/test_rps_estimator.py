@@ -7,14 +7,13 @@ import math
 import numpy as np
 import pytest
 
+from conftest import hand_profile, req
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.rps.classifier import NaiveClassifier, RequestClassifier
 from rps_astro_cli.rps.estimator import ImpactEstimator, LinearModel, fit_estimator, isolated_latency
 from rps_astro_cli.rps.records import ProfileRecord
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-
-from conftest import hand_profile, req
 
 
 def test_isolated_latency_by_hand_and_equal_to_the_instance_model():
@@ -83,7 +82,8 @@ def test_long_text_with_an_image_footprint_is_classed_with_the_image():
     assert NaiveClassifier().classify(3000, 0, "text") == "sand"  # the naive baseline misses it
     assert RequestClassifier.from_dict(clf.to_dict()).centroids == clf.centroids
 
-    long_text, image, short = req("long", 0.0, "text", 3000), req("img", 1.0, "image", 3000, vision_tokens=2900), req("short", 2.0)
+    long_text, image, short = req("long", 0.0, "text", 3000), req("img", 1.0, "image",
+                                                                  3000, vision_tokens=2900), req("short", 2.0)
     smart = make_policy("static_class", classifier=clf).order_waiting([long_text, image, short], 5.0)
     assert [r.request_id for r in smart] == ["short", "long", "img"]
     assert long_text.req_class == "pebbles"

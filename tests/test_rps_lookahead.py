@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import hand_profile
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
-
-from conftest import hand_profile
 
 PREDICTORS = [lookahead.predict_stepwise] + ([lookahead.predict] if hasattr(lookahead, "predict") else [])
 

@@ -6,13 +6,12 @@ import math
 
 import pytest
 
+from conftest import hand_profile, req
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import INSTANCE_POLICIES, make_policy
 from rps_astro_cli.policies.priority import PriorityRegulator
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-
-from conftest import hand_profile, req
 
 
 def test_all_policies_registered():
@@ -94,7 +93,8 @@ def test_static_and_naive_class_and_aging_orders():
     i = req("i", 1.0, "image", 800)
     t = req("t", 2.0)
     t2 = req("t2", 0.5)
-    assert [r.request_id for r in make_policy("static_class").order_waiting([v, i, t, t2], now)] == ["t2", "t", "v", "i"]
+    static = make_policy("static_class").order_waiting([v, i, t, t2], now)
+    assert [r.request_id for r in static] == ["t2", "t", "v", "i"]
     # naive ignores the label: the video is a rock
     assert [r.request_id for r in make_policy("naive_class").order_waiting([v, i, t, t2], now)] == ["t2", "t", "i", "v"]
     assert [r.request_id for r in make_policy("naive_aging").order_waiting([t, i, v, t2], now)] == ["v", "t2", "i", "t"]
@@ -126,7 +126,8 @@ def test_rps_victim_is_worst_score_but_never_sand_while_heavier_runs():
     assert pol.preemption_victim([rock_old, sand_young], now) is rock_old
     s_old = req("s_old", 98.0)                 # P 0.532
     assert pol.preemption_victim([sand_young, s_old], now) is sand_young  # only sand: worst score
-    assert make_policy("static_class").preemption_victim([pebble, sand_young, rock_old, req("r2", 1.0, "video")], now).request_id == "r2"
+    assert make_policy("static_class").preemption_victim([pebble, sand_young, rock_old,
+                                                          req("r2", 1.0, "video")], now).request_id == "r2"
     assert make_policy("naive_aging").preemption_victim([s_old, sand_young, rock_old], now) is sand_young
 
 
@@ -170,5 +171,6 @@ def test_vectorized_order_equals_the_regulator_formula_on_random_queues():
         q = [req(f"r{i}", float(now - rng.exponential(30.0)), mods[int(rng.integers(0, 3))]) for i in range(40)]
         q.append(req("fresh-rock-a", now, "video"))
         q.append(req("fresh-rock-b", now, "video"))  # P = 0 tie: arrival, then position
-        ref = sorted(range(len(q)), key=lambda i: (-reg.priority(pol.classify(q[i]), now - q[i].arrival_s), q[i].arrival_s, i))
+        ref = sorted(range(len(q)),
+                     key=lambda i: (-reg.priority(pol.classify(q[i]), now - q[i].arrival_s), q[i].arrival_s, i))
         assert [r.request_id for r in pol.order_waiting(q, now)] == [q[i].request_id for i in ref]

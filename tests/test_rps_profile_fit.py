@@ -10,15 +10,14 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from conftest import hand_profile
 from rps_astro_cli.cli.main import app
 from rps_astro_cli.policies import make_policy
+from rps_astro_cli.profiling.profiler import plan_points, profile_engine, profile_virtual
+from rps_astro_cli.profiling.rps_fit import fit_profile
 from rps_astro_cli.rps.classifier import load_classifier
 from rps_astro_cli.rps.estimator import isolated_latency
-from rps_astro_cli.profiling.rps_fit import fit_profile
-from rps_astro_cli.profiling.profiler import plan_points, profile_engine, profile_virtual
 from rps_astro_cli.rps.records import read_profile_csv
-
-from conftest import hand_profile
 
 runner = CliRunner()
 

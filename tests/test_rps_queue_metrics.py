@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import hand_profile, req
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
-
-from conftest import hand_profile, req
 
 
 def test_class_queue_metrics_by_hand():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
 from contextlib import ExitStack
 
@@ -14,6 +13,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
 
+from conftest import linear_profile, write_profile
+from conftest import prom_sum as metric
 from rps_astro_cli.engine import sim_server
 from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.protocol.http_server import ServerThread
@@ -21,8 +22,6 @@ from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.http_common import free_port
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 from rps_astro_cli.sim.profile import ExecutionProfile
-from conftest import linear_profile, write_profile
-from conftest import prom_sum as metric
 
 MODEL = "hand/model"
 

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from rps_astro_cli.protocol.openai import ApiError, ParsedRequest, VisionCharge
+from conftest import linear_profile
 from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.protocol.openai import ApiError, ParsedRequest, VisionCharge
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
 from rps_astro_cli.sim.status import InstanceStatus
-from conftest import linear_profile
 
 
 def make_profile(**kw) -> ExecutionProfile:

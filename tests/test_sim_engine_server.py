@@ -12,12 +12,12 @@ import httpx
 import pytest
 from openai import AsyncOpenAI
 
-from rps_astro_cli.protocol.openai import ApiLimits
+from conftest import linear_profile
 from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.engine.sim_server import create_app, synthetic_text
 from rps_astro_cli.protocol.http_server import ServerThread
+from rps_astro_cli.protocol.openai import ApiLimits
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
-from conftest import linear_profile
 from test_sim_engine_api import MP4_URL, PNG_URL
 
 pytestmark = pytest.mark.timeout(60)

@@ -30,6 +30,7 @@ import time
 import httpx
 import numpy as np
 import pytest
+
 from vllm_helpers import needs_vllm, parse_metrics, success_by_reason, tiny_model_dir
 
 pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]
@@ -144,8 +145,9 @@ def _check_cluster(sup, info, run, prof_path):
     from rps_astro_cli.sim.latency import LatencyModel
 
     lm = LatencyModel(prof)
-    print("fitted step (s): decode B=1 ctx 300: %.4f; decode B=4 ctx 1200: %.4f; prefill 256 tokens: %.4f"
-          % (lm.step_s(1, 1, 300, 0), lm.step_s(4, 4, 1200, 0), lm.step_s(1, 256, 0, 256 * 257 / 2)))
+    print(f"fitted step (s): decode B=1 ctx 300: {lm.step_s(1, 1, 300, 0):.4f}; "
+          f"decode B=4 ctx 1200: {lm.step_s(4, 4, 1200, 0):.4f}; "
+          f"prefill 256 tokens: {lm.step_s(1, 256, 0, 256 * 257 / 2):.4f}")
 
     before = [parse_metrics(httpx.get(u + "/metrics").text) for u in engines]
     plug0 = [httpx.get(u + "/status").json()["plugin"] for u in engines]

@@ -21,6 +21,7 @@ import time
 
 import httpx
 import pytest
+
 from vllm_helpers import needs_vllm, parse_metrics, success_by_reason, tiny_model_dir
 
 pytestmark = [needs_vllm, pytest.mark.vllm, pytest.mark.slow]

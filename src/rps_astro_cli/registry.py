@@ -3,7 +3,8 @@ policy, engine backend, dataset, length model)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Iterable
 from typing import Generic, TypeVar
 
 from rps_astro_cli.errors import AstroUserError
@@ -45,3 +46,23 @@ class Registry(Generic[T]):
 
     def __contains__(self, name: str) -> bool:
         return name in self._items
+
+
+class PluginImportError(ImportError):
+    """A plug-in module failed to import; the message names the module and the family,
+    so a broken policy module is never mistaken for an "unknown policy"."""
+
+
+def import_plugins(family: str, modules: Iterable[str]) -> None:
+    """Import each module (which registers its plug-ins by decorator), loudly.
+
+    Raises:
+        PluginImportError: naming the first module that failed and why (the original
+            exception is chained).
+    """
+    for mod in modules:
+        try:
+            importlib.import_module(mod)
+        except Exception as exc:
+            raise PluginImportError(f"{family} module {mod} failed to import: {type(exc).__name__}: {exc}",
+                                    name=mod) from exc

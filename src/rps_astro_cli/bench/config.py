@@ -31,7 +31,6 @@ from rps_astro_cli.errors import AstroUserError
 
 CAPACITY_METRICS = ("ttft", "tpot", "e2el", "nlat")
 ENDPOINTS = ("chat", "completions")
-OBJECTIVES = ("e2e", "ttft")
 
 
 @dataclass(frozen=True)
@@ -86,9 +85,11 @@ class TargetSection:
             raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
         mt = self.max_tokens
         if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
-            raise AstroUserError(f"got {mt!r}", field="--max-tokens", fix="use auto, reference, none or a positive integer")
+            raise AstroUserError(f"got {mt!r}", field="--max-tokens",
+                                 fix="use auto, reference, none or a positive integer")
         if self.endpoint not in ENDPOINTS:
-            raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint", fix="use chat or completions")
+            raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint",
+                                 fix="use chat or completions")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class ClusterSection:
     policies: list[str] | None = None   # dispatch policies to compare (live: one cluster per policy)
     ks: list[str] | None = None         # power_of_k's k values ("all" = full fan-out)
     objective: str | None = None        # power_of_k objective: e2e or ttft
+    policy_params: dict[str, str] | None = None  # --param NAME=VALUE: to each policy of the run declaring NAME
+    instance_policy_params: dict[str, str] | None = None  # --instance-param NAME=VALUE (virtual)
     oracle_lengths: bool = False        # give the dispatcher true output lengths
     prediction_noise: float = 0.0       # σ of the (1 + σ·z) noise on each latency prediction
     prediction_noise_fraction: float = 1.0  # share of predictions that get the noise
@@ -113,13 +116,21 @@ class ClusterSection:
             raise AstroUserError(f"must be ≥ 1, got {self.instances}", field="--instances")
         if self.prediction_noise < 0:
             raise AstroUserError("must be ≥ 0", field="--prediction-noise")
-        if self.objective is not None and self.objective not in OBJECTIVES:
-            raise AstroUserError(f"unknown objective {self.objective!r}", field="--objective", fix="use e2e or ttft")
+        if self.objective is not None:  # checked by the parameter that declares it (power_of_k's)
+            from rps_astro_cli.dispatch import alias_param
+
+            alias_param("objective").check(self.objective, field="--objective")
         if not 0 <= self.prediction_noise_fraction <= 1:
             raise AstroUserError("must be in [0, 1]", field="--prediction-noise-fraction")
         for k in self.ks or []:
-            if k != "all" and not (k.isdigit() and int(k) >= 1):
-                raise AstroUserError(f"got {k!r}", field="--k", fix="use positive integers or all, e.g. --k 2,4,all")
+            from rps_astro_cli.dispatch import alias_param
+            from rps_astro_cli.params import ParamError
+
+            try:
+                alias_param("k").convert(k)
+            except ParamError:
+                raise AstroUserError(f"got {k!r}", field="--k",
+                                     fix="use positive integers or all, e.g. --k 2,4,all") from None
 
 
 @dataclass(frozen=True)
@@ -134,7 +145,8 @@ class SloSection:
         if self.fail_under is not None and not (0 <= self.fail_under <= 1):
             raise AstroUserError("must be a fraction in [0, 1]", field="--fail-under")
         if self.fail_under is not None and not self.specs and self.e2e_scale is None:
-            raise AstroUserError("--fail-under needs an SLO", field="--fail-under", fix="add --slo ttft:10 or --slo-scale 5")
+            raise AstroUserError("--fail-under needs an SLO", field="--fail-under",
+                                 fix="add --slo ttft:10 or --slo-scale 5")
 
 
 @dataclass(frozen=True)
@@ -192,7 +204,11 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "capacity_min_rps": ("capacity", "min_rps"), "capacity_start_rps": ("capacity", "start_rps"),
     "capacity_max_rps": ("capacity", "max_rps"), "capacity_tolerance": ("capacity", "tolerance"),
     "fail_under": ("slo", "fail_under"), "out_dir": ("output", "out_dir"),
+    # policy parameters (issue 12): written to report.json only when given, so the flat
+    # schema of runs without them is unchanged
+    "policy_params": ("cluster", "policy_params"), "instance_policy_params": ("cluster", "instance_policy_params"),
 }
+OPTIONAL_FLAT = ("policy_params", "instance_policy_params")
 
 
 @dataclass(frozen=True)
@@ -222,8 +238,10 @@ class BenchConfig:
                                  fix="pass --cluster cluster.json, --base-url URL, or --virtual")
         if not virtual:
             c = self.cluster
-            flags = [f for f, on in (("--oracle-lengths", c.oracle_lengths), ("--prediction-noise", c.prediction_noise > 0),
+            flags = [f for f, on in (("--oracle-lengths", c.oracle_lengths),
+                                     ("--prediction-noise", c.prediction_noise > 0),
                                      ("--objective", c.objective is not None),
+                                     ("--instance-param", bool(c.instance_policy_params)),
                                      ("--length-model", c.length_model is not None),
                                      ("--max-num-seqs", c.max_num_seqs is not None)) if on]
             if flags:
@@ -259,6 +277,8 @@ class BenchConfig:
             if name == "api_key":
                 continue
             v = getattr(getattr(self, section), attr)
+            if v is None and name in OPTIONAL_FLAT:
+                continue
             d[name] = list(v) if isinstance(v, list) else v
         for k in ("request_rate", "burstiness"):
             if isinstance(d[k], float) and math.isinf(d[k]):

@@ -108,7 +108,8 @@ class LiveTarget:
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
-                             "endpoint": self.cfg.target.endpoint, "send_true_lengths": self.cfg.target.send_true_lengths,
+                             "endpoint": self.cfg.target.endpoint,
+                             "send_true_lengths": self.cfg.target.send_true_lengths,
                              "max_tokens": self.max_tokens_mode}
         if self.cluster:
             d.update(cluster=str(self.cfg.target.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
@@ -134,6 +135,12 @@ class LiveTarget:
         recipe.setdefault("scheduler", {})["policy"] = policy
         if k is not None:
             recipe["scheduler"]["k"] = k if k == "all" else int(k)
+        if self.cfg.cluster.policy_params:  # --param: to this policy when it declares the name
+            from rps_astro_cli.dispatch import dispatch_params
+
+            declared = {p.name for p in dispatch_params(policy)}
+            params = recipe["scheduler"].setdefault("params", {})
+            params.update({n: v for n, v in self.cfg.cluster.policy_params.items() if n in declared})
         recipe["scheduler"]["port"] = 0
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="astro-bench-")
@@ -205,7 +212,8 @@ class LiveTarget:
         stop = asyncio.Event()
         poller = asyncio.create_task(self._poll_classes(classes, stop))
         try:
-            records = await run_requests(requests, times, self._client_opts(), self.cfg.arrivals.max_concurrency, on_done)
+            records = await run_requests(requests, times, self._client_opts(),
+                                         self.cfg.arrivals.max_concurrency, on_done)
         finally:
             stop.set()
             await poller
@@ -240,7 +248,7 @@ class LiveTarget:
                             classes[str(q.get("request_id"))] = q["req_class"]
                 try:
                     await asyncio.wait_for(stop.wait(), every_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
 
     async def _tag(self, client: httpx.AsyncClient, requests: list[BenchRequest], records: list[RequestRecord]) -> None:

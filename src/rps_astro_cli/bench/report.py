@@ -154,8 +154,9 @@ def time_unit(rep: dict[str, Any]) -> str:
 def markdown(rep: dict[str, Any]) -> str:
     """report.md text."""
     wl, tg = rep["workload"], rep["target"]
-    lines = [f"# astro bench report", "",
-             f"- workload: **{wl['name']}**, {wl['num_requests']} requests {wl.get('modalities')}; source: {wl['source']}",
+    lines = ["# astro bench report", "",
+             f"- workload: **{wl['name']}**, {wl['num_requests']} requests {wl.get('modalities')}; "
+             f"source: {wl['source']}",
              f"- skipped: {wl['skipped'] or 'none'}; adjusted: {wl['notes'] or 'none'}",
              f"- target: {json.dumps({k: v for k, v in tg.items() if k != 'recipe'})}",
              f"- units: {time_unit(rep)}",
@@ -192,7 +193,8 @@ def markdown(rep: dict[str, Any]) -> str:
         extra_rows.append([run["label"], fmt(m.get("length_mae_tokens")), pct(m.get("length_mape")),
                            fmt(m.get("predictor_e2e_mae_s")) if m.get("predictor_e2e_mae_s") is not None
                            else fmt((disp.get("predictor_e2e") or {}).get("mae_s")),
-                           fmt((disp.get("overhead_ms") or {}).get("p50")), fmt((disp.get("overhead_ms") or {}).get("p99")),
+                           fmt((disp.get("overhead_ms") or {}).get("p50")),
+                           fmt((disp.get("overhead_ms") or {}).get("p99")),
                            fmt((ex.get("decide_us") or {}).get("p50") if ex.get("decide_us")
                                else _us((disp.get("decide_ms") or {}).get("p50"))),
                            fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
@@ -210,7 +212,8 @@ def markdown(rep: dict[str, Any]) -> str:
     fail_rows = [[run["label"], g, str(m["num_failed"]), top_errors(m.get("errors") or {}, k=5)]
                  for run in rep["runs"] for g, m in run["metrics"].items() if g == "overall" and m.get("num_failed")]
     if fail_rows:
-        lines += ["## Failed requests (top reasons)", "", _md_table(("run", "group", "failed", "reasons"), fail_rows), ""]
+        lines += ["## Failed requests (top reasons)", "",
+                  _md_table(("run", "group", "failed", "reasons"), fail_rows), ""]
     if rep["exit_reasons"]:
         lines += ["## Exit", ""] + [f"- {r}" for r in rep["exit_reasons"]]
     return "\n".join(lines) + "\n"

@@ -103,6 +103,8 @@ def _check(cfg: BenchConfig) -> None:
 
         for p in cfg.cluster.policies:
             DISPATCH_POLICIES.get(p)  # raises listing the valid names
+    if cfg.cluster.policy_params:
+        _check_policy_params(cfg)
     if cfg.target.cluster:
         from rps_astro_cli.bench.live import read_cluster_json
 
@@ -111,7 +113,8 @@ def _check(cfg: BenchConfig) -> None:
         from rps_astro_cli.policies import make_policy
         from rps_astro_cli.sim.profile import load_profile
 
-        make_policy(cfg.cluster.instance_policy)  # raises listing the valid names
+        ip = cfg.cluster.instance_policy_params or {}
+        make_policy(cfg.cluster.instance_policy, fields={n: f"--instance-param {n}" for n in ip}, **ip)  # names it
         if cfg.cluster.profile:
             try:
                 load_profile(cfg.cluster.profile)
@@ -119,13 +122,40 @@ def _check(cfg: BenchConfig) -> None:
                 raise AstroUserError(str(exc), field="--profile") from None
 
 
+def _check_policy_params(cfg: BenchConfig) -> None:
+    """Each `--param NAME=VALUE` is declared by some policy of the run and passes each
+    declaring policy's check."""
+    from rps_astro_cli.dispatch import dispatch_params, make_dispatch
+
+    pols = [p for p in _policy_names(cfg) if p is not None]
+    if not pols:
+        raise AstroUserError("--param sets the parameters of the policies this run starts", field="--param",
+                             fix="add --virtual or --policies, or set them in the cluster's recipe for astro serve")
+    for name, value in (cfg.cluster.policy_params or {}).items():
+        takers = [p for p in pols if any(q.name == name for q in dispatch_params(p))]
+        if not takers:
+            declared = sorted({f"{p}: {q.name}" for p in pols for q in dispatch_params(p)})
+            raise AstroUserError(f"no dispatch policy of this run ({', '.join(pols)}) takes {name!r}",
+                                 field=f"--param {name}",
+                                 fix=f"their parameters: {'; '.join(declared)}" if declared else "they take none")
+        for p in takers:
+            make_dispatch(p, fields={name: f"--param {name}"}, **{name: value})
+
+
+def _policy_names(cfg: BenchConfig) -> list[str | None]:
+    """The dispatch policies of the run: live without --policies, the running cluster's
+    own (None); virtual, astro serve's default."""
+    c = cfg.cluster
+    return list(c.policies) if c.policies else (["power_of_k"] if c.virtual else [None])
+
+
 def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
-    """(policy, k) pairs to run; k only varies for power_of_k."""
-    # live without --policies: the running cluster's own policy; virtual: astro serve's default
-    pols: list[str | None] = list(cfg.cluster.policies) if cfg.cluster.policies else (["power_of_k"] if cfg.cluster.virtual else [None])
+    """(policy, k) pairs to run; `--k` varies k for the policies that declare it."""
+    from rps_astro_cli.dispatch import dispatch_params
+
     out: list[tuple[str | None, str | None]] = []
-    for p in pols:
-        if p == "power_of_k" and cfg.cluster.ks:
+    for p in _policy_names(cfg):
+        if p is not None and cfg.cluster.ks and any(q.name == "k" for q in dispatch_params(p)):
             out += [(p, k) for k in cfg.cluster.ks]
         else:
             out.append((p, None))
@@ -172,7 +202,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     prog = progress or (lambda *a, **k: None)
     slo = parse_slo(config.slo.specs, config.slo.e2e_scale)
     counter = load_counter(config.workload.tokenizer)
-    spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness, config.arrivals.time_scale)
+    spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness,
+                        config.arrivals.time_scale)
     opts = WorkloadOptions(
         path=Path(config.workload.path) if config.workload.path else None, num_requests=config.workload.num_requests,
         min_tokens=config.workload.min_tokens, max_prompt_tokens=config.workload.max_prompt_tokens,
@@ -275,8 +306,8 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
             att = o.slo.good / o.num_requests
             if att < result.config.slo.fail_under:
                 result.exit_code = 1
-                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under {result.config.slo.fail_under:.1%} "
-                                           f"in run {run.label}")
+                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under "
+                                           f"{result.config.slo.fail_under:.1%} in run {run.label}")
 
 
 __all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench"]

@@ -88,7 +88,8 @@ def decisions_summary(decisions: list[dict[str, Any]]) -> dict[str, Any]:
         pairs = []
         for d in decisions:
             pred = (d.get("predictions") or {}).get(str(d.get("choice")))
-            if isinstance(pred, dict) and isinstance(pred.get(key), (int, float)) and isinstance(d.get(obs), (int, float)):
+            if (isinstance(pred, dict) and isinstance(pred.get(key), (int, float))
+                    and isinstance(d.get(obs), (int, float))):
                 pairs.append((float(pred[key]), float(d[obs])))
         err = [abs(p - a) for p, a in pairs]
         rel = [abs(p - a) / a for p, a in pairs if a > 0]

@@ -35,13 +35,26 @@ from rps_astro_cli.tokens import TokenCounter
 class NoisyDispatch(DispatchPolicy):
     """Wraps a policy; multiplies a latency prediction by max(0, 1 + σ·z), z ~ N(0, 1) —
     every prediction when `fraction` = 1, else each with probability `fraction` (the
-    Astrolabe robustness grid is (noise level, share of predictions noised))."""
+    Astrolabe robustness grid is (noise level, share of predictions noised)). Every
+    pipeline stage but the scoring input is the inner policy's."""
 
     def __init__(self, inner: DispatchPolicy, sigma: float, rng: np.random.Generator, fraction: float = 1.0):
         self.inner, self.sigma, self.rng, self.fraction = inner, sigma, rng, fraction
-        self.name = inner.name
-        self.needs_predictions = inner.needs_predictions
-        self.needs_status = inner.needs_status
+        self.name = inner.name  # type: ignore[misc]
+
+    @property
+    def needs_predictions(self) -> bool:
+        return self.inner.needs_predictions
+
+    @property
+    def needs_status(self) -> bool:
+        return self.inner.needs_status
+
+    def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
+        return self.inner.filter(loads)
+
+    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        return self.inner.sample(pool, rng)
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         return self.inner.candidates(loads, rng)
@@ -58,7 +71,8 @@ class NoisyDispatch(DispatchPolicy):
         return self.inner.choose(loads, candidates, noisy, rng)
 
     def describe(self) -> dict[str, Any]:
-        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma, "prediction_noise_fraction": self.fraction}
+        return {**self.inner.describe(), "prediction_noise_sigma": self.sigma,
+                "prediction_noise_fraction": self.fraction}
 
     def __getattr__(self, item: str) -> Any:  # e.g. k, objective
         return getattr(self.inner, item)
@@ -146,21 +160,26 @@ class VirtualTarget:
         return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
                 "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
-                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction, "max_num_seqs": self.cfg.cluster.max_num_seqs}
+                "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction,
+                "max_num_seqs": self.cfg.cluster.max_num_seqs}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"
         self.k = k
 
     def make_dispatch(self, rng: np.random.Generator) -> DispatchPolicy:
-        from rps_astro_cli.dispatch import make_dispatch
+        from rps_astro_cli.dispatch import dispatch_params, make_dispatch
 
-        params: dict[str, Any] = {}
-        if self.k is not None:
-            params["k"] = self.k if self.k == "all" else int(self.k)
-        if self.cfg.cluster.objective is not None and self.policy == "power_of_k":
-            params["objective"] = self.cfg.cluster.objective
-        pol = make_dispatch(self.policy, **params)
+        # flags reach the policies that declare them: --param NAME=VALUE, --k, --objective
+        c = self.cfg.cluster
+        declared = {p.name for p in dispatch_params(self.policy)}
+        params: dict[str, Any] = {n: v for n, v in (c.policy_params or {}).items() if n in declared}
+        fields = {n: f"--param {n}" for n in params}
+        if self.k is not None and "k" in declared:
+            params["k"], fields["k"] = self.k, "--k"
+        if c.objective is not None and "objective" in declared:
+            params["objective"], fields["objective"] = c.objective, "--objective"
+        pol = make_dispatch(self.policy, fields=fields, **params)
         if self.cfg.cluster.prediction_noise > 0:
             pol = NoisyDispatch(pol, self.cfg.cluster.prediction_noise, rng, self.cfg.cluster.prediction_noise_fraction)
         return pol
@@ -213,14 +232,15 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    make_policy(cfg.cluster.instance_policy)  # unknown name → AstroUserError listing the valid ones
+    ip = cfg.cluster.instance_policy_params or {}
+    make_policy(cfg.cluster.instance_policy, **ip)  # unknown name / bad parameter → AstroUserError naming it
     icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.cluster.instance_policy), rng)
+                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None

@@ -22,7 +22,7 @@ traces, synthetic); `workload_base` holds the types and the registry; importing 
 registers every loader. Token counts use `rps_astro_cli.tokens` (the counter the engine and Predictor use).
 Lengths-only datasets get a synthetic prompt text with exactly the trace's token count
 under the fallback counter (`synthetic_prompt`).
-"""
+"""  # noqa: E501  (the table rows)
 
 from rps_astro_cli.bench import workloads_chat as _chat
 from rps_astro_cli.bench import workloads_traces as _traces

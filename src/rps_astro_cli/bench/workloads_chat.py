@@ -295,7 +295,8 @@ def _video_for_mix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
         return load_llava_video(opts, rng)
     base = load_llava_instruct(opts, rng)
     reqs = [replace(r, request_id=f"video-{k}", modality="video",
-                    media=(MediaItem("video", None, True, opts.max_frames, 15.0),)) for k, r in enumerate(base.requests)]
+                    media=(MediaItem("video", None, True,
+                                     opts.max_frames, 15.0),)) for k, r in enumerate(base.requests)]
     return Workload("llava-video", reqs, f"STAND-IN videos on LLaVA-Instruct prompts ({base.source})",
                     base.skipped, {"video_stand_in": len(reqs)},
                     ["NO LLaVA-Video records found: video requests are LLaVA-Instruct prompts with STAND-IN "

@@ -125,7 +125,8 @@ def load_azure(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     timestamps with sub-second digits."""
     path, source = _resolve(opts, AZURE_FILES, "Azure trace")
     if path is None:
-        raise AstroUserError("no Azure trace CSV found", field="--path", fix="pass --path AzureLLMInferenceTrace_conv.csv")
+        raise AstroUserError("no Azure trace CSV found", field="--path",
+                             fix="pass --path AzureLLMInferenceTrace_conv.csv")
     rows = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "Azure LLM trace")
     skipped: Counter = Counter()
     gen = ((str(i), _int(r["ContextTokens"]), _int(r["GeneratedTokens"]), _azure_ts(r["TIMESTAMP"]))

@@ -5,11 +5,11 @@ virtual cluster, print a Rich summary and write the report folder (library:
 from __future__ import annotations
 
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import console, err_console, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, console, err_console, user_errors
 
 _DEFAULT_OUT = "bench-results"
 
@@ -24,53 +24,55 @@ def _split(text: str | None) -> list[str] | None:
 @user_errors
 def bench(
     workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | llava-instruct | llava-video | burstgpt | azure | length-trace | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
-    path: Annotated[Optional[str], typer.Option("--path", help="Dataset file (else $ASTRO_DATA_DIR / ../shared/data, else hub, else synthetic).")] = None,
+    path: Annotated[str | None, typer.Option("--path", help="Dataset file (else $ASTRO_DATA_DIR / ../shared/data, else hub, else synthetic).")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests per run.")] = 200,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and arrival generators.")] = 0,
-    tokenizer: Annotated[Optional[str], typer.Option("--tokenizer", help="Local HF tokenizer folder (default: the shared fallback counter).")] = None,
-    image_dir: Annotated[Optional[str], typer.Option("--image-dir", help="LLaVA-Instruct image folder (COCO train2017).")] = None,
-    video_dir: Annotated[Optional[str], typer.Option("--video-dir", help="LLaVA-Video video folder.")] = None,
+    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Local HF tokenizer folder (default: the shared fallback counter).")] = None,
+    image_dir: Annotated[str | None, typer.Option("--image-dir", help="LLaVA-Instruct image folder (COCO train2017).")] = None,
+    video_dir: Annotated[str | None, typer.Option("--video-dir", help="LLaVA-Video video folder.")] = None,
     max_frames: Annotated[int, typer.Option("--max-frames", help="Frames sampled per video.")] = 32,
     min_tokens: Annotated[int, typer.Option("--min-tokens", help="ShareGPT filter: min prompt/reply tokens (vLLM: 4).")] = 4,
     max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="ShareGPT filter: max prompt tokens (vLLM: 1024).")] = 1024,
     max_total_tokens: Annotated[int, typer.Option("--max-total-tokens", help="Max prompt + reply tokens (vLLM: 2048).")] = 2048,
     arrival: Annotated[str, typer.Option("--arrival", help="poisson | gamma | constant | trace")] = "poisson",
     request_rate: Annotated[str, typer.Option("--request-rate", help="Requests/s (> 0) or inf.")] = "inf",
-    burstiness: Annotated[Optional[str], typer.Option("--burstiness", help="Gamma shape (> 0; 1 = Poisson, inf = constant); implies --arrival gamma.")] = None,
+    burstiness: Annotated[str | None, typer.Option("--burstiness", help="Gamma shape (> 0; 1 = Poisson, inf = constant); implies --arrival gamma.")] = None,
     time_scale: Annotated[str, typer.Option("--time-scale", help="Trace replay: multiply timestamps by this (> 0).")] = "1",
-    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
-    rates: Annotated[Optional[str], typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
-    cluster: Annotated[Optional[str], typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
-    base_url: Annotated[Optional[str], typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
-    model: Annotated[Optional[str], typer.Option("--model", help="Model name (default: the server's first /v1/models).")] = None,
+    max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
+    rates: Annotated[str | None, typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
+    cluster: Annotated[str | None, typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
+    model: Annotated[str | None, typer.Option("--model", help="Model name (default: the server's first /v1/models).")] = None,
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (media always use chat).")] = "chat",
     send_true_lengths: Annotated[bool, typer.Option("--send-true-lengths/--no-send-true-lengths", help="Send vllm_xargs.astro_output_tokens (the reply length) so sim engines reproduce it.")] = True,
     max_tokens: Annotated[str, typer.Option("--max-tokens", help="auto | reference (the dataset reply length, as vllm bench) | none | N. auto = none with --cluster (astro's dispatcher would clip its prediction by it), reference with --base-url.")] = "auto",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Send ignore_eos: true (vLLM).")] = False,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Per-request read timeout (s).")] = 600.0,
-    api_key: Annotated[Optional[str], typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
     instances: Annotated[int, typer.Option("--instances", help="Virtual: number of instances.")] = 4,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
     instance_policy: Annotated[str, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...).")] = "fcfs",
-    policies: Annotated[Optional[str], typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
-    k: Annotated[Optional[str], typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
-    objective: Annotated[Optional[str], typer.Option("--objective", help="Virtual: power_of_k objective, e2e (default) or ttft (live: astro serve --objective).")] = None,
+    instance_param: InstanceParamOpt = None,
+    policies: Annotated[str | None, typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="Virtual: power_of_k objective, e2e (default) or ttft (live: astro serve --objective).")] = None,
+    param: ParamOpt = None,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Virtual: dispatch on true output lengths.")] = False,
     prediction_noise: Annotated[float, typer.Option("--prediction-noise", help="Virtual: Gaussian noise σ on each latency prediction (1 = ±100%).")] = 0.0,
     prediction_noise_fraction: Annotated[float, typer.Option("--prediction-noise-fraction", help="Virtual: share of predictions noised (0-1).")] = 1.0,
-    length_model: Annotated[Optional[str], typer.Option("--length-model", help="Virtual: length model (default: the tagger's baseline).")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Virtual: batch-size limit override.")] = None,
-    slo: Annotated[Optional[list[str]], typer.Option("--slo", help="SLO metric:seconds (ttft, tpot, e2el, nlat), repeatable; e.g. ttft:10.")] = None,
-    slo_scale: Annotated[Optional[float], typer.Option("--slo-scale", help="Relative SLO: E2E ≤ scale × isolated E2E (RPS-Serve).")] = None,
+    length_model: Annotated[str | None, typer.Option("--length-model", help="Virtual: length model (default: the tagger's baseline).")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="Virtual: batch-size limit override.")] = None,
+    slo: Annotated[list[str] | None, typer.Option("--slo", help="SLO metric:seconds (ttft, tpot, e2el, nlat), repeatable; e.g. ttft:10.")] = None,
+    slo_scale: Annotated[float | None, typer.Option("--slo-scale", help="Relative SLO: E2E ≤ scale × isolated E2E (RPS-Serve).")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Search the SLO capacity (highest rate meeting the goal).")] = False,
     capacity_metric: Annotated[str, typer.Option("--capacity-metric", help="ttft | tpot | e2el | nlat")] = "ttft",
     capacity_percentile: Annotated[float, typer.Option("--capacity-percentile", help="Percentile of the capacity goal.")] = 99.0,
-    capacity_threshold: Annotated[Optional[float], typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
+    capacity_threshold: Annotated[float | None, typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
     capacity_start_rate: Annotated[float, typer.Option("--capacity-start-rate", help="First rate the search probes (req/s).")] = 4.0,
     capacity_max_rate: Annotated[float, typer.Option("--capacity-max-rate", help="Upper bound of the search (req/s).")] = 256.0,
-    fail_under: Annotated[Optional[float], typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
-    out: Annotated[Optional[str], typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
+    fail_under: Annotated[float | None, typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
 ) -> None:
@@ -91,6 +93,7 @@ def bench(
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
+    from rps_astro_cli.params import parse_assignments
 
     # Parse-time checks: bad numbers fail before anything starts.
     rate = parse_positive(request_rate, "--request-rate")
@@ -108,7 +111,8 @@ def bench(
         cluster=cluster, base_url=base_url, model=model, endpoint=endpoint, send_true_lengths=send_true_lengths,
         max_tokens=max_tokens, ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual, instances=instances,
         profile=profile, instance_policy=instance_policy, policies=_split(policies), ks=_split(k),
-        objective=objective, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
+        objective=objective, policy_params=parse_assignments(param) or None,
+        instance_policy_params=parse_assignments(instance_param, "--instance-param") or None, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
         prediction_noise_fraction=prediction_noise_fraction, length_model=length_model,
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
@@ -183,11 +187,10 @@ def _f(v) -> str:
 
 def print_summary(result) -> None:
     """Rich summary table (+ capacity table) of a `BenchResult`."""
+    from rich.console import Console
     from rich.table import Table
 
     from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows, time_unit
-
-    from rich.console import Console
 
     out = console if console.is_terminal else Console(width=200)
     rep = report_dict(result)

@@ -54,6 +54,15 @@ ProfileOpt = Annotated[
     typer.Option("--profile", help="Execution profile id (artifacts/profiles/<id>.json) or a JSON path."),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as one JSON object on stdout.")]
+ParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--param", help="Dispatch-policy parameter NAME=VALUE (repeat); each policy declares its own: "
+                 "see `astro policies`."),
+]
+InstanceParamOpt = Annotated[
+    list[str] | None,
+    typer.Option("--instance-param", help="Instance-policy parameter NAME=VALUE (repeat); see `astro policies`."),
+]
 
 
 def is_tty() -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any
 
 import typer
 
@@ -13,18 +13,18 @@ from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, err_console, use
 from rps_astro_cli.errors import AstroUserError
 
 DataOpt = Annotated[
-    Optional[Path],
+    Path | None,
     typer.Option("--data", help="ShareGPT .json/.jsonl, (prompt,response_tokens) .jsonl/.csv, or hf:NAME[:SPLIT]. "
                  "Default: the ShareGPT sample in $ASTRO_DATA_DIR (../shared/data)."),
 ]
 TokenizerOpt = Annotated[
-    Optional[str],
+    str | None,
     typer.Option("--tokenizer", help="Local tokenizer folder of the target model for counting reply tokens "
                  "(default: the shared fallback counter)."),
 ]
-TestSplitOpt = Annotated[Optional[float], typer.Option("--test-split", help="Fraction of conversations held out for test.")]
-ValSplitOpt = Annotated[Optional[float], typer.Option("--val-split", help="Fraction of conversations for validation.")]
-ContextOpt = Annotated[Optional[int], typer.Option("--context-turns", help="Earlier turns prepended to each prompt.")]
+TestSplitOpt = Annotated[float | None, typer.Option("--test-split", help="Fraction of conversations held out for test.")]
+ValSplitOpt = Annotated[float | None, typer.Option("--val-split", help="Fraction of conversations for validation.")]
+ContextOpt = Annotated[int | None, typer.Option("--context-turns", help="Earlier turns prepended to each prompt.")]
 
 
 def _default_data(data: Path | None) -> str:
@@ -73,7 +73,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
 def train_length(
     data: DataOpt = None,
     model: Annotated[str, typer.Option("--model", help="classic | roberta | minilm | median | linear-prompt")] = "classic",
-    out: Annotated[Optional[Path], typer.Option("--out", help="Artifact folder (default artifacts/length/<model>).")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Artifact folder (default artifacts/length/<model>).")] = None,
     tokenizer: TokenizerOpt = None,
     target_model: Annotated[str, typer.Option("--target-model", help="Model whose reply lengths are learned (recorded).")] = "unspecified",
     responder: Annotated[str, typer.Option("--responder", help="Who wrote the training replies (recorded).")] = "unspecified",
@@ -81,15 +81,15 @@ def train_length(
     val_split: ValSplitOpt = 0.1,
     seed: SeedOpt = 0,
     context_turns: ContextOpt = 0,
-    backbone: Annotated[Optional[str], typer.Option("--backbone", help="roberta/minilm: local checkpoint folder.")] = None,
-    epochs: Annotated[Optional[int], typer.Option("--epochs", min=1, help="roberta/minilm: max epochs.")] = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", min=1, help="roberta/minilm: batch size.")] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="roberta/minilm: peak learning rate.")] = None,
-    max_length: Annotated[Optional[int], typer.Option("--max-length", min=8, help="roberta/minilm: max prompt tokens.")] = None,
-    patience: Annotated[Optional[int], typer.Option("--patience", min=0, help="roberta/minilm: stop after this many epochs without a better validation MAE (0 = never; default 2).")] = None,
-    max_train_min: Annotated[Optional[float], typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
+    backbone: Annotated[str | None, typer.Option("--backbone", help="roberta/minilm: local checkpoint folder.")] = None,
+    epochs: Annotated[int | None, typer.Option("--epochs", min=1, help="roberta/minilm: max epochs.")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, help="roberta/minilm: batch size.")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="roberta/minilm: peak learning rate.")] = None,
+    max_length: Annotated[int | None, typer.Option("--max-length", min=8, help="roberta/minilm: max prompt tokens.")] = None,
+    patience: Annotated[int | None, typer.Option("--patience", min=0, help="roberta/minilm: stop after this many epochs without a better validation MAE (0 = never; default 2).")] = None,
+    max_train_min: Annotated[float | None, typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="roberta/minilm: continue from OUT/checkpoint/state.pt.")] = False,
-    device: Annotated[Optional[str], typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a response-length model on (prompt, reply) pairs, report its test metrics and
@@ -129,14 +129,14 @@ def train_length(
 @user_errors
 def eval_length(
     data: DataOpt = None,
-    model: Annotated[Optional[list[str]], typer.Option("--model", help="Artifact name or folder; repeatable (default: every artifact in artifacts/length/).")] = None,
+    model: Annotated[list[str] | None, typer.Option("--model", help="Artifact name or folder; repeatable (default: every artifact in artifacts/length/).")] = None,
     baselines: Annotated[bool, typer.Option("--baselines/--no-baselines", help="Also report the median and linear-in-prompt-length baselines.")] = True,
     tokenizer: TokenizerOpt = None,
     test_split: TestSplitOpt = None,
     val_split: ValSplitOpt = None,
-    seed: Annotated[Optional[int], typer.Option("--seed", help="Split seed (default: the first model's recorded one).")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Split seed (default: the first model's recorded one).")] = None,
     context_turns: ContextOpt = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write metrics.json, metrics.md, scatter.png, error_cdf.png here.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", help="Write metrics.json, metrics.md, scatter.png, error_cdf.png here.")] = None,
     latency: Annotated[bool, typer.Option("--latency/--no-latency", help="Measure per-request prediction latency.")] = True,
     as_json: JsonOpt = False,
 ) -> None:

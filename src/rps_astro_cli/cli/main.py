@@ -32,9 +32,9 @@ def _root(
 def _register() -> None:
     # Each module adds its commands/groups to `app`. Imports stay inside modules'
     # command bodies where they are heavy, so `astro --help` stays fast.
-    from rps_astro_cli.cli import bench, demo, length, profiles, rps, serve, simulate
+    from rps_astro_cli.cli import bench, demo, length, policies, profiles, rps, serve, simulate
 
-    for mod in (serve, bench, simulate, profiles, rps, length, demo):
+    for mod in (serve, bench, simulate, policies, profiles, rps, length, demo):
         mod.register(app)
 
 

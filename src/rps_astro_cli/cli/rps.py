@@ -55,7 +55,6 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from rps_astro_cli.cli.tables import print_table
-
         from rps_astro_cli.data_paths import ARTIFACTS_DIR
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.profiling import profiler as pf
@@ -141,8 +140,8 @@ def register(app: typer.Typer) -> None:
         sand/pebbles/rocks classifier from a workload profile; print held-out MAE and
         centroids beside the naive (by-modality) baseline."""
         from rps_astro_cli.cli.tables import print_table
-        from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
         from rps_astro_cli.profiling.rps_fit import fit_profile
+        from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
 
         rep = fit_profile(profile_csv, name, out_dir or RPS_ARTIFACTS_DIR, seed=seed, test_fraction=test_fraction)
         if as_json:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors
 
 serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler), or with no role the "
                         "whole cluster: `astro serve --instances 4`.",
@@ -28,13 +28,15 @@ def cluster(
     ctx: typer.Context,
     instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe YAML (path or name under recipes/).")] = None,
-    policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy: power_of_k, llumnix, "
-                                               "least_requests, round_robin, random.")] = None,
+    policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (power_of_k, llumnix, least_kv, "
+                                               "...; `astro policies` lists them with their parameters).")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, or 'all' (full fanout).")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.")] = None,
+    param: ParamOpt = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path.")] = None,
     time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.")] = None,
+    instance_param: InstanceParamOpt = None,
     backend: Annotated[str | None, typer.Option("--backend", help="Engine backend of every instance: sim | vllm.")] = None,
     model: Annotated[str | None, typer.Option("--model", help="vllm backend: model path or name (added to the engines' vLLM flags).")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="vllm backend: one more vLLM flag or value for every engine (repeat).")] = None,
@@ -51,21 +53,27 @@ def cluster(
     if ctx.invoked_subcommand is not None:
         return
     from rps_astro_cli.cli.common import console
+    from rps_astro_cli.params import parse_assignments
     from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
     from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_overrides
 
     cfg = load_recipe(recipe) if recipe else ClusterConfig()
+    params = {f"scheduler.params.{n}": v for n, v in parse_assignments(param).items()}
+    params.update({f"engine.instance_policy_params.{n}": v
+                   for n, v in parse_assignments(instance_param, "--instance-param").items()})
     flags = {"instances": "--instances", "scheduler.policy": "--policy", "scheduler.k": "--k",
              "scheduler.objective": "--objective", "engine.profile": "--profile", "engine.time_scale": "--time-scale",
              "engine.instance_policy": "--instance-policy", "host": "--host", "scheduler.port": "--port",
              "api_key": "--api-key", "restart_crashed": "--restart-crashed",
-             "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend"}
+             "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend",
+             **{path: f"--{'instance-' if path.startswith('engine.') else ''}param {path.rsplit('.', 1)[1]}"
+                for path in params}}
     cfg = with_overrides(cfg, {
         "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
         "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
         "scheduler.oracle_lengths": oracle_lengths,
-        "engine.backend": backend,
+        "engine.backend": backend, **params,
     }, flags, source=f"recipe {recipe}" if recipe else "defaults")
     if model or engine_arg:
         extra = list(cfg.engine.extra_args) + (["--model", model] if model else []) + list(engine_arg or [])
@@ -163,11 +171,12 @@ def scheduler(
     engine: Annotated[list[str], typer.Option("--engine", help="Engine base URL (repeat per instance).")],
     predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
     tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy.")] = "power_of_k",
+    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all'; default 2, "
                                           "or 1 with one engine.")] = None,
     objective: Annotated[str, typer.Option("--objective", help="e2e | ttft.")] = "e2e",
     llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
+    param: ParamOpt = None,
     predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
     tag_deadline_ms: Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")] = 50.0,
     health_interval_ms: Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")] = 500.0,
@@ -194,17 +203,17 @@ def scheduler(
     if preds and len(preds) != len(engine):
         raise AstroUserError(f"{len(preds)} --predictor for {len(engine)} --engine; give one per engine or none",
                              field="--predictor")
-    if policy == "power_of_k" and not preds:
-        raise AstroUserError("power_of_k needs one Predictor per engine", field="--predictor",
-                             fix="give --predictor URL per --engine, or pick another --policy")
-    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant}
+    from rps_astro_cli.params import parse_assignments
+
+    params = parse_assignments(param)
+    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params}
     if k is not None:
         sched["k"] = k
-    sec = parse_config({"instances": len(engine), "scheduler": sched,
-                        "predictor": {"enabled": bool(preds) or policy != "power_of_k"}}, "flags",
+    sec = parse_config({"instances": len(engine), "scheduler": sched, "predictor": {"enabled": bool(preds)}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
-                        "scheduler.objective": "--objective",
-                        "scheduler.llumnix_variant": "--llumnix-variant"}).scheduler
+                        "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
+                        "predictor.enabled": "--predictor",
+                        **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     settings = SchedulerSettings(
         instances=eps, policy=policy, policy_params=sec.policy_params(), tagger_url=tagger,

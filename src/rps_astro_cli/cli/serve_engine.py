@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import SeedOpt, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, SeedOpt, user_errors
 
 
 def register(serve_app: typer.Typer) -> None:
@@ -28,6 +28,7 @@ def register(serve_app: typer.Typer) -> None:
         host: Annotated[str, typer.Option("--host", help="Listen address (127.0.0.1 unless you mean to expose it).")] = "127.0.0.1",
         port: Annotated[int, typer.Option("--port", help="Listen port (0 = any free port; the URL is printed as 'ready: URL').")] = 8000,
         instance_policy: Annotated[str, typer.Option("--instance-policy", help="In-instance scheduling policy (fcfs, ...).")] = "fcfs",
+        instance_param: InstanceParamOpt = None,
         seed: SeedOpt = 0,
         time_scale: Annotated[float, typer.Option("--time-scale", help="Wall seconds per engine second: 1.0 = real time, 0.1 = 10x faster.")] = 1.0,
         instance_id: Annotated[str, typer.Option("--instance-id", help="Instance name shown in /status.")] = "engine-0",
@@ -45,9 +46,16 @@ def register(serve_app: typer.Typer) -> None:
     ) -> None:
         """Serve an OpenAI-compatible engine (sim: the instance model in wall-clock time)."""
         from rps_astro_cli.engine.backends import EngineOptions, get_backend
+        from rps_astro_cli.params import check_params, parse_assignments
+        from rps_astro_cli.policies import INSTANCE_POLICIES
 
+        iparams = parse_assignments(instance_param, "--instance-param")
+        iparams = check_params(INSTANCE_POLICIES.get(instance_policy).params, iparams,
+                               owner=f"instance policy {instance_policy}",
+                               fields={n: f"--instance-param {n}" for n in iparams})
         opts = EngineOptions(
-            profile=profile, host=host, port=port, instance_policy=instance_policy, seed=seed,
+            profile=profile, host=host, port=port, instance_policy=instance_policy,
+            instance_policy_params=iparams, seed=seed,
             time_scale=time_scale, instance_id=instance_id, num_gpu_blocks=num_gpu_blocks,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             max_model_len=max_model_len, chunked_prefill=not no_chunked_prefill,

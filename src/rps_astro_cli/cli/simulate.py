@@ -5,11 +5,11 @@ request. `astro bench --virtual` builds richer workloads on the same library."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import ProfileOpt, SeedOpt, console, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, ProfileOpt, SeedOpt, console, user_errors
 
 _DATASETS = {
     "astrolabe-sharegpt": "traces/astrolabe_sharegpt_val_10k_llama2.csv",
@@ -23,14 +23,16 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @user_errors
     def simulate(
-        trace: Annotated[Optional[Path], typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
-        dataset: Annotated[Optional[str], typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
+        trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
+        dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
         instances: Annotated[int, typer.Option("--instances", help="Number of simulated instances (≥ 1).")] = 12,
         rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
-        policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, random, power_of_k, ...).")] = "round_robin",
-        k: Annotated[Optional[str], typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
+        policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`).")] = "round_robin",
+        k: Annotated[str | None, typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
+        param: ParamOpt = None,
         instance_policy: Annotated[str, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...).")] = "fcfs",
+        instance_param: InstanceParamOpt = None,
         profile: ProfileOpt = "llama-2-7b-a30",
         seed: SeedOpt = 0,
         out: Annotated[Path, typer.Option("--out", help="Records file (JSON lines, one per request).")] = Path("records.jsonl"),
@@ -46,6 +48,7 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.data_paths import data_dir
         from rps_astro_cli.dispatch import make_dispatch
         from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.params import parse_assignments
         from rps_astro_cli.policies import make_policy
         from rps_astro_cli.sim.instance import InstanceConfig
         from rps_astro_cli.sim.profile import load_profile
@@ -69,18 +72,17 @@ def register(app: typer.Typer) -> None:
             raise AstroUserError(f"must be ≥ 1, got {instances}", field="--instances")
         prof = load_profile(profile)
         cfg = InstanceConfig.from_profile(prof)
-        make_policy(instance_policy)  # unknown name -> one-line error listing the valid ones
-        params = {}
+        iparams = parse_assignments(instance_param, "--instance-param")
+        ifields = {n: f"--instance-param {n}" for n in iparams}
+        make_policy(instance_policy, fields=ifields, **iparams)  # bad name/parameter -> one line naming it
+        params = parse_assignments(param)
+        fields = {n: f"--param {n}" for n in params}
         if k is not None:
-            params["k"] = k
-        try:
-            dispatch = make_dispatch(policy, **params)
-        except TypeError:
-            raise AstroUserError(f"dispatch policy {policy!r} takes no --k", field="--k",
-                                 fix="use --k only with power_of_k") from None
+            params["k"], fields["k"] = k, "--k"
+        dispatch = make_dispatch(policy, fields=fields, **params)
         rng = np.random.default_rng(seed)
         reqs = poisson_workload(read_length_trace(trace), num_requests, rate, cfg.max_model_len, rng)
-        res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: make_policy(instance_policy), rng)
+        res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: make_policy(instance_policy, **iparams), rng)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
             for r in res.records:

@@ -1,5 +1,5 @@
 """Virtual-time cluster simulation: N simulated instances + a dispatch policy, driven by
-a list of timed requests (DESIGN.md §1 use 3)."""
+a list of timed requests (ARCHITECTURE.md §1 use 3)."""
 
 from rps_astro_cli.cluster.virtual import (
     ClusterResult,

@@ -1,13 +1,14 @@
 """Discrete-event, virtual-time cluster simulation.
 
 N `InstanceSim`s (each with its own instance policy) step independently; a
-`DispatchPolicy` places each request when it arrives (DESIGN.md §1, use 3: sweep request
+`DispatchPolicy` places each request when it arrives (ARCHITECTURE.md §1, use 3: sweep request
 rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
 
-- arrival: the dispatcher builds an `InstanceLoad` per instance, asks `candidates()`,
-  and — when the policy `needs_predictions` — runs the jump look-ahead
-  (`sim.lookahead.predict_instance`) on each candidate instance, then `choose()`. The
-  decision takes no virtual time; its wall-clock µs are recorded.
+- arrival: the dispatcher builds an `InstanceLoad` per instance and runs the policy's
+  pipeline (`dispatch.decide`: filter → sample → predict → score → pick); when the
+  policy `needs_predictions`, "predict" runs the jump look-ahead
+  (`sim.lookahead.predict_instance`) on each candidate instance. The decision takes no
+  virtual time; its wall-clock µs are recorded.
 - enqueue: the request reaches the chosen engine's waiting queue after its
   preprocessing time (`preprocess_s`, 0 for text); an idle instance is woken: it forms
   a step at that instant, after all arrivals and enqueues of the same instant.
@@ -35,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad
+from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad, decide
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
@@ -218,7 +219,6 @@ def simulate_cluster(
     arriving: list[list[SimRequest]] = [[] for _ in range(num_instances)]  # dispatched, still preprocessing
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
-    needs_pred = dispatch.needs_predictions
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = dispatch.needs_status
 
@@ -308,9 +308,12 @@ def simulate_cluster(
                         need += nb
             loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need))
-        cands = dispatch.candidates(loads, rng)
         preds: dict[int, LatencyEstimate] = {}
-        if needs_pred:
+
+        # called by `decide` at once, inside this iteration: binding the loop's values
+        # as defaults only says so to the linter (B023)
+        def predict(cands: list[int], req=req, pred_len=pred_len, now=now,
+                    preds=preds) -> dict[int, LatencyEstimate]:
             cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
                                     req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
             for i in cands:
@@ -323,7 +326,9 @@ def simulate_cluster(
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)
-        decision = dispatch.choose(loads, cands, preds, rng)
+            return preds
+
+        decision = decide(dispatch, loads, rng, predict)
         decide_us = (time.perf_counter() - t0) * 1e6
         i = decision.choice
         chosen = preds.get(i)

@@ -229,7 +229,7 @@ class EndpointSliceWatcher:
         try:
             await asyncio.wait_for(self._synced.wait(), timeout_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     async def stop(self) -> None:
@@ -359,7 +359,8 @@ def _raise_for_status(r: httpx.Response, what: str) -> None:
         msg = r.text[:200]
     hint = ""
     if r.status_code in (401, 403):
-        hint = " (the scheduler's service account needs get/list/watch on endpointslices: deploy/kubernetes/base/rbac.yaml)"
+        hint = (" (the scheduler's service account needs get/list/watch on endpointslices: "
+                "deploy/kubernetes/base/rbac.yaml)")
     raise RuntimeError(f"EndpointSlice {what}: HTTP {r.status_code} {msg}{hint}")
 
 

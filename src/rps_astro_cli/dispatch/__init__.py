@@ -1,13 +1,40 @@
-"""Dispatch policies (global scheduler): one interface, one registry, shared by the live
-scheduler service and the virtual-time cluster simulation."""
+"""Dispatch policies (global scheduler): one pipeline (filters → sampler → scorers →
+picker, `base.py` / `stages.py`), one registry, shared by the live scheduler service and
+the virtual-time cluster simulation.
 
-from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, DispatchDecision, DispatchPolicy, InstanceLoad, make_dispatch
+A policy module registers its policies by decorator when imported; the built-in modules
+are listed here and imported loudly: a module that fails to import raises
+`PluginImportError` naming it (never a silent "unknown dispatch policy").
+"""
 
-__all__ = ["DISPATCH_POLICIES", "DispatchDecision", "DispatchPolicy", "InstanceLoad", "make_dispatch"]
+from rps_astro_cli.dispatch.base import (
+    DISPATCH_POLICIES,
+    DispatchDecision,
+    DispatchPolicy,
+    InstanceLoad,
+    alias_param,
+    decide,
+    decide_async,
+    dispatch_params,
+    make_dispatch,
+)
+from rps_astro_cli.registry import import_plugins
 
-from rps_astro_cli.dispatch import simple as _simple  # noqa: E402,F401
+__all__ = [
+    "DISPATCH_POLICIES",
+    "DispatchDecision",
+    "DispatchPolicy",
+    "InstanceLoad",
+    "alias_param",
+    "decide",
+    "decide_async",
+    "dispatch_params",
+    "make_dispatch",
+]
 
-try:  # load-aware and prediction-guided policies
-    from rps_astro_cli.dispatch import guided as _guided  # noqa: F401
-except ImportError:  # pragma: no cover
-    pass
+BUILTIN_MODULES = (
+    "rps_astro_cli.dispatch.simple",  # round_robin, random
+    "rps_astro_cli.dispatch.guided",  # least_requests, llumnix, power_of_k
+    "rps_astro_cli.dispatch.least_kv",  # least_kv
+)
+import_plugins("dispatch policy", BUILTIN_MODULES)

@@ -1,27 +1,60 @@
-"""The dispatch-policy interface.
+"""The dispatch-policy interface: a policy is a pipeline of stages (`dispatch/stages.py`)
 
-A dispatch is two calls, so the same policy runs in the async live scheduler (which
-queries Predictor sidecars over HTTP with a deadline) and in the synchronous virtual
-cluster simulation (which calls the look-ahead directly):
+    filters (health, capacity) → sampler (power-of-k) → scorers (predicted latency,
+    load, …; a prefix-cache scorer slots in here) → picker
 
-1. `candidates(loads, rng)` → indices of instances to consider (power-of-k samples k
-   distinct healthy ones; load-based policies return every healthy one). If
-   `needs_predictions`, the caller obtains a `LatencyEstimate` for each candidate.
-2. `choose(loads, candidates, predictions, rng)` → a `DispatchDecision`.
-   `predictions` maps instance index → estimate for those that answered in time
-   (late/failed ones are simply absent).
+declared by the policy class together with its parameters (`params`, see
+`rps_astro_cli.params`). One dispatch is two calls, so the same policy runs in the async
+live scheduler (Predictor RPCs over HTTP with a deadline) and in the synchronous virtual
+cluster (look-ahead called directly):
+
+1. `candidates(loads, rng)` = `sample(filter(loads), rng)` → indices to consider. If
+   `needs_predictions` (a scorer reads predictions), the caller obtains a
+   `LatencyEstimate` for each candidate.
+2. `choose(loads, candidates, predictions, rng)` = scorers + picker → a
+   `DispatchDecision`. `predictions` maps instance index → estimate for those that
+   answered in time (late/failed ones are simply absent).
+
+`decide` / `decide_async` run both calls and the predictions in between, and time each
+stage into the decision (`stage_us`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar
 
 import numpy as np
 
+from rps_astro_cli.dispatch.stages import (
+    Filter,
+    HealthFilter,
+    MinScorePicker,
+    OutstandingScorer,
+    Picker,
+    Sampler,
+    Scorer,
+    pick_min,
+)
+from rps_astro_cli.params import Param, check_params
 from rps_astro_cli.registry import Registry
 from rps_astro_cli.sim.lookahead import LatencyEstimate
+
+__all__ = [
+    "DISPATCH_POLICIES",
+    "DispatchDecision",
+    "DispatchPolicy",
+    "Fallback",
+    "InstanceLoad",
+    "alias_param",
+    "decide",
+    "decide_async",
+    "dispatch_params",
+    "make_dispatch",
+    "pick_min",
+]
 
 DISPATCH_POLICIES: Registry[type[DispatchPolicy]] = Registry("dispatch policy")
 
@@ -57,7 +90,8 @@ class DispatchDecision:
     predictions: index → (ttft_s, e2e_s) for candidates that answered.
     choice: the chosen instance index. reason: short text ("lowest e2e",
     "fallback: no predictor answered", ...). decide_us: microseconds spent deciding
-    (filled by the caller, which also times the RPCs).
+    (filled by the caller, which also times the RPCs). stage_us: microseconds per
+    pipeline stage (filter, sample, predict, score, pick), when `decide` ran it.
     """
 
     policy: str
@@ -66,6 +100,7 @@ class DispatchDecision:
     reason: str
     predictions: Mapping[int, tuple[float, float]] = field(default_factory=dict)
     decide_us: float = 0.0
+    stage_us: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -75,20 +110,95 @@ class DispatchDecision:
             "choice": self.choice,
             "reason": self.reason,
             "decide_us": self.decide_us,
+            "stage_us": dict(self.stage_us),
         }
 
 
-class DispatchPolicy:
-    """Base class; register subclasses with `@DISPATCH_POLICIES.register(name)`."""
+@dataclass(frozen=True)
+class Fallback:
+    """What a policy does when its scorers score no candidate (no status yet, no
+    Predictor answered): score `pool` ("candidates", or "filtered" = every instance the
+    filters pass) with `scorer`, and say `reason`."""
 
-    name = "base"
-    needs_predictions = False
-    needs_status = False
+    scorer: Scorer  # the fallback signal, e.g. fewest outstanding requests
+    pool: str  # "candidates" | "filtered"
+    reason: str  # the decision's reason, e.g. "fallback: no status; fewest outstanding"
+
+
+FEWEST_OUTSTANDING = OutstandingScorer()
+
+
+class DispatchPolicy:
+    """Base class; register subclasses with `@DISPATCH_POLICIES.register(name)`.
+
+    A subclass declares its pipeline (class attributes, or set in `__init__` from its
+    parameters) and its parameters:
+
+    name: the registered name. params: the declared `Param`s; `__init__` takes exactly
+        these as keywords, with the same defaults (a test checks).
+    filters: applied in order (default: health). sampler: default all candidates.
+    scorers: (scorer, weight) pairs. One scorer decides by its raw costs; several are
+        each min-max normalised to [0, 1] (0 = best) and summed with their weights.
+    picker: default the lowest cost, random tie-break. fallback: when no candidate is
+        scored (None: the picker gets no scores).
+    """
+
+    name: ClassVar[str] = "base"
+    params: ClassVar[tuple[Param, ...]] = ()
+    filters: tuple[Filter, ...] = (HealthFilter(),)
+    sampler: Sampler = Sampler()
+    scorers: tuple[tuple[Scorer, float], ...] = ()
+    picker: Picker = MinScorePicker()
+    fallback: Fallback | None = None
+
+    @property
+    def needs_predictions(self) -> bool:
+        """A scorer reads Predictor estimates: the caller must ask for them."""
+        return any(s.needs_predictions for s, _ in self.scorers)
+
+    @property
+    def needs_status(self) -> bool:
+        """A filter or scorer reads the engines' `/status` (KV blocks, queue lengths)."""
+        return (any(f.needs_status for f in self.filters) or any(s.needs_status for s, _ in self.scorers)
+                or bool(self.fallback and self.fallback.scorer.needs_status))
+
+    # -- stage 1, 2: which instances to consider ------------------------------------------
+    def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
+        """The filters' pool (instance indices)."""
+        by_index = {ld.index: ld for ld in loads}
+        pool = [ld.index for ld in loads]
+        for f in self.filters:
+            pool = f(by_index, pool)
+        return pool
+
+    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        """The sampler's candidates from the pool."""
+        return self.sampler(pool, rng)
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         """Instances to consider: every healthy one by default (all if none is healthy)."""
-        healthy = [ld.index for ld in loads if ld.healthy]
-        return healthy or [ld.index for ld in loads]
+        return self.sample(self.filter(loads), rng)
+
+    # -- stage 3, 4: score and pick ---------------------------------------------------------
+    def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> tuple[dict[int, float] | None, str]:
+        """(costs of the candidates the scorers could score, or None without scorers;
+        the reason), the fallback applied when nothing was scored."""
+        if not self.scorers:
+            return None, self.picker.reason
+        by_index = {ld.index: ld for ld in loads}
+        if len(self.scorers) == 1:
+            scorer = self.scorers[0][0]
+            values = scorer.score(by_index, candidates, predictions)
+            reason = scorer.reason
+        else:
+            values = _weighted(self.scorers, by_index, candidates, predictions)
+            reason = "lowest weighted score (" + " + ".join(s.name for s, _ in self.scorers) + ")"
+        if not values and self.fallback is not None:
+            pool = list(candidates) if self.fallback.pool == "candidates" else self.filter(loads)
+            values = self.fallback.scorer.score(by_index, pool, predictions)
+            reason = self.fallback.reason
+        return values, reason
 
     def choose(
         self,
@@ -97,23 +207,103 @@ class DispatchPolicy:
         predictions: Mapping[int, LatencyEstimate],
         rng: np.random.Generator,
     ) -> DispatchDecision:
-        raise NotImplementedError
+        """Score the candidates and pick one (timings in `stage_us`)."""
+        t0 = time.perf_counter()
+        values, reason = self.score(loads, candidates, predictions)
+        t1 = time.perf_counter()
+        choice = self.picker.pick(candidates, values, len(loads), rng)
+        t2 = time.perf_counter()
+        preds = {i: (p.ttft_s, p.e2e_s) for i, p in predictions.items()}
+        return DispatchDecision(self.name, tuple(candidates), choice, reason, preds,
+                                stage_us={"score": (t1 - t0) * 1e6, "pick": (t2 - t1) * 1e6})
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name}
+        """Name and parameter values, for reports, `/decisions` and cluster.json."""
+        return {"name": self.name, **{p.name: getattr(self, p.name) for p in self.params}}
 
 
-def make_dispatch(name: str, **params: Any) -> DispatchPolicy:
-    """Instantiate a registered dispatch policy.
+def _weighted(scorers: Sequence[tuple[Scorer, float]], by_index: Mapping[int, InstanceLoad],
+              candidates: Sequence[int], predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+    """Σ weight × (cost normalised to [0, 1] over the candidates every scorer scored)."""
+    per = [(s.score(by_index, candidates, predictions), w) for s, w in scorers]
+    common = [i for i in per[0][0] if all(i in v for v, _ in per)]
+    out = dict.fromkeys(common, 0.0)
+    for v, w in per:
+        lo, hi = min((v[i] for i in common), default=0.0), max((v[i] for i in common), default=0.0)
+        span = hi - lo
+        for i in common:
+            out[i] += w * ((v[i] - lo) / span if span > 0 else 0.0)
+    return out
+
+
+def dispatch_params(name: str) -> tuple[Param, ...]:
+    """The declared parameters of dispatch policy `name`.
 
     Raises:
         AstroUserError: unknown name (lists the valid ones).
     """
-    return DISPATCH_POLICIES.get(name)(**params)
+    return DISPATCH_POLICIES.get(name).params
 
 
-def pick_min(values: Mapping[int, float], rng: np.random.Generator) -> int:
-    """Key with the lowest value; ties broken uniformly at random."""
-    best = min(values.values())
-    tied = [k for k, v in values.items() if v == best]
-    return tied[0] if len(tied) == 1 else tied[int(rng.integers(len(tied)))]
+def alias_param(key: str) -> Param:
+    """The declared parameter whose flat recipe key (`Param.alias`) is `key` (e.g.
+    `scheduler.k` → power_of_k's k), searched over every registered policy.
+
+    Raises:
+        KeyError: no registered policy declares that alias (a programming error).
+    """
+    for name in DISPATCH_POLICIES.names():
+        for p in DISPATCH_POLICIES.get(name).params:
+            if p.alias == key:
+                return p
+    raise KeyError(f"no dispatch policy declares the flat key {key!r}")
+
+
+def make_dispatch(name: str, fields: Mapping[str, str] | None = None, **params: Any) -> DispatchPolicy:
+    """Instantiate a registered dispatch policy; `params` (strings from flags or typed
+    values) are converted and checked against its declared `params` first.
+
+    Args:
+        fields: parameter name → the recipe field / flag it came from (for errors).
+
+    Raises:
+        AstroUserError: unknown name (lists the valid ones); an undeclared parameter
+            (lists the declared ones); a bad value (names the field and what it takes).
+    """
+    cls = DISPATCH_POLICIES.get(name)
+    return cls(**check_params(cls.params, params, owner=f"dispatch policy {name}", fields=fields))
+
+
+def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
+           predict: Callable[[list[int]], Mapping[int, LatencyEstimate]]) -> DispatchDecision:
+    """One dispatch through the pipeline: filter → sample → `predict(candidates)` (only
+    if the policy needs predictions) → score → pick, each stage timed in `stage_us`."""
+    t0 = time.perf_counter()
+    pool = policy.filter(loads)
+    t1 = time.perf_counter()
+    cands = policy.sample(pool, rng)
+    t2 = time.perf_counter()
+    preds = predict(cands) if policy.needs_predictions else {}
+    t3 = time.perf_counter()
+    dec = policy.choose(loads, cands, preds, rng)
+    return _timed(dec, t0, t1, t2, t3)
+
+
+async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
+                       predict: Callable[[list[int]], Awaitable[Mapping[int, LatencyEstimate]]]) -> DispatchDecision:
+    """`decide` with an awaitable `predict` (the live scheduler's parallel RPCs)."""
+    t0 = time.perf_counter()
+    pool = policy.filter(loads)
+    t1 = time.perf_counter()
+    cands = policy.sample(pool, rng)
+    t2 = time.perf_counter()
+    preds = await predict(cands) if policy.needs_predictions else {}
+    t3 = time.perf_counter()
+    dec = policy.choose(loads, cands, preds, rng)
+    return _timed(dec, t0, t1, t2, t3)
+
+
+def _timed(dec: DispatchDecision, t0: float, t1: float, t2: float, t3: float) -> DispatchDecision:
+    t4 = time.perf_counter()
+    stages = {"filter": (t1 - t0) * 1e6, "sample": (t2 - t1) * 1e6, "predict": (t3 - t2) * 1e6, **dec.stage_us}
+    return replace(dec, decide_us=(t4 - t0) * 1e6, stage_us=stages)

@@ -14,8 +14,9 @@ the name is asked for, so `astro --help` never imports vllm.
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.registry import Registry
@@ -26,7 +27,8 @@ class EngineOptions:
     """The options `astro serve engine` knows (every backend gets them).
 
     profile: execution-profile id or JSON path. host/port: listen address (port 0 = any
-    free port). instance_policy: in-instance policy name. seed: seed of the engine's
+    free port). instance_policy: in-instance policy name; instance_policy_params: its
+    declared parameters (already checked by `policies.make_policy`'s declaration). seed: seed of the engine's
     Generator. time_scale: wall seconds per engine second (sim only). instance_id: name in
     /status. num_gpu_blocks / max_num_seqs / max_num_batched_tokens / max_model_len:
     overrides of the profile's limits (None = the profile's). chunked_prefill: False =
@@ -41,6 +43,7 @@ class EngineOptions:
     host: str = "127.0.0.1"
     port: int = 8000
     instance_policy: str = "fcfs"
+    instance_policy_params: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
     time_scale: float = 1.0
     instance_id: str = "engine-0"
@@ -91,8 +94,13 @@ def build_sim_engine(opts: EngineOptions):
     from rps_astro_cli.sim.profile import load_profile
 
     profile = load_profile(opts.profile)
+    policy: Any = opts.instance_policy
+    if opts.instance_policy_params:
+        from rps_astro_cli.policies.rps import make_policy_for_profile
+
+        policy = make_policy_for_profile(opts.instance_policy, profile, **opts.instance_policy_params)
     return SimEngine(
-        profile, policy=opts.instance_policy, seed=opts.seed, time_scale=opts.time_scale,
+        profile, policy=policy, seed=opts.seed, time_scale=opts.time_scale,
         instance_id=opts.instance_id, num_gpu_blocks=opts.num_gpu_blocks,
         max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
         max_model_len=opts.max_model_len, chunked_prefill=None if opts.chunked_prefill else False,
@@ -109,8 +117,8 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
     if extra_args:
         raise AstroUserError(f"the sim backend takes no extra arguments, got {' '.join(extra_args)}",
                              field="--backend", fix="drop them or use --backend vllm")
-    from rps_astro_cli.protocol.openai import ApiLimits
     from rps_astro_cli.engine.sim_server import run_engine
+    from rps_astro_cli.protocol.openai import ApiLimits
     from rps_astro_cli.tokens import load_counter
 
     if opts.max_body_bytes <= 0:

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus, snapshot

@@ -46,6 +46,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, SimEngine
+from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.protocol.openai import (
     ApiError,
     ApiLimits,
@@ -55,8 +57,6 @@ from rps_astro_cli.protocol.openai import (
     parse_completion_request,
     vision_charge,
 )
-from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, SimEngine
-from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.tokens import count_tokens_fallback
 
 log = logging.getLogger(__name__)

@@ -97,6 +97,7 @@ def run_vllm(opts: EngineOptions, extra_args: list[str]) -> None:
     model, args = vllm_args_from_options(opts, extra_args)
     dev = devices_for(opts.instance_id, os.environ.get("ASTRO_VLLM_DEVICES", ""))
     eng = launch_vllm_engine(model, host=opts.host, port=opts.port, policy=opts.instance_policy,
+                             policy_params=dict(opts.instance_policy_params),
                              extra_args=args, instance_id=opts.instance_id,
                              profile_id=opts.profile or "", log_path="-",
                              env={"CUDA_VISIBLE_DEVICES": dev} if dev is not None else None)

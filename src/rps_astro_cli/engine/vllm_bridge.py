@@ -51,9 +51,9 @@ from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
@@ -193,9 +193,12 @@ def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
         raise AstroUserError(f"not valid JSON ({exc.msg})", field=ENV_POLICY_PARAMS) from None
     if not isinstance(params, dict):
         raise AstroUserError("must be a JSON object", field=ENV_POLICY_PARAMS)
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    INSTANCE_POLICIES.get(name)  # unknown name: the error lists the valid ones
     try:
-        return make_policy(name, **params)
-    except TypeError as exc:
+        return make_policy(name, **params)  # checked against the policy's declared parameters
+    except (TypeError, AstroUserError) as exc:
         raise AstroUserError(f"policy {name!r} rejects its parameters: {exc}",
                              field=ENV_POLICY_PARAMS) from None
 
@@ -439,7 +442,7 @@ async def status_middleware(request, call_next):
             body = await asyncio.wait_for(reader.read(-1), 2.0)
         finally:
             writer.close()
-    except (OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, OSError) as exc:
         return JSONResponse({"error": {"message": f"engine status unavailable ({type(exc).__name__}); "
                                        "the engine core may still be starting",
                                        "type": "ServiceUnavailableError", "param": None, "code": 503}},

@@ -113,7 +113,8 @@ def evaluate(model: BinMedianLengthModel, pairs: list[tuple[int, int]]) -> dict[
     """MAE (tokens) and MAPE (%) of `model` on `pairs`."""
     err = np.array([abs(model.predict_tokens(p) - r) for p, r in pairs], dtype=float)
     true = np.array([r for _, r in pairs], dtype=float)
-    return {"mae_tokens": float(err.mean()), "mape_pct": float(100 * np.mean(err / np.maximum(true, 1))), "n": len(pairs)}
+    return {"mae_tokens": float(err.mean()),
+            "mape_pct": float(100 * np.mean(err / np.maximum(true, 1))), "n": len(pairs)}
 
 
 def fit_artifact(data_path: str | Path, out_path: str | Path, seed: int = 0) -> dict[str, Any]:

@@ -228,7 +228,8 @@ def _pair_samples(
     n_empty = 0
     for row, rec in rows:
         if "prompt" not in rec:
-            raise AstroUserError(f"{where}: row {row} has no 'prompt'", field="--data", fix="columns: prompt,response_tokens")
+            raise AstroUserError(f"{where}: row {row} has no 'prompt'", field="--data",
+                                 fix="columns: prompt,response_tokens")
         prompt, ignored = text_from_content(rec["prompt"], where=f"{where} row {row} prompt")
         if ignored:
             notes.append(f"row {row}: ignored {ignored} non-text content part(s)")
@@ -342,7 +343,8 @@ def _load_hub(spec: str, counter: TokenCounter, context_turns: int, notes: list[
         import datasets  # optional extra 'hub'
     except ImportError:
         raise AstroUserError(
-            "hub datasets need the 'datasets' package", field="--data", fix="pip install 'rps_astro_cli[hub]' or pass a file"
+            "hub datasets need the 'datasets' package", field="--data",
+            fix="pip install 'rps_astro_cli[hub]' or pass a file"
         ) from None
     try:
         ds = datasets.load_dataset(name, split=split or "train")

@@ -86,7 +86,8 @@ class TransformerLengthModel(LengthModel):
         if unknown:
             raise AstroUserError(f"unknown hyper-parameter(s) {sorted(unknown)}", field="--model")
         self.backbone = backbone or self._default_backbone()
-        self.hp: dict[str, Any] = {**self.defaults, **{k: v for k, v in hparams.items() if k in self.defaults and v is not None}}
+        self.hp: dict[str, Any] = {**self.defaults,
+                                   **{k: v for k, v in hparams.items() if k in self.defaults and v is not None}}
         self.checkpoint_dir: Path | None = Path(hparams["checkpoint_dir"]) if hparams.get("checkpoint_dir") else None
         self.resume = bool(hparams.get("resume", False))
         self.max_train_s: float | None = hparams.get("max_train_s")
@@ -198,7 +199,8 @@ class TransformerLengthModel(LengthModel):
         out_of_time = False
         loss_fn = torch.nn.L1Loss()
         patience = int(hp["patience"])  # stop after this many epochs without a better val MAE; 0 = never
-        while state["epoch"] < int(hp["epochs"]) and not out_of_time and (patience == 0 or state["bad_epochs"] < patience):
+        while (state["epoch"] < int(hp["epochs"]) and not out_of_time
+               and (patience == 0 or state["bad_epochs"] < patience)):
             epoch = state["epoch"]
             self._net.train()
             # length-grouped batches: shuffle, sort within pools of 50 batches, shuffle batches
@@ -229,7 +231,8 @@ class TransformerLengthModel(LengthModel):
                     break
             state["epoch"] = epoch + 1
             val_mae = float(np.abs(np.exp(self._scores(va_ids)) - y_va).mean()) if has_val else math.nan
-            state["history"].append({"epoch": epoch + 1, "steps": steps_done, "train_l1_log": run_loss / max(1, steps_done),
+            state["history"].append({"epoch": epoch + 1, "steps": steps_done,
+                                     "train_l1_log": run_loss / max(1, steps_done),
                                      "val_mae": val_mae, "elapsed_s": time.perf_counter() - t0})
             if not has_val or val_mae < state["best_mae"]:
                 state.update(best_mae=val_mae if has_val else math.nan, best_epoch=epoch + 1, bad_epochs=0)

@@ -1,4 +1,4 @@
-"""The RPS-Serve priority regulator (paper §3.6, DESIGN.md §3).
+"""The RPS-Serve priority regulator (paper §3.6, ARCHITECTURE.md §3).
 
 For a request of class c that has waited w seconds:
 
@@ -8,7 +8,7 @@ For a request of class c that has waited w seconds:
 Defaults (paper §4.1, "Configuration"): S = 0.1 / 0.05 / 0, α = 3.5 / 2.5 / 1.1,
 β = 0.05 / 0.003 / 0.00075 for sand / pebbles / rocks. With them sand reaches
 P ≈ 1 after ~3 s, pebbles after ~15 s, rocks only after minutes (the paper's Figure 9a).
-The extracted paper text garbles the formula; this reading is the one DESIGN.md §3
+The extracted paper text garbles the formula; this reading is the one ARCHITECTURE.md §3
 fixes. A fresh rock (w = 0, S = 0) has P = 0, i.e. score +inf: it ranks behind every
 other class until it has waited (then FCFS among equals by arrival).
 

@@ -1,5 +1,5 @@
 """The RPS-Serve family of in-instance policies (paper §3.4–3.6 and its baselines, §4.1;
-DESIGN.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
+ARCHITECTURE.md §3). Pure Python: the sim engine, the Predictor's look-ahead and the vLLM
 plugin run this same code.
 
 Registered names (`make_policy(name, **params)`):
@@ -28,19 +28,19 @@ preempted request, which vLLM puts at the queue front, wins ties).
 Known difference from RPS-Serve on vLLM: here a higher-priority waiting request never
 preempts a running one to get KV blocks (vLLM V1's priority mode can); preemption
 happens only when a running request cannot grow (the `InstanceSim` contract).
-"""
+"""  # noqa: E501  (the table rows)
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
+from rps_astro_cli.params import Param
 from rps_astro_cli.policies.priority import (
     DEFAULT_ALPHA,
     DEFAULT_BETA,
@@ -48,8 +48,8 @@ from rps_astro_cli.policies.priority import (
     PriorityRegulator,
 )
 from rps_astro_cli.rps.classes import CLASS_RANK, naive_class
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
-
 
 _GET_CLASS = attrgetter("req_class")
 _GET_ARRIVAL = attrgetter("arrival_s")
@@ -72,9 +72,34 @@ def _load_classifier(classifier: Any):
     return classifier
 
 
+CLASSIFIER = Param("classifier", object, None, "smart classifier: an artifact name under artifacts/rps/, a "
+                   "folder, or 'naive' / null for the classes by modality")
+
+
+def _regulator_values(key: str) -> Callable[[Any], list[float]]:
+    """A `Param.parse` that checks one regulator parameter with the regulator's own rules."""
+    def parse(value: Any) -> list[float]:
+        return PriorityRegulator(**{key: value}).describe()[key]
+
+    return parse
+
+
+STATIC_PRIORITY = Param("static_priority", object, list(DEFAULT_STATIC), "S per class (sand, pebbles, rocks; "
+                        "or a mapping by class), ≥ 0", parse=_regulator_values("static_priority"))
+ALPHA = Param("alpha", object, list(DEFAULT_ALPHA), "α per class (sand, pebbles, rocks), > 0",
+              parse=_regulator_values("alpha"))
+BETA = Param("beta", object, list(DEFAULT_BETA), "β per class (sand, pebbles, rocks), > 0, in s^−α",
+             parse=_regulator_values("beta"))
+SLO_SCALE = Param("slo_scale", float, 5.0, "deadline = arrival + slo_scale × isolated E2E", gt=0)
+PROFILE = Param("profile", object, None, "execution profile id / JSON path for the isolated E2E (default: the "
+                "shipped default profile; the sim engine passes its own)")
+
+
 class ClassAwarePolicy(InstancePolicy):
     """Base of the class-aware policies: resolves and caches each request's class
     (see the module docstring for the order)."""
+
+    params: ClassVar[tuple[Param, ...]] = (CLASSIFIER,)
 
     def __init__(self, classifier: Any = None):
         self.classifier = _load_classifier(classifier)
@@ -141,6 +166,7 @@ class NaiveClassPolicy(_StaticOrder):
     ignores any `req_class` already set (it is the by-modality baseline)."""
 
     name = "naive_class"
+    params = ()
 
     def __init__(self) -> None:
         super().__init__(classifier=None)
@@ -204,6 +230,7 @@ class RPSPolicy(ClassAwarePolicy):
 
     name = "rps"
     time_dependent = True
+    params = (CLASSIFIER, STATIC_PRIORITY, ALPHA, BETA)
 
     def __init__(
         self,
@@ -307,6 +334,7 @@ class EDFPolicy(InstancePolicy):
 
     name = "edf"
     time_dependent = False
+    params = (SLO_SCALE, PROFILE)
 
     def __init__(self, slo_scale: float = 5.0, profile: Any = None):
         from rps_astro_cli.sim.latency import LatencyModel

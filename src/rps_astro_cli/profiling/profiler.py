@@ -96,12 +96,14 @@ def plan_points(
         per["text"] = [ProfilePoint(f"text-t{n}-r{r}", "text", int(n)) for n in text_tokens for r in range(repeats)]
     if "image" in modalities:
         per["image"] = [
-            ProfilePoint(f"image-i{n}-r{r}", "image", IMAGE_QUESTION_TOKENS[r % len(IMAGE_QUESTION_TOKENS)], n_images=int(n))
+            ProfilePoint(f"image-i{n}-r{r}", "image",
+                         IMAGE_QUESTION_TOKENS[r % len(IMAGE_QUESTION_TOKENS)], n_images=int(n))
             for n in image_counts for r in range(repeats)
         ]
     if "video" in modalities:
         per["video"] = [
-            ProfilePoint(f"video-f{n}-r{r}", "video", IMAGE_QUESTION_TOKENS[r % len(IMAGE_QUESTION_TOKENS)], n_frames=int(n))
+            ProfilePoint(f"video-f{n}-r{r}", "video",
+                         IMAGE_QUESTION_TOKENS[r % len(IMAGE_QUESTION_TOKENS)], n_frames=int(n))
             for n in frame_counts for r in range(repeats)
         ]
     out: list[ProfilePoint] = []
@@ -206,7 +208,8 @@ def build_messages(point: ProfilePoint, text: TextSource, media: MediaSource) ->
 def _text_tokens_of(messages: list[dict[str, Any]]) -> int:
     from rps_astro_cli.protocol.openai import ApiLimits, chat_prompt_tokens
 
-    return chat_prompt_tokens(messages, count_tokens_fallback, ApiLimits(max_media_items=1024, max_num_frames=10_000))[0]
+    return chat_prompt_tokens(messages, count_tokens_fallback,
+                              ApiLimits(max_media_items=1024, max_num_frames=10_000))[0]
 
 
 # -- runs ------------------------------------------------------------------------------
@@ -281,7 +284,8 @@ def profile_virtual(
         enc = (pt.n_images * v.encoder_s_per_image + pt.n_frames * v.encoder_s_per_frame) if v else 0.0
         prompt = text_tok + vis
         if prompt + output_tokens > profile.max_model_len:
-            run.rejected.append((pt.key, f"prompt {prompt} + output {output_tokens} > max_model_len {profile.max_model_len}"))
+            run.rejected.append((pt.key,
+                                 f"prompt {prompt} + output {output_tokens} > max_model_len {profile.max_model_len}"))
             continue
         iso = isolated_latency(lm, prompt, output_tokens, enc, pre)
         rec = ProfileRecord(

@@ -232,7 +232,8 @@ def calibrate_engine(engine_url: str, step_log: str | Path, out: str | Path, pro
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         raise AstroUserError(f"{engine_url} did not answer as an astro vLLM engine ({type(exc).__name__})",
                              field="--engine-url",
-                             fix="start it with astro serve engine --backend vllm and ASTRO_VLLM_STEP_LOG set") from None
+                             fix="start it with astro serve engine --backend vllm and ASTRO_VLLM_STEP_LOG set",
+                             ) from None
     if n_requests:
         n = calibration_load(base, model, np.random.default_rng(seed), n_requests, max_prompt_tokens,
                              max_output_tokens, max_concurrency)

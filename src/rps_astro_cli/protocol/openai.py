@@ -27,7 +27,7 @@ Prompt token counting (the same in engine, Predictor and bench):
   is `video_url.num_frames` or `DEFAULT_NUM_FRAMES` (32, LLaVA-OneVision's default
   frame sampling).
 
-Media URLs (DESIGN §7): `data:` URLs are decoded and checked (base64 + a known image /
+Media URLs (ARCHITECTURE.md §7): `data:` URLs are decoded and checked (base64 + a known image /
 video container; Pillow verifies images when installed); remote `http(s)` URLs are refused
 unless `ApiLimits.allow_remote_media`, and even then never to loopback, private,
 link-local or reserved addresses (the sim engine does not download them: it only needs
@@ -92,7 +92,7 @@ def bad(message: str, param: str | None) -> ApiError:
 
 @dataclass(frozen=True)
 class ApiLimits:
-    """Safe-default bounds on requests (DESIGN §7).
+    """Safe-default bounds on requests (ARCHITECTURE.md §7).
 
     max_body_bytes: largest request body (bytes; larger → 413).
     max_media_items: most image/video parts in one request.
@@ -443,7 +443,7 @@ def _verify_image(data: bytes) -> bool:
 
 
 def check_media_url(url: str, kind: str, param: str, limits: ApiLimits = ApiLimits()) -> None:
-    """Accept a media URL per DESIGN §7 or raise.
+    """Accept a media URL per ARCHITECTURE.md §7 or raise.
 
     kind: "image" or "video". param: the field path to name in errors.
 

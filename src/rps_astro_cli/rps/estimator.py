@@ -269,7 +269,7 @@ def fit_estimator(
         ykv = np.array([r.kv_tokens for r in rows], dtype=float)
         kind = "ols" if modality == "text" else f"quantile-{quantile:g}"
 
-        def make():
+        def make(modality: str = modality):
             if modality == "text":
                 return LinearRegression()
             return QuantileRegressor(quantile=quantile, alpha=0.0, solver="highs")

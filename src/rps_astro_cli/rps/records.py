@@ -71,7 +71,7 @@ _STR_COLS = {"key", "modality"}
 def record_to_row(r: ProfileRecord) -> list[str]:
     """CSV cells of a record (floats with 6 significant digits)."""
     out = []
-    for name, v in zip(PROFILE_COLUMNS, astuple(r)):
+    for _name, v in zip(PROFILE_COLUMNS, astuple(r)):
         out.append(f"{v:.6g}" if isinstance(v, float) else str(v))
     return out
 

@@ -172,6 +172,8 @@ class ClusterSupervisor:
                 argv += [flag, str(val)]
         if not e.chunked_prefill:
             argv.append("--no-chunked-prefill")
+        for name, value in e.instance_policy_params.items():  # declared by the policy, checked by the recipe
+            argv += ["--instance-param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
         return argv + list(e.extra_args)
 
     def start(self, timeout_s: float | None = None) -> dict[str, Any]:
@@ -234,6 +236,8 @@ class ClusterSupervisor:
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
+            for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)
+                argv += ["--param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
             self.scheduler = self._child("scheduler", "scheduler", argv, host=cfg.host, env=env)
             self.scheduler.port = s.port
@@ -306,7 +310,8 @@ class ClusterSupervisor:
                           "pid": self.scheduler.pid if self.scheduler else None},
             "tagger": {"url": self.tagger.url, "pid": self.tagger.pid} if self.tagger else None,
             "instances": [
-                {"name": e.name, "engine_url": e.url, "status_url": f"{e.url}/status", "metrics_url": f"{e.url}/metrics",
+                {"name": e.name, "engine_url": e.url, "status_url": f"{e.url}/status",
+                 "metrics_url": f"{e.url}/metrics",
                  "predictor_url": self.predictors[i].url if self.predictors else None,
                  "predictor_metrics_url": f"{self.predictors[i].url}/metrics" if self.predictors else None,
                  "engine_pid": e.pid, "predictor_pid": self.predictors[i].pid if self.predictors else None}

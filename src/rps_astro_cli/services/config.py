@@ -9,15 +9,18 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     host: str = 127.0.0.1          # bind address of every child
     api_key: str | null            # front-door bearer key (scheduler /v1/*)
     restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
-    engine:    {backend, profile, instance_policy, time_scale, seed, num_gpu_blocks,
+    engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
                 served_model_name, extra_args}
     predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
                 default_output_tokens}
     tagger:    {enabled, length_model}
-    scheduler: {policy, k, objective, llumnix_variant, predict_deadline_ms,
+    scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
                 port, seed, decisions_kept, oracle_lengths}
+                # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
+                # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
+                # k, objective and llumnix's variant
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class EngineSection(_Strict):
     backend: str = Field("sim", description="engine backend (sim | vllm)")
     profile: str = Field("llama-2-7b-a30", description="execution profile id or JSON path")
     instance_policy: str = Field("fcfs", description="in-instance scheduling policy")
+    instance_policy_params: dict[str, Any] = Field(default_factory=dict, description="its declared parameters by "
+                                                   "name (`astro serve --instance-param NAME=VALUE`)")
     time_scale: float = Field(1.0, gt=0, description="wall s per engine s (sim; 0.1 = 10x faster)")
     seed: int = Field(0, ge=0, description="engine i gets seed + i")
     num_gpu_blocks: int | None = Field(None, gt=0)
@@ -71,12 +76,21 @@ class TaggerSection(_Strict):
 
 
 class SchedulerSection(_Strict):
-    """The global scheduler (front door)."""
+    """The global scheduler (front door).
+
+    The dispatch policy's parameters are declared by the policy (`DispatchPolicy.params`;
+    `astro serve --help` and CONTRIBUTING.md list them) and go in `params`; `k`,
+    `objective` and `llumnix_variant` are the flat keys existing recipes use for
+    power_of_k's k / objective and llumnix's variant (a parameter declares its flat key
+    as `Param.alias`); a value in `params` wins over its flat key. Both are converted and
+    checked by the policy's declaration."""
 
     policy: str = "power_of_k"
+    params: dict[str, Any] = Field(default_factory=dict, description="dispatch-policy parameters by name "
+                                   "(`astro serve --param NAME=VALUE`), checked against the policy's declaration")
     k: int | Literal["all"] = Field(2, description="power_of_k sample size, or 'all' (full fanout)")
-    objective: Literal["e2e", "ttft"] = "e2e"
-    llumnix_variant: Literal["astrolabe", "code"] = "astrolabe"
+    objective: str = Field("e2e", description="power_of_k objective: e2e | ttft")
+    llumnix_variant: str = Field("astrolabe", description="llumnix load formula: astrolabe (Llumnix-) | code")
     predict_deadline_ms: float = Field(50.0, gt=0)
     tag_deadline_ms: float = Field(50.0, gt=0)
     health_interval_ms: float = Field(500.0, gt=0)
@@ -87,20 +101,22 @@ class SchedulerSection(_Strict):
     decisions_kept: int = Field(1000, ge=1, description="decisions kept for GET /decisions")
     oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
 
-    @field_validator("k")
+    @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod
-    def _k(cls, v: Any) -> Any:
-        if isinstance(v, int) and v < 1:
-            raise ValueError("must be ≥ 1 or 'all'")
-        return v
+    def _flat_key(cls, v: Any, info: Any) -> Any:
+        """A flat key is checked by the parameter that declares it as its alias."""
+        from rps_astro_cli.dispatch import alias_param
+
+        return alias_param(info.field_name).convert(v)
 
     def policy_params(self) -> dict[str, Any]:
-        """Constructor arguments of the chosen dispatch policy."""
-        if self.policy == "power_of_k":
-            return {"k": self.k, "objective": self.objective}
-        if self.policy == "llumnix":
-            return {"variant": self.llumnix_variant}
-        return {}
+        """Constructor arguments of the chosen dispatch policy: its parameters that have a
+        flat key (set or default), then `params`."""
+        from rps_astro_cli.dispatch import dispatch_params
+
+        out = {p.name: getattr(self, p.alias) for p in dispatch_params(self.policy) if p.alias}
+        out.update(self.params)
+        return out
 
 
 class ClusterConfig(_Strict):
@@ -159,7 +175,8 @@ def parse_config(data: dict[str, Any], source: str = "recipe", names: dict[str, 
     except ValidationError as exc:
         raise _user_error(exc, source, names) from None
     _check_k(cfg, source, names or {})
-    _check_names(cfg)
+    _check_policy(cfg, source, names or {})
+    _check_instance_policy(cfg, source, names or {})
     return cfg
 
 
@@ -180,15 +197,60 @@ def _check_k(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
                          fix=f"give {k_name} ≤ {cfg.instances} or 'all', or raise {n_name}")
 
 
-def _check_names(cfg: ClusterConfig) -> None:
-    from rps_astro_cli.dispatch import DISPATCH_POLICIES
+def _check_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
+    """The dispatch policy exists, its parameters pass its declaration (stored converted),
+    and it has predictors if it needs them. Errors name the recipe path or the flag."""
+    from rps_astro_cli.dispatch import DISPATCH_POLICIES, make_dispatch
 
-    if cfg.scheduler.policy not in DISPATCH_POLICIES:
-        raise AstroUserError(f"unknown dispatch policy {cfg.scheduler.policy!r}", field="scheduler.policy",
-                             fix=f"choose one of: {', '.join(DISPATCH_POLICIES.names())}")
-    if cfg.scheduler.policy == "power_of_k" and not cfg.predictor.enabled:
-        raise AstroUserError("power_of_k needs predictors", field="predictor.enabled",
-                             fix="enable predictors or pick another scheduler.policy")
+    sec = cfg.scheduler
+    if sec.policy not in DISPATCH_POLICIES:
+        raise AstroUserError(f"unknown dispatch policy {sec.policy!r}", field=names.get("scheduler.policy",
+                             "scheduler.policy"), fix=f"choose one of: {', '.join(DISPATCH_POLICIES.names())}")
+    specs = DISPATCH_POLICIES.get(sec.policy).params
+    fields = {p.name: names.get(f"scheduler.{p.alias}", f"scheduler.{p.alias}") for p in specs if p.alias}
+    for name in sec.params:  # a value in params wins over its flat key (so --param overrides a recipe's k)
+        fields[name] = names.get(f"scheduler.params.{name}", f"scheduler.params.{name}")
+    try:
+        policy = make_dispatch(sec.policy, fields=fields, **sec.policy_params())
+    except AstroUserError as exc:
+        prefix = "" if (exc.field or "").startswith("--") else f"{source}: "
+        raise AstroUserError(f"{prefix}{exc}", field=exc.field) from None
+    if sec.params:
+        from rps_astro_cli.params import check_params
+
+        sec.params = check_params(specs, sec.params, owner=f"dispatch policy {sec.policy}", fields=fields)
+    if policy.needs_predictions and not cfg.predictor.enabled:
+        field = names.get("predictor.enabled", "predictor.enabled")
+        pol_field = names.get("scheduler.policy", "scheduler.policy")
+        fix = (f"give {field} URL per engine, or pick another {pol_field}" if field.startswith("--")
+               else f"enable predictors or pick another {pol_field}")
+        raise AstroUserError(f"dispatch policy {sec.policy} needs predictors", field=field, fix=fix)
+
+
+def _check_instance_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
+    """The engines' instance policy exists and its parameters pass its declaration
+    (stored converted)."""
+    from rps_astro_cli.params import check_params
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    e = cfg.engine
+    if e.instance_policy not in INSTANCE_POLICIES and e.backend != "sim":
+        return  # a vLLM engine may import more policy modules (ASTRO_VLLM_POLICY_MODULES) and checks there
+    if e.instance_policy not in INSTANCE_POLICIES:
+        field = names.get("engine.instance_policy", "engine.instance_policy")
+        raise AstroUserError(f"unknown instance policy {e.instance_policy!r}", field=field,
+                             fix=f"choose one of: {', '.join(INSTANCE_POLICIES.names())}")
+    if not e.instance_policy_params:
+        return
+    fields = {n: names.get(f"engine.instance_policy_params.{n}", f"engine.instance_policy_params.{n}")
+              for n in e.instance_policy_params}
+    try:
+        e.instance_policy_params = check_params(INSTANCE_POLICIES.get(e.instance_policy).params,
+                                                e.instance_policy_params,
+                                                owner=f"instance policy {e.instance_policy}", fields=fields)
+    except AstroUserError as exc:
+        prefix = "" if (exc.field or "").startswith("--") else f"{source}: "
+        raise AstroUserError(f"{prefix}{exc}", field=exc.field) from None
 
 
 def load_recipe(path: str | Path) -> ClusterConfig:

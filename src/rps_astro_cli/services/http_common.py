@@ -1,4 +1,4 @@
-"""HTTP plumbing shared by the predictor, tagger and scheduler services (DESIGN.md §7).
+"""HTTP plumbing shared by the predictor, tagger and scheduler services (ARCHITECTURE.md §7).
 
 - Errors: a user mistake is a 4xx whose JSON body names the field
   (`{"error": {"message", "type", "param", "code"}}`, OpenAI's shape); a server fault is

@@ -1,4 +1,4 @@
-"""Predictor sidecar (one per engine; Astrolabe §4, DESIGN.md §2).
+"""Predictor sidecar (one per engine; Astrolabe §4, ARCHITECTURE.md §2).
 
 `POST /predict` takes a candidate request and answers how long it would take on this
 predictor's engine:
@@ -37,8 +37,8 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -46,7 +46,6 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -62,6 +61,7 @@ from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.sim import lookahead as _lookahead
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
 from rps_astro_cli.sim.status import InstanceStatus
 
@@ -253,12 +253,15 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
 
     reg = new_registry()
     buckets = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-    m_predict = Histogram("astro_predictor_predict_seconds", "Wall time per /predict (s)", buckets=buckets, registry=reg)
-    m_look = Histogram("astro_predictor_lookahead_seconds", "Look-ahead time per /predict (s)", buckets=buckets, registry=reg)
+    m_predict = Histogram("astro_predictor_predict_seconds", "Wall time per /predict (s)",
+                          buckets=buckets, registry=reg)
+    m_look = Histogram("astro_predictor_lookahead_seconds", "Look-ahead time per /predict (s)",
+                       buckets=buckets, registry=reg)
     m_cpu = Counter("astro_predictor_cpu_seconds", "CPU seconds spent in the look-ahead", registry=reg)
     m_req = Counter("astro_predictor_requests", "/predict requests by outcome", ["outcome"], registry=reg)
     m_fetch = Counter("astro_predictor_status_fetches", "Engine /status fetches by outcome", ["outcome"], registry=reg)
-    m_age = Histogram("astro_predictor_snapshot_age_seconds", "Age of the status used (s)", buckets=buckets, registry=reg)
+    m_age = Histogram("astro_predictor_snapshot_age_seconds", "Age of the status used (s)",
+                      buckets=buckets, registry=reg)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -282,7 +285,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         pred: Predictor = app.state.predictor
         try:
             status, age_s = await pred.status()
-        except (RpcError, asyncio.TimeoutError, AstroUserError, ValueError) as exc:
+        except (TimeoutError, RpcError, AstroUserError, ValueError) as exc:
             m_req.labels("engine_unavailable").inc()
             return error_response(503, f"engine status unavailable: {exc}", None, "engine_unavailable")
         c0 = time.process_time()

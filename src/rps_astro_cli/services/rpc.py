@@ -148,7 +148,7 @@ class HostPool:
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(self.host, self.port, limit=_MAX_HEAD_BYTES), self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError) as exc:
             raise RpcError(f"{self.base_url}: cannot connect: {exc!r}") from None
         return _Conn(reader, writer)
 

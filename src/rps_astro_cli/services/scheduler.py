@@ -1,4 +1,4 @@
-"""Global scheduler: the OpenAI-compatible front door (Astrolabe §3, DESIGN.md §2).
+"""Global scheduler: the OpenAI-compatible front door (Astrolabe §3, ARCHITECTURE.md §2).
 
 Per request to `/v1/chat/completions` or `/v1/completions`:
 1. read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw
@@ -70,8 +70,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from rps_astro_cli.dispatch import DispatchDecision, InstanceLoad, make_dispatch
 from rps_astro_cli.protocol import openai as oa
-from rps_astro_cli.services.rpc import HostPool, RpcError
-from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -84,6 +82,8 @@ from rps_astro_cli.services.http_common import (
     new_registry,
     read_body,
 )
+from rps_astro_cli.services.rpc import HostPool, RpcError
+from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.sim.lookahead import LatencyEstimate
 
 log = logging.getLogger("astro.scheduler")
@@ -304,7 +304,7 @@ class Scheduler:
                 r = await c.get("/v1/models", timeout=1.0)
                 if r.status_code == 200:
                     self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
-        except (httpx.HTTPError, RpcError, asyncio.TimeoutError, ValueError, KeyError, TypeError) as exc:
+        except (TimeoutError, httpx.HTTPError, RpcError, ValueError, KeyError, TypeError) as exc:
             self.mark_failed(st, f"health check: {exc!r}")
             return
         self.mark_ok(st)
@@ -360,7 +360,7 @@ class Scheduler:
             if status != 200:
                 raise ValueError(f"status {status}")
             out = json.loads(body)
-        except (RpcError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, RpcError, ValueError):
             self.m.tag_rpcs.labels("error").inc()
             return None
         self.m.tag_rpcs.labels("ok").inc()
@@ -539,7 +539,7 @@ class Scheduler:
                     overhead += time.perf_counter() - t1
                     return self._stream_response(endpoint, st, resp, it, first, rec, t_send, overhead)
                 data = await resp.read()
-            except (RpcError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, RpcError) as exc:
                 if resp is not None:
                     await resp.aclose()
                 self._release(st)

@@ -1,4 +1,4 @@
-"""Length tagger service (Astrolabe §3, DESIGN.md §2): `POST /tag`.
+"""Length tagger service (Astrolabe §3, ARCHITECTURE.md §2): `POST /tag`.
 
 Request: an OpenAI `/v1/chat/completions` or `/v1/completions` body (the scheduler
 forwards the client's body as is; `messages` → chat, `prompt` → completions).
@@ -14,7 +14,8 @@ Token and media accounting reuse the engine's parser (`protocol/openai.py`), so 
 tagger, the scheduler and the engine count the same way; vision tokens come from the
 execution profile's `VisionCosts` (0 on text-only profiles).
 
-Length model: `load_length_model(spec)` (`length.resolve.resolve_length_model`): by default the length package's shipped model
+Length model: `load_length_model(spec)` (`length.resolve.resolve_length_model`): by default
+the length package's shipped model
 (`rps_astro_cli.length`; chat bodies go through `LengthModel.predict_chats([messages])`,
 which builds the prompt the model was trained on (e.g. `classic` sees the previous turn
 before the last user message); completions through `LengthModel.predict([prompt])`),
@@ -30,17 +31,14 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rps_astro_cli.protocol import openai as oa
-from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.resolve import resolve_length_model as load_length_model
+from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 

@@ -1,6 +1,6 @@
 """The Predictor's look-ahead: from an instance snapshot and a candidate request, predict
 the candidate's TTFT and E2E (seconds from the snapshot time) by simulating the
-instance's own scheduler forward (Astrolabe §4; DESIGN.md §2).
+instance's own scheduler forward (Astrolabe §4; ARCHITECTURE.md §2).
 
 Auto-extension (Astrolabe §4): a request whose generated tokens have reached its
 predicted length is assumed to end within the next `extension_tokens` tokens (10).
@@ -8,60 +8,32 @@ A request with no predicted length uses `default_output_tokens`.
 
 `predict_stepwise` is the plain reference: it replays `InstanceSim.step` one step at a
 time. The fast `predict` must return the same numbers (property-tested); its engine is
-`sim/jump.py`, compiled with mypyc at install when possible (see `_load_jump`).
+`sim/lookahead_engine/`, compiled with mypyc at install when possible (see
+`sim/engine_build.py`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import sys
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.engine_build import is_native, load_engine
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
 
-
-def _load_jump() -> ModuleType:
-    """Import `rps_astro_cli.sim.jump`: the mypyc build when there is one, else (or when
-    `ASTRO_PURE_PYTHON=1`, or when jump.py is newer than the build by more than 2 s, i.e.
-    edited or pulled since the install built it) the source. A stale build is never
-    used: it would run old code. Reinstall (`pip install -e .`) to rebuild."""
-    name = "rps_astro_cli.sim.jump"
-    spec = importlib.util.find_spec(name)
-    origin = spec.origin if spec is not None else None
-    if origin and not origin.endswith(".py"):
-        src = os.path.join(os.path.dirname(origin), "jump.py")
-        has_src = os.path.exists(src)  # (an install without the .py can only run the build)
-        stale = has_src and os.path.getmtime(src) > os.path.getmtime(origin) + 2.0
-        forced = os.environ.get("ASTRO_PURE_PYTHON") == "1"
-        if has_src and (forced or stale):
-            if stale and not forced:
-                warnings.warn("the compiled look-ahead is older than sim/jump.py: using the source "
-                              "(reinstall with `pip install -e .` to rebuild it)", stacklevel=2)
-            py_spec = importlib.util.spec_from_file_location(name, src)
-            assert py_spec is not None and py_spec.loader is not None
-            mod = importlib.util.module_from_spec(py_spec)
-            sys.modules[name] = mod
-            py_spec.loader.exec_module(mod)
-            return mod
-    return importlib.import_module(name)
-
-
-jump = _load_jump()
-CANDIDATE_ID: str = jump.CANDIDATE_ID
-MAX_LOOKAHEAD_STEPS: int = jump.MAX_LOOKAHEAD_STEPS
+#: the look-ahead engine package (`sim/lookahead_engine/`): its mypyc build, or its
+#: source when there is none, it is older than the source, or ASTRO_PURE_PYTHON=1
+engine = load_engine()
+CANDIDATE_ID: str = engine.CANDIDATE_ID
+MAX_LOOKAHEAD_STEPS: int = engine.MAX_LOOKAHEAD_STEPS
 #: True when the mypyc build of the look-ahead engine is in use.
-NATIVE: bool = not str(jump.__file__).endswith(".py")
+NATIVE: bool = is_native(engine)
 
 
 @dataclass(frozen=True)
@@ -111,7 +83,7 @@ def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_outp
     if remaining is not None:
         cap = None if max_model_len is None else max_model_len - r.prompt_tokens
         return remaining.expected_total(r.predicted_output_tokens, r.generated_tokens, cap)
-    return int(jump.expected_tokens(r.predicted_output_tokens, r.generated_tokens, extension_tokens,
+    return int(engine.expected_tokens(r.predicted_output_tokens, r.generated_tokens, extension_tokens,
                                     default_output_tokens))
 
 
@@ -265,7 +237,7 @@ def predict(
 ) -> LatencyEstimate:
     """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
     `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
-    than O(steps) (Astrolabe §4 predictor; DESIGN.md §2; see the comment block in sim/jump.py).
+    than O(steps) (Astrolabe §4 predictor; ARCHITECTURE.md §2; see sim/lookahead_engine/).
 
     status: the instance snapshot (its `limits` give the batching rules; `time_s` is
         "now"). candidate: the request being placed; it joins the waiting queue at
@@ -287,7 +259,7 @@ def predict(
     """
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
-    cand = jump.lreq_candidate(candidate_to_sim(candidate, status.time_s))
+    cand = engine.lreq_candidate(candidate_to_sim(candidate, status.time_s))
     ext, dflt = extension_tokens, default_output_tokens
     running = _lreqs_from_status(status.running, ext, dflt, remaining, cfg.max_model_len)
     waiting = _lreqs_from_status(status.waiting, ext, dflt, remaining, cfg.max_model_len)
@@ -295,17 +267,17 @@ def predict(
     if status.arriving:
         arriving = _lreqs_from_status(status.arriving, ext, dflt, remaining, cfg.max_model_len)
         pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
-    ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, latency, policy, running, waiting, status.kv_blocks_free).run(cand, status.time_s, pending)
-    return LatencyEstimate(ttft, e2e, steps, events)
+    lp = engine.FastLookahead(cfg, latency, policy, running, waiting, status.kv_blocks_free).run(
+        cand, status.time_s, pending)
+    return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)
 
 
 def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
                        remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
-    """`jump.lreqs_from_status`, or with `remaining` each target its conditional estimate."""
+    """`engine.lreqs_from_status`, or with `remaining` each target its conditional estimate."""
     if remaining is None:
-        return jump.lreqs_from_status(reqs, ext, dflt)
-    return [jump.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
+        return engine.lreqs_from_status(reqs, ext, dflt)
+    return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       expected_output_tokens(r, ext, dflt, remaining, max_model_len),
                       r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
                       r.deadline_s, r.computed_tokens, r.generated_tokens, r.kv_blocks) for r in reqs]
@@ -313,11 +285,11 @@ def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
 
 def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
                     remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
-    """`jump.lreqs_from_sim`, or with `remaining` each target its conditional estimate
+    """`engine.lreqs_from_sim`, or with `remaining` each target its conditional estimate
     (`RemainingLength.expected_total`, capped at max_model_len − prompt)."""
     if remaining is None:
-        return jump.lreqs_from_sim(reqs, ext, dflt)
-    return [jump.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
+        return engine.lreqs_from_sim(reqs, ext, dflt)
+    return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       remaining.expected_total(r.predicted_output_tokens, r.num_generated_tokens,
                                                max_model_len - r.prompt_tokens),
                       r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
@@ -349,7 +321,7 @@ def predict_instance(
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
-    cand = jump.lreq_candidate(candidate_to_sim(candidate, now_s))
+    cand = engine.lreq_candidate(candidate_to_sim(candidate, now_s))
     ext, dflt = extension_tokens, default_output_tokens
     running = _lreqs_from_sim(inst.running, ext, dflt, remaining, cfg.max_model_len)
     waiting = _lreqs_from_sim(inst.waiting, ext, dflt, remaining, cfg.max_model_len)
@@ -357,6 +329,6 @@ def predict_instance(
     if arriving:
         arr = _lreqs_from_sim(arriving, ext, dflt, remaining, cfg.max_model_len)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
-    ttft, e2e, steps, events = jump.FastLookahead(
-        cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(cand, now_s, pending)
-    return LatencyEstimate(ttft, e2e, steps, events)
+    lp = engine.FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
+        cand, now_s, pending)
+    return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)

@@ -21,9 +21,10 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
+from rps_astro_cli.params import Param, check_params
 from rps_astro_cli.registry import Registry
 from rps_astro_cli.sim.request import SimRequest
 
@@ -35,6 +36,9 @@ class InstancePolicy:
 
     name: str = "base"
     time_dependent: bool = False
+    # the constructor's keyword parameters, declared (rps_astro_cli.params); make_policy
+    # checks given values against them, and describe() reports them by these names
+    params: ClassVar[tuple[Param, ...]] = ()
 
     def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
         """Waiting requests in admission order (first = admitted first)."""
@@ -87,10 +91,16 @@ class InstancePolicy:
         return {"name": self.name}
 
 
-def make_policy(name: str, **params: Any) -> InstancePolicy:
-    """Instantiate a registered policy by name.
+def make_policy(name: str, fields: Mapping[str, str] | None = None, **params: Any) -> InstancePolicy:
+    """Instantiate a registered policy by name; `params` (strings from flags, typed
+    values from code or JSON) are converted and checked against its declared `params`.
+
+    Args:
+        fields: parameter name → the flag / field it came from (for errors).
 
     Raises:
-        AstroUserError: unknown name (the message lists the valid ones).
+        AstroUserError: unknown name (the message lists the valid ones), an undeclared
+            parameter (lists the declared ones), or a bad value (names the field).
     """
-    return INSTANCE_POLICIES.get(name)(**params)
+    cls = INSTANCE_POLICIES.get(name)
+    return cls(**check_params(cls.params, params, owner=f"instance policy {name}", fields=fields))

@@ -1,0 +1,258 @@
+"""The stages a dispatch policy is built from (llm-d's scheduling pipeline):
+
+    filters  → sampler → [Predictor RPCs] → scorers → picker
+    (health,   (power-     (only if a scorer  (latency,  (min score,
+     capacity)  of-k)       needs them)        load, …)   random, turn)
+
+- A **filter** narrows the instances considered; it never returns an empty pool (if
+  nothing passes, it passes everything on — a lagging health check must not stop
+  dispatch).
+- A **sampler** picks the candidates from the pool (all, or k at random).
+- A **scorer** gives candidates a cost, lower = better; candidates it cannot score
+  (no status yet, no prediction) are left out. `needs_predictions` / `needs_status` say
+  what it reads, so the caller asks Predictors / polls `/status` only when needed.
+- A **picker** turns costs into one choice; ties are broken by the run's Generator.
+
+Every stage is deterministic given the `numpy.random.Generator` passed in, and draws from
+it exactly when the pre-pipeline policies did, so fixed-seed runs are bit-identical.
+Slot for the prefix-cache scorer (a later issue): a `Scorer` whose `score` reads a
+per-instance cache-hit estimate from `InstanceLoad`; policies add it to `scorers` with a
+weight.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+if TYPE_CHECKING:  # value types only; no import at run time
+    from rps_astro_cli.dispatch.base import InstanceLoad
+    from rps_astro_cli.sim.lookahead import LatencyEstimate
+
+TIE_RESOLUTION_S = 1e-6  # predicted latencies closer than this are ties
+
+
+# -- filters -------------------------------------------------------------------------------
+class Filter:
+    """Narrows the pool (instance indices, in index order)."""
+
+    name: ClassVar[str] = "filter"
+    needs_status: ClassVar[bool] = False
+
+    def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
+        raise NotImplementedError
+
+
+class HealthFilter(Filter):
+    """Healthy instances (circuit breaker closed); all of them if none is healthy.
+    Weakness: as fresh as the last health check."""
+
+    name = "health"
+
+    def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
+        kept = [i for i in pool if by_index[i].healthy]
+        return kept or pool
+
+
+class KvRoomFilter(Filter):
+    """Capacity: instances whose KV blocks are not already spoken for — free blocks minus
+    what the waiting queue needs for its prompts is more than `min_free_blocks`.
+    Instances with unknown status pass; if none has room, all pass.
+    Weakness: a memory-only signal (a long prefill queue that fits looks free)."""
+
+    name = "kv_room"
+    needs_status = True
+
+    def __init__(self, min_free_blocks: int = 0) -> None:
+        self.min_free_blocks = min_free_blocks
+
+    def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
+        def room(ld: InstanceLoad) -> bool:
+            if ld.kv_blocks_free is None:
+                return True
+            return ld.kv_blocks_free - (ld.waiting_blocks_needed or 0) > self.min_free_blocks
+
+        kept = [i for i in pool if room(by_index[i])]
+        return kept or pool
+
+
+# -- samplers ------------------------------------------------------------------------------
+class Sampler:
+    """Picks the candidates from the filtered pool: every one by default."""
+
+    name: ClassVar[str] = "all"
+
+    def __call__(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        return list(pool)
+
+
+class PowerOfKSampler(Sampler):
+    """k distinct instances uniformly at random (Astrolabe; power-of-k choices);
+    `k=None` or k ≥ the pool = the whole pool (full fanout, no draw).
+    Weakness: with small k it may miss the best instance."""
+
+    name = "power_of_k"
+
+    def __init__(self, k: int | None) -> None:
+        self.k = k
+
+    def __call__(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+        if self.k is None or self.k >= len(pool):
+            return list(pool)
+        picked = rng.choice(len(pool), size=self.k, replace=False)
+        return [pool[int(j)] for j in picked]
+
+
+# -- scorers -------------------------------------------------------------------------------
+class Scorer:
+    """Costs of candidates (lower = better); candidates it cannot score are left out.
+
+    reason: the decision's reason when this scorer alone decides ("lowest e2e").
+    """
+
+    name: ClassVar[str] = "scorer"
+    needs_predictions: ClassVar[bool] = False
+    needs_status: ClassVar[bool] = False
+    reason: str = "lowest score"
+
+    def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+        raise NotImplementedError
+
+
+class OutstandingScorer(Scorer):
+    """Requests the dispatcher sent there that have not ended (the vLLM router / Envoy
+    least-request signal). Weakness: blind to request size and KV state."""
+
+    name = "outstanding"
+    reason = "fewest outstanding requests"
+
+    def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+        return {i: float(by_index[i].outstanding_requests) for i in candidates}
+
+
+class LlumnixLoadScorer(Scorer):
+    """Llumnix's load (the negative of its freeness), from the latest status; see
+    `guided.LlumnixDispatch` for the two variants. Instances without status: unscored."""
+
+    name = "llumnix_load"
+    needs_status = True
+    reason = "lowest load"
+
+    def __init__(self, variant: str, watermark_frac: float) -> None:
+        self.variant = variant
+        self.watermark_frac = watermark_frac
+
+    def load(self, ld: InstanceLoad) -> float | None:
+        """The instance's load (lower = freer), or None when its status is unknown."""
+        if ld.kv_blocks_free is None or ld.num_running is None:
+            return None
+        need = ld.waiting_blocks_needed or 0
+        if self.variant == "astrolabe":
+            return -(ld.kv_blocks_free - need) / max(ld.num_running, 1)
+        n = ld.num_running + (ld.num_waiting or 0)
+        if n == 0:
+            return -math.inf
+        watermark = self.watermark_frac * (ld.kv_blocks_total or 0)
+        return -(ld.kv_blocks_free - watermark - need) / n
+
+    def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+        values = {}
+        for i in candidates:
+            v = self.load(by_index[i])
+            if v is not None:
+                values[i] = v
+        return values
+
+
+class PredictedLatencyScorer(Scorer):
+    """The Predictor's look-ahead estimate of `objective` (e2e or ttft) on that instance,
+    in units of TIE_RESOLUTION_S (1 µs) so float noise from different engine clocks
+    (1e-14 s) is a tie, not a win. Candidates whose Predictor was late are unscored.
+    Weakness: only as good as the length tagger and the Predictor."""
+
+    name = "predicted_latency"
+    needs_predictions = True
+
+    def __init__(self, objective: str) -> None:
+        self.objective = objective
+        self.reason = f"lowest {objective}"
+
+    def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+        ttft = self.objective == "ttft"
+        # in the order the predictions came (the tie-break draws index into it)
+        return {j: round((p.ttft_s if ttft else p.e2e_s) / TIE_RESOLUTION_S) for j, p in predictions.items()}
+
+
+# -- pickers -------------------------------------------------------------------------------
+class Picker:
+    """One instance from the scored candidates."""
+
+    name: ClassVar[str] = "picker"
+    reason: str = ""  # the decision's reason when no scorer decides
+
+    def pick(self, candidates: Sequence[int], values: Mapping[int, float] | None, n_instances: int,
+             rng: np.random.Generator) -> int:
+        raise NotImplementedError
+
+
+def pick_min(values: Mapping[int, float], rng: np.random.Generator, tolerance: float = 0.0) -> int:
+    """Key with the lowest value; values within `tolerance` of it are ties, broken
+    uniformly at random (one draw, only when there is a tie; in the mapping's order)."""
+    best = min(values.values())
+    tied = [k for k, v in values.items() if v <= best + tolerance]
+    return tied[0] if len(tied) == 1 else tied[int(rng.integers(len(tied)))]
+
+
+class MinScorePicker(Picker):
+    """The lowest cost; costs within `tolerance` of it are ties, broken uniformly at
+    random. Weakness (llm-d's): equal scores hot-spot without the random tie-break, so
+    it is never skipped."""
+
+    name = "min_score"
+
+    def __init__(self, tolerance: float = 0.0) -> None:
+        self.tolerance = tolerance
+
+    def pick(self, candidates: Sequence[int], values: Mapping[int, float] | None, n_instances: int,
+             rng: np.random.Generator) -> int:
+        assert values, "MinScorePicker needs scores"
+        return pick_min(values, rng, self.tolerance)
+
+
+class UniformPicker(Picker):
+    """A uniformly random candidate (always one draw)."""
+
+    name = "uniform"
+    reason = "uniform random"
+
+    def pick(self, candidates: Sequence[int], values: Mapping[int, float] | None, n_instances: int,
+             rng: np.random.Generator) -> int:
+        return candidates[int(rng.integers(len(candidates)))]
+
+
+class RoundRobinPicker(Picker):
+    """The next candidate in index order after the last one picked (stateful: one per
+    policy instance)."""
+
+    name = "round_robin"
+    reason = "next in turn"
+
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, candidates: Sequence[int], values: Mapping[int, float] | None, n_instances: int,
+             rng: np.random.Generator) -> int:
+        cand = set(candidates)
+        for off in range(n_instances):
+            i = (self._next + off) % n_instances
+            if i in cand:
+                self._next = (i + 1) % n_instances
+                return i
+        raise ValueError("no candidates")

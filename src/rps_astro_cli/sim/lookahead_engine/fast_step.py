@@ -1,0 +1,119 @@
+"""Ordinary steps of the general loop (other policies, prioritized prefill) without
+preemption, in O(requests touched): `chunked_step` and `prioritized_step`."""
+
+from __future__ import annotations
+
+from .apply import apply_step
+from .instance_view import InstanceView
+from .outcome import StepOutcome
+from .preemption import fcfs_preempt_step, policy_preempt_chunked
+from .request import LReq, next_chunk
+
+
+def chunked_step(v: InstanceView, t: float) -> StepOutcome:
+    """One chunked-prefill step at `t`: the pool and the explicit requests (which must be
+    the running list's tail), then admissions in the policy's order; a failing block
+    allocation hands the step to the preemption passes."""
+    cfg, bs, pool = v.cfg, v.bs, v.pool
+    B = pool.size
+    running, nondec = v.running, v.explicit
+    if nondec and running[B:] != nondec:
+        return StepOutcome.UNSUPPORTED
+    budget = cfg.max_num_batched_tokens - B
+    if budget < 0:
+        return StepOutcome.UNSUPPORTED
+    free = v.free - (pool.blocks_next_tick() if B else 0)
+    if free < 0:
+        return fcfs_preempt_step(v, t, True) if v.fcfs else policy_preempt_chunked(v, t)
+    sched: list[tuple[LReq, int, int]] = []
+    for r in nondec:
+        if budget <= 0:
+            break
+        n, nb = next_chunk(r, budget, bs)
+        if nb > free:
+            return fcfs_preempt_step(v, t, True) if v.fcfs else policy_preempt_chunked(v, t)
+        free -= nb
+        sched.append((r, n, nb))
+        budget -= n
+    waiting = v.waiting
+    if waiting and budget > 0 and len(running) < cfg.max_num_seqs:  # else no admission
+        nrun = len(running)
+        maxs = cfg.max_num_seqs
+        order: list[LReq] = waiting if v.ordered else v.policy.order_waiting(waiting, t)
+        admitted = 0
+        for r in order:
+            if nrun >= maxs or budget <= 0:
+                break
+            n, nb = next_chunk(r, budget, bs)
+            if nb > free:
+                break
+            free -= nb
+            sched.append((r, n, nb))
+            budget -= n
+            nrun += 1
+            admitted += 1
+        if admitted:
+            new = [e[0] for e in sched[len(sched) - admitted:]]
+            if v.ordered:  # the admitted are the queue's head
+                del waiting[:admitted]
+            else:
+                for r in new:
+                    waiting.remove(r)
+            running.extend(new)
+            nondec.extend(new)
+    if not B and not sched:
+        return StepOutcome.IDLE
+    v.step_s = apply_step(v, t, sched, B, free, cfg.max_num_batched_tokens - budget, True)
+    return StepOutcome.RAN
+
+
+def prioritized_step(v: InstanceView, t: float) -> StepOutcome:
+    """One prioritized-prefill step at `t`: a prefill-only step of the waiting requests
+    that fit whole within the prefill budget, else a decode step of the pool."""
+    cfg, bs, pool = v.cfg, v.bs, v.pool
+    waiting, running = v.waiting, v.running
+    free = v.free
+    sched: list[tuple[LReq, int, int]] = []
+    if waiting and len(running) < cfg.max_num_seqs:  # else no admission
+        budget = cfg.prefill_budget
+        nrun = len(running)
+        maxs = cfg.max_num_seqs
+        order: list[LReq] = waiting if v.ordered else v.policy.order_waiting(waiting, t)
+        tokens = 0
+        for r in order:
+            c = r.num_computed_tokens
+            n = r.prompt_tokens + r.num_generated_tokens - c
+            if nrun >= maxs or n > budget:
+                break
+            nb = -(-(c + n) // bs) - r.kv_blocks
+            if nb > 0:
+                if nb > free:
+                    break
+                free -= nb
+            else:
+                nb = 0
+            sched.append((r, n, nb))
+            budget -= n
+            tokens += n
+            nrun += 1
+        if sched:
+            new = [e[0] for e in sched]
+            if v.ordered:
+                del waiting[: len(new)]
+            else:
+                for r in new:
+                    waiting.remove(r)
+            running.extend(new)
+            v.explicit.extend(new)
+            v.step_s = apply_step(v, t, sched, 0, free, tokens, False)
+            return StepOutcome.RAN
+    if v.explicit:
+        return StepOutcome.UNSUPPORTED
+    B = pool.size
+    if not B:
+        return StepOutcome.IDLE
+    free -= pool.blocks_next_tick()
+    if free < 0:
+        return fcfs_preempt_step(v, t, False) if v.fcfs else StepOutcome.UNSUPPORTED
+    v.step_s = apply_step(v, t, sched, B, free, B, True)
+    return StepOutcome.RAN

@@ -1,0 +1,160 @@
+"""The dispatch pipeline (filters → sampler → scorers → picker), declared parameters and
+loud plug-in registration, on hand-made loads."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+import numpy as np
+import pytest
+
+from rps_astro_cli.dispatch import DISPATCH_POLICIES, DispatchPolicy, InstanceLoad, decide, make_dispatch
+from rps_astro_cli.dispatch.stages import HealthFilter, KvRoomFilter, OutstandingScorer, Scorer
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.params import Param, ParamError, check_params, parse_assignments
+from rps_astro_cli.policies import INSTANCE_POLICIES
+from rps_astro_cli.registry import PluginImportError, import_plugins
+from rps_astro_cli.sim.lookahead import LatencyEstimate
+
+
+# -- declared parameters -------------------------------------------------------------------
+def test_param_converts_flag_strings_and_checks_bounds():
+    k = Param("k", int, 2, "sample size", ge=1, keywords=("all",))
+    assert k.convert("3") == 3 and k.convert(4) == 4 and k.convert("ALL") == "all"
+    for bad in ("x", 0, 1.5, True):
+        with pytest.raises(ParamError, match="must be an integer ≥ 1 or 'all'"):
+            k.convert(bad)
+    frac = Param("f", float, 0.01, "fraction", ge=0.0, lt=1.0)
+    assert frac.convert("0.5") == 0.5 and frac.convert(0) == 0.0
+    with pytest.raises(ParamError, match=r"must be a number ≥ 0 and < 1, got 1"):
+        frac.convert(1)
+    with pytest.raises(ParamError):
+        frac.convert("nan")
+    flag = Param("b", bool, False, "switch")
+    assert flag.convert("true") is True and flag.convert("0") is False
+    obj = Param("ab", str, "e2e", "objective", choices=("e2e", "ttft"))
+    with pytest.raises(AstroUserError) as ei:
+        obj.check("fast", field="--objective")
+    assert ei.value.field == "--objective" and "unknown ab 'fast'" in str(ei.value) and "e2e, ttft" in str(ei.value)
+
+
+def test_check_params_names_unknown_parameters_and_lists_the_declared():
+    specs = (Param("a", int, 1, "x"), Param("b", float, 1.0, "y"))
+    assert check_params(specs, {"a": "2"}, owner="p") == {"a": 2}
+    with pytest.raises(AstroUserError) as ei:
+        check_params(specs, {"c": 1}, owner="dispatch policy p", fields={"c": "--param c"})
+    assert ei.value.field == "--param c" and "its parameters are: a, b" in str(ei.value)
+    assert parse_assignments(["a=1", " b = x=y "]) == {"a": "1", "b": "x=y"}
+    with pytest.raises(AstroUserError, match="NAME=VALUE"):
+        parse_assignments(["a"])
+
+
+@pytest.mark.parametrize("registry", [DISPATCH_POLICIES, INSTANCE_POLICIES], ids=["dispatch", "instance"])
+def test_every_policy_declares_exactly_its_constructor_parameters(registry):
+    for name in registry.names():
+        cls = registry.get(name)
+        sig = inspect.signature(cls.__init__)
+        kw = {n: p.default for n, p in sig.parameters.items()
+              if n != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}  # object.__init__: none
+        declared = {p.name: p.default for p in cls.params}
+        assert set(kw) == set(declared), name
+        for n, default in declared.items():  # the declared default is the constructor's (lists for tuples)
+            d = kw[n]
+            assert (list(d) if isinstance(d, tuple) else d) == default, (name, n)
+
+
+# -- stages ---------------------------------------------------------------------------------
+def test_health_filter_keeps_healthy_and_passes_all_when_none_is():
+    by = {i: InstanceLoad(i, i % 2 == 0) for i in range(4)}
+    assert HealthFilter()(by, [0, 1, 2, 3]) == [0, 2]
+    none = {i: InstanceLoad(i, False) for i in range(3)}
+    assert HealthFilter()(none, [0, 1, 2]) == [0, 1, 2]
+
+
+def test_kv_room_filter_drops_instances_whose_queue_already_needs_the_free_blocks():
+    # free − waiting need: 10 − 4 = 6 (room), 10 − 10 = 0 (none), unknown status (passes)
+    by = {0: InstanceLoad(0, kv_blocks_free=10, waiting_blocks_needed=4),
+          1: InstanceLoad(1, kv_blocks_free=10, waiting_blocks_needed=10),
+          2: InstanceLoad(2)}
+    assert KvRoomFilter()(by, [0, 1, 2]) == [0, 2]
+    assert KvRoomFilter(min_free_blocks=6)(by, [0, 1]) == [0, 1]  # nobody has > 6: all pass
+
+
+class _FreeBlocks(Scorer):
+    name = "free"
+    needs_status = True
+
+    def score(self, by_index, candidates, predictions):
+        return {i: float(-by_index[i].kv_blocks_free) for i in candidates}
+
+
+class _TwoScorers(DispatchPolicy):
+    name = "two"
+    scorers = ((OutstandingScorer(), 1.0), (_FreeBlocks(), 3.0))
+
+
+def test_several_scorers_are_normalised_and_weighted():
+    # outstanding 0, 4, 2 → normalised 0, 1, 0.5; free 10, 50, 30 → cost −10, −50, −30 →
+    # normalised 1, 0, 0.5. Weighted 1×o + 3×f: 3.0, 1.0, 2.0 → instance 1.
+    loads = [InstanceLoad(0, True, 0, kv_blocks_free=10), InstanceLoad(1, True, 4, kv_blocks_free=50),
+             InstanceLoad(2, True, 2, kv_blocks_free=30)]
+    p = _TwoScorers()
+    assert p.needs_status and not p.needs_predictions
+    values, reason = p.score(loads, [0, 1, 2], {})
+    assert values == pytest.approx({0: 3.0, 1: 1.0, 2: 2.0}) and reason.startswith("lowest weighted score")
+    assert p.choose(loads, [0, 1, 2], {}, np.random.default_rng(0)).choice == 1
+
+
+def test_decide_times_each_stage_and_asks_predictions_only_when_needed():
+    loads = [InstanceLoad(i, True, i) for i in range(3)]
+    asked = []
+
+    def predict(cands):
+        asked.append(list(cands))
+        return {i: LatencyEstimate(0.1, 1.0 + i, 0, 0) for i in cands}
+
+    d = decide(make_dispatch("least_requests"), loads, np.random.default_rng(0), predict)
+    assert d.choice == 0 and asked == []
+    assert set(d.stage_us) == {"filter", "sample", "predict", "score", "pick"}
+    assert d.decide_us >= sum(d.stage_us.values()) * 0.999 and d.to_dict()["stage_us"] == dict(d.stage_us)
+    d = decide(make_dispatch("power_of_k", k="all"), loads, np.random.default_rng(0), predict)
+    assert asked == [[0, 1, 2]] and d.choice == 0 and d.predictions[2] == (0.1, 3.0)
+
+
+def test_needs_predictions_is_the_policies_property_not_its_name():
+    assert [n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_predictions] == ["power_of_k"]
+    assert {n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_status} == {"llumnix", "least_kv"}
+
+
+# -- registration ---------------------------------------------------------------------------
+def test_a_broken_policy_module_fails_loudly_naming_it(tmp_path, monkeypatch):
+    (tmp_path / "astro_broken_policy.py").write_text("import not_a_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(PluginImportError) as ei:
+        import_plugins("dispatch policy", ["astro_broken_policy"])
+    assert "dispatch policy module astro_broken_policy failed to import" in str(ei.value)
+    assert "not_a_module_anywhere" in str(ei.value)
+    sys.modules.pop("astro_broken_policy", None)
+
+
+def test_unknown_names_list_the_valid_ones():
+    with pytest.raises(AstroUserError) as ei:
+        make_dispatch("least_kb")
+    assert "least_kv" in str(ei.value) and "power_of_k" in str(ei.value)
+
+
+def test_astro_policies_lists_declared_parameters():
+    import json
+
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    r = CliRunner().invoke(app, ["policies", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {(row["family"], row["name"]): row for row in json.loads(r.output)}
+    assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
+        "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
+    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective"]
+    assert ("instance", "rps") in rows and ("instance", "fcfs") in rows
