@@ -52,6 +52,7 @@ from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
 
+
 class LlumnixGuarded:
     """Benchmark-only hybrid (a lever under test, not a registered policy): fan out to
     every instance, and among those whose predicted TTFT is within `slack_s` of the

@@ -127,3 +127,25 @@ def test_snapshot_paths_use_the_conditional_length() -> None:
         est = fn(status, CandidateRequest(100, 3), LatencyModel(HAND), FCFSPolicy(), remaining=RATIO)
         assert est.ttft_s == pytest.approx(0.0201, abs=1e-12)
         assert est.e2e_s == pytest.approx(0.0405, abs=1e-12)
+
+
+def test_bench_picks_the_remaining_rule(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from rps_astro_cli.bench.virtual import bench_remaining
+    from rps_astro_cli.dispatch import make_dispatch
+
+    def cfg(spec, oracle=False):
+        return SimpleNamespace(cluster=SimpleNamespace(remaining_length=spec, oracle_lengths=oracle))
+
+    pok, llx = make_dispatch("power_of_k"), make_dispatch("llumnix")
+    from rps_astro_cli.bench.config import ClusterSection
+
+    assert ClusterSection().remaining_length == "none"  # not the default: it did not win (BENCHMARKS.md)
+    assert isinstance(bench_remaining(cfg("default"), pok), RemainingLength)
+    assert bench_remaining(cfg("none"), pok) is None  # auto-extension
+    assert bench_remaining(cfg("default", oracle=True), pok) is None  # true lengths: no conditioning
+    assert bench_remaining(cfg("default"), llx) is None  # does not predict
+    with pytest.raises(AstroUserError) as exc:
+        bench_remaining(cfg(str(tmp_path / "missing.json")), pok)
+    assert exc.value.field == "--remaining-length"
