@@ -27,6 +27,7 @@ request.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.latency import LatencyModel
@@ -74,7 +75,7 @@ class InstanceConfig:
         return self.prefill_budget_tokens or max(self.max_num_batched_tokens, self.max_model_len)
 
     @classmethod
-    def from_profile(cls, profile: ExecutionProfile, **overrides) -> InstanceConfig:
+    def from_profile(cls, profile: ExecutionProfile, **overrides: Any) -> InstanceConfig:
         """The profile's default limits, with `overrides` (None values ignored)."""
         base = cls(
             block_size=profile.block_size,

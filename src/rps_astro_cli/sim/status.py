@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.request import SimRequest
 
 
@@ -157,7 +157,7 @@ def _requests(d: dict[str, Any], key: str) -> tuple[RequestStatus, ...]:
     return tuple(out)
 
 
-def snapshot(instance_id: str, now_s: float, inst, profile_id: str = "") -> InstanceStatus:
+def snapshot(instance_id: str, now_s: float, inst: InstanceSim, profile_id: str = "") -> InstanceStatus:
     """Snapshot an `InstanceSim` (`inst`) at `now_s`."""
     return InstanceStatus(
         instance_id=instance_id,
