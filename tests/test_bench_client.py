@@ -204,7 +204,8 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
     import math
 
     from rps_astro_cli.bench import workloads
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("a", "hello", 1, 4), BenchRequest("b", "one two", 2, 1), BenchRequest("c", "FAIL now", 2, 3)]
 
@@ -241,7 +242,8 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
 
 def test_all_failed_exits_nonzero(fake_url):
     from rps_astro_cli.bench import workloads
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
     workloads.WORKLOADS._items["fake-fail"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")

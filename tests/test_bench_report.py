@@ -3,10 +3,11 @@ readable tick labels on the log-scale latency-vs-rate plot."""
 
 from __future__ import annotations
 
+from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.report import markdown, plots, report_dict, summary_rows
-from rps_astro_cli.bench.runner import BenchConfig, BenchResult, RunResult
+from rps_astro_cli.bench.runner import BenchResult, RunResult
 
 
 def _rec(i: int, cls: str, rate: float = 1.0) -> RequestRecord:

@@ -43,7 +43,8 @@ PROFILE = {"profile_id": "hand", "model": "m", "gpu": "g", "tp": 1,
 
 
 def test_burst_that_fits_the_batch_is_not_capacity(tmp_path):
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     prof = tmp_path / "hand.json"
     prof.write_text(json.dumps(PROFILE))

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import write_profile
+from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.media import MediaItem
-from rps_astro_cli.bench.runner import BenchConfig
 from rps_astro_cli.bench.virtual import NoisyDispatch, VirtualTarget
 from rps_astro_cli.bench.workloads import BenchRequest, Workload
 from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad

@@ -62,3 +62,14 @@ def test_cli_entry_points_use_the_declaration(tmp_path):
     r = runner.invoke(app, ["bench", "--virtual", "--no-report", "-n", "4", "-w", "synthetic", "--instances", "1",
                             "--policies", "round_robin", "--instance-policy", "edf", "--instance-param", "slo_scale=2"])
     assert r.exit_code == 0, r.output
+
+
+def test_describe_round_trips_through_the_declaration():
+    # the Predictor rebuilds an engine's policy from its /status `policy` (describe()):
+    # every key must be a declared parameter that reproduces the same description
+    from rps_astro_cli.policies import INSTANCE_POLICIES
+
+    for name in INSTANCE_POLICIES.names():
+        d = make_policy(name).describe()
+        spec = {k: v for k, v in d.items() if k != "name"}
+        assert make_policy(name, **spec).describe() == d, name

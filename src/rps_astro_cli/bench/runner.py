@@ -310,4 +310,4 @@ def _exit_status(result: BenchResult, slo: SloSpec) -> None:
                                            f"{result.config.slo.fail_under:.1%} in run {run.label}")
 
 
-__all__ = ["BenchConfig", "BenchResult", "RunResult", "run_bench"]
+__all__ = ["BenchResult", "RunResult", "run_bench"]

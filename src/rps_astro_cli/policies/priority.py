@@ -120,7 +120,7 @@ class PriorityRegulator:
             return 0.0
         if rest <= 0.0:
             return math.inf
-        return (-math.log(rest) / h.beta) ** (1.0 / h.alpha)
+        return float((-math.log(rest) / h.beta) ** (1.0 / h.alpha))
 
     def describe(self) -> dict[str, list[float]]:
         """Parameters as lists (sand, pebbles, rocks), for `/status` and reports."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, cast
 
 import numpy as np
 
@@ -55,7 +55,7 @@ _GET_CLASS = attrgetter("req_class")
 _GET_ARRIVAL = attrgetter("arrival_s")
 
 
-def _load_classifier(classifier: Any):
+def _load_classifier(classifier: Any) -> Any:
     """None → None; a name/path → the loaded `RequestClassifier`; an object with
     `classify(prompt_tokens, vision_tokens, modality)` → itself."""
     if classifier is None or classifier == "" or classifier == "naive":
@@ -99,7 +99,7 @@ class ClassAwarePolicy(InstancePolicy):
     """Base of the class-aware policies: resolves and caches each request's class
     (see the module docstring for the order)."""
 
-    params = (CLASSIFIER,)
+    params: ClassVar[tuple[Param, ...]] = (CLASSIFIER,)
 
     def __init__(self, classifier: Any = None):
         self.classifier = _load_classifier(classifier)
@@ -304,7 +304,7 @@ class RPSPolicy(ClassAwarePolicy):
             return running[max(range(n), key=lambda i: (running[i].arrival_s, i))]
         pool = [i for i, r in enumerate(running) if self.classify(r) != "sand"] or range(n)
         pr = self.regulator.priority
-        best = min(pool, key=lambda i: (pr(running[i].req_class, now_s - running[i].arrival_s),
+        best = min(pool, key=lambda i: (pr(cast(str, running[i].req_class), now_s - running[i].arrival_s),
                                         -running[i].arrival_s, -i))
         return running[best]
 

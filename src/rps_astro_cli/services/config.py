@@ -82,7 +82,8 @@ class SchedulerSection(_Strict):
     `astro serve --help` and CONTRIBUTING.md list them) and go in `params`; `k`,
     `objective` and `llumnix_variant` are the flat keys existing recipes use for
     power_of_k's k / objective and llumnix's variant (a parameter declares its flat key
-    as `Param.alias`). Both are converted and checked by the policy's declaration."""
+    as `Param.alias`); a value in `params` wins over its flat key. Both are converted and
+    checked by the policy's declaration."""
 
     policy: str = "power_of_k"
     params: dict[str, Any] = Field(default_factory=dict, description="dispatch-policy parameters by name "
@@ -207,12 +208,8 @@ def _check_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> Non
                              "scheduler.policy"), fix=f"choose one of: {', '.join(DISPATCH_POLICIES.names())}")
     specs = DISPATCH_POLICIES.get(sec.policy).params
     fields = {p.name: names.get(f"scheduler.{p.alias}", f"scheduler.{p.alias}") for p in specs if p.alias}
-    for name in sec.params:
+    for name in sec.params:  # a value in params wins over its flat key (so --param overrides a recipe's k)
         fields[name] = names.get(f"scheduler.params.{name}", f"scheduler.params.{name}")
-        alias = next((p.alias for p in specs if p.name == name and p.alias), None)
-        if alias and alias in sec.model_fields_set:
-            raise AstroUserError(f"{source}: scheduler.{alias} and scheduler.params.{name} both set",
-                                 field=fields[name], fix="give one of them")
     try:
         policy = make_dispatch(sec.policy, fields=fields, **sec.policy_params())
     except AstroUserError as exc:
