@@ -34,8 +34,8 @@ def planted(n: int, seed: int) -> LengthDataset:
 
 
 def test_registry_names():
-    assert LENGTH_MODELS.names() == ["classic", "linear-prompt", "median", "minilm", "roberta"]
-    with pytest.raises(AstroUserError, match="choose one of: classic"):
+    assert LENGTH_MODELS.names() == ["chat-gbm", "classic", "linear-prompt", "median", "minilm", "roberta"]
+    with pytest.raises(AstroUserError, match="choose one of: chat-gbm, classic"):
         LENGTH_MODELS.get("bert")
 
 
@@ -170,7 +170,7 @@ def test_unknown_artifact_name():
 def test_default_artifact_predicts():
     m = default_length_model()
     assert m is default_length_model()  # loaded once
-    assert m.name == "classic" and m.meta.tokenizer == "fallback"
+    assert m.name == "chat-gbm" and m.meta.tokenizer == "fallback" and m.reads_history
     assert "ChatGPT" in m.meta.responder
     huge = "Summarize this log line. " * 5000  # 125k characters
     parts = [{"type": "text", "text": "What is in this picture?"}, {"type": "image_url", "image_url": {"url": "x"}}]
@@ -180,18 +180,26 @@ def test_default_artifact_predicts():
     assert len(huge) > MAX_PROMPT_CHARS
     with pytest.raises(AstroUserError, match=r"prompts\[0\]"):
         m.predict([{"role": "user"}])
-    # chat requests: the prompt gets the artifact's one turn of context, as in training
-    assert m.context_turns == 1
-    chat = [{"role": "user", "content": "Write a poem"}, {"role": "assistant", "content": "Roses are red."},
+    # chat requests: the model reads the last user message and the turns before it
+    chat = [{"role": "user", "content": "Write a poem"}, {"role": "assistant", "content": "Roses are red. " * 60},
             {"role": "user", "content": "Another one"}]
-    assert m.predict_chats([chat]).tolist() == m.predict(["Roses are red.\n\nAnother one"]).tolist()
+    sample = LengthSample("Another one", 1, "c", history=("Write a poem", "Roses are red. " * 60),
+                          message="Another one")
+    assert m.predict_chats([chat]).tolist() == m.predict_samples([sample]).tolist()
+    # a long previous reply predicts a longer next reply than a one-word one
+    short = [chat[0], {"role": "assistant", "content": "Roses."}, chat[2]]
+    assert m.predict_chats([chat])[0] > m.predict_chats([short])[0]
+    (d,) = m.predict_dist_chats([chat])
+    assert d.quantile(0.1) < d.median_tokens < d.quantile(0.9)
 
 
-def test_default_artifact_holds_no_text():
-    d = LENGTH_ARTIFACTS_DIR / "classic"
+@pytest.mark.parametrize("name", ["chat-gbm", "classic"])
+def test_shipped_artifacts_hold_no_text(name):
+    d = LENGTH_ARTIFACTS_DIR / name
     assert sorted(p.name for p in d.iterdir()) == ["meta.json", "model.npz"]
     with np.load(d / "model.npz", allow_pickle=False) as z:
-        assert all(z[k].dtype.kind == "f" for k in z.files)  # numbers only: hashed features, no vocabulary
+        # numbers only (floats, tree indices, flags): hashed features, no vocabulary
+        assert all(z[k].dtype.kind in "fiub" for k in z.files)
     meta = json.loads((d / "meta.json").read_text())
     assert meta["data"]["source"] == "sharegpt_v3_sample500.json"  # a file name, not content
     assert meta["split"] == {"by": "conversation id", "seed": 0, "test_frac": 0.2, "val_frac": 0.1}

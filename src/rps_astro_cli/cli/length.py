@@ -72,7 +72,7 @@ def _table(results: dict[str, dict[str, Any]], title: str) -> None:
 @user_errors
 def train_length(
     data: DataOpt = None,
-    model: Annotated[str, typer.Option("--model", help="classic | roberta | minilm | median | linear-prompt")] = "classic",
+    model: Annotated[str, typer.Option("--model", help="chat-gbm | classic | roberta | minilm | median | linear-prompt")] = "classic",
     out: Annotated[Path | None, typer.Option("--out", help="Artifact folder (default artifacts/length/<model>).")] = None,
     tokenizer: TokenizerOpt = None,
     target_model: Annotated[str, typer.Option("--target-model", help="Model whose reply lengths are learned (recorded).")] = "unspecified",
@@ -90,6 +90,7 @@ def train_length(
     max_train_min: Annotated[float | None, typer.Option("--max-train-min", help="roberta/minilm: wall-clock budget (minutes).")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="roberta/minilm: continue from OUT/checkpoint/state.pt.")] = False,
     device: Annotated[str | None, typer.Option("--device", help="roberta/minilm: torch device (default cuda if present, else cpu).")] = None,
+    latency: Annotated[bool, typer.Option("--latency/--no-latency", help="Time per-request prediction on the test prompts (recorded in meta.json).")] = True,
     as_json: JsonOpt = False,
 ) -> None:
     """Train a response-length model on (prompt, reply) pairs, report its test metrics and
@@ -112,7 +113,7 @@ def train_length(
             _default_data(data), model_name=model, out_dir=out, tokenizer=tokenizer, target_model=target_model,
             responder=responder, test_frac=test_split if test_split is not None else 0.2,
             val_frac=val_split if val_split is not None else 0.1, seed=seed, context_turns=context_turns or 0,
-            hparams=hp, progress=progress,
+            hparams=hp, latency=latency, progress=progress,
         )
     if as_json:
         typer.echo(json.dumps(_json_safe({"model": model, "artifact": str(res.directory), "n_train": res.n_train,
@@ -138,10 +139,18 @@ def eval_length(
     context_turns: ContextOpt = None,
     out: Annotated[Path | None, typer.Option("--out", help="Write metrics.json, metrics.md, scatter.png, error_cdf.png here.")] = None,
     latency: Annotated[bool, typer.Option("--latency/--no-latency", help="Measure per-request prediction latency.")] = True,
+    cv: Annotated[int | None, typer.Option("--cv", min=2, help="Cross-validate instead: retrain each --model "
+                  "(artifact recipe, registry name, or NAME@CONTEXT_TURNS) on K folds by conversation.")] = None,
+    cv_seeds: Annotated[str, typer.Option("--cv-seeds", help="--cv: comma-separated fold seeds.")] = "0,1,2",
     as_json: JsonOpt = False,
 ) -> None:
     """Compare length models and baselines on one conversation-level test split: MAE, MAPE,
-    median AE, Kendall τ, bucket accuracy and per-request latency."""
+    median AE, Kendall τ, bucket accuracy and per-request latency. With --cv K: retrain
+    every model on K folds × each seed and report mean [min–max] over the folds."""
+    if cv is not None:
+        _eval_cv(_default_data(data), model or ["classic"], cv, cv_seeds, tokenizer, context_turns, baselines, out,
+                 as_json)
+        return
     from rps_astro_cli.length.pipeline import evaluate_length_models
 
     res = evaluate_length_models(
@@ -159,6 +168,60 @@ def eval_length(
     _table(res.results, f"test split {s['test_frac']} by conversation, seed {s['seed']}: {res.n_test} pairs")
     for p in res.report_paths:
         console.print(f"wrote {p}")
+
+
+def _parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise AstroUserError(f"{text!r} is not a comma-separated list of integers", field="--cv-seeds",
+                             fix="e.g. --cv-seeds 0,1,2") from None
+    if not seeds:
+        raise AstroUserError("no seeds given", field="--cv-seeds", fix="e.g. --cv-seeds 0,1,2")
+    return seeds
+
+
+def _eval_cv(data: str, specs: list[str], folds: int, seeds_text: str, tokenizer: str | None,
+             context_turns: int | None, baselines: bool, out: Path | None, as_json: bool) -> None:
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    from rps_astro_cli.length.crossval import cross_validate, markdown_cv_table, recipe_for
+
+    seeds = _parse_seeds(seeds_text)
+    recipes = [recipe_for(s, context_turns) for s in specs]
+    with Progress(TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console,
+                  disable=as_json, transient=True) as bar:
+        task = bar.add_task("cross-validating", total=None)
+        res = cross_validate(data, recipes, folds=folds, seeds=seeds, tokenizer=tokenizer, baselines=baselines,
+                             progress=lambda msg: bar.update(task, description=msg))
+    payload = {"data": Path(data).name, "n_pairs": res.n_pairs, "n_conversations": res.n_conversations,
+               "folds": res.folds, "seeds": list(res.seeds), "summary": res.summary, "rows": res.rows}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "cv.json").write_text(json.dumps(_json_safe(payload), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+        (out / "cv.md").write_text(f"{Path(data).name}: {res.n_pairs} pairs, {res.n_conversations} conversations; "
+                                   f"{res.folds} folds by conversation × seeds {list(res.seeds)}; "
+                                   "mean [min–max] over folds\n\n" + markdown_cv_table(res), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(_json_safe(payload), sort_keys=True))
+        return
+    from rps_astro_cli.cli.tables import print_table
+
+    cols = [("mae", "MAE tok", 1), ("mae_ratio", "MAE/median", 3), ("kendall_tau", "τ", 3),
+            ("mae_ratio_first", "1st: MAE/median", 3), ("kendall_tau_first", "1st: τ", 3),
+            ("coverage_p10_p90", "in p10–p90", 3)]
+    rows = []
+    for label, summ in res.summary.items():
+        cells = []
+        for key, _, nd in cols:
+            v = summ.get(key)
+            cells.append("–" if v is None or not math.isfinite(v["mean"]) else
+                         f"{v['mean']:.{nd}f} [{v['min']:.{nd}f}–{v['max']:.{nd}f}]")
+        rows.append([label, *cells])
+    print_table(console, f"{res.folds}-fold CV by conversation × seeds {','.join(map(str, res.seeds))}: "
+                f"{res.n_pairs} pairs, mean [min–max] over folds", ["model", *(h for _, h, _ in cols)], rows)
+    if out is not None:
+        console.print(f"wrote {out / 'cv.json'} and {out / 'cv.md'}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,12 +1,14 @@
-"""The response-length model interface, its registry, and artifact save/load.
+"""The response-length model interface, its registry and artifact metadata.
 
 Stable interface for the tagger service:
 
-    model = load_length_model("classic")          # a name under artifacts/length/ or a folder
+    model = load_length_model("chat-gbm")         # a name under artifacts/length/ or a folder
     tokens = model.predict(["Write a poem", ...])  # numpy int64 array, shape (n,), every value ≥ 1
-    model = default_length_model()                 # artifacts/length/classic, loaded once
-    tokens = model.predict_chats([messages, ...])  # OpenAI chat messages → same, using the
-                                                   # artifact's context_turns (see below)
+    model = default_length_model()                 # artifacts/length/chat-gbm, loaded once
+    tokens = model.predict_chats([messages, ...])  # OpenAI chat messages → same, reading the
+                                                   # conversation as the model was trained to
+    dists = model.predict_dist_chats([messages])   # → [LengthDistribution]: quantiles (p10…p90)
+    remaining_tokens(dists[0], generated_tokens=g) # E[L − g | L > g] (`length.dist`)
 
 `predict` takes strings or OpenAI content-part lists (see `length.prompts`), truncates
 prompts longer than MAX_PROMPT_CHARS, and returns predicted reply lengths in tokens of
@@ -16,26 +18,26 @@ the artifact's target model (`model.meta.target_model`, counted with
 need the notes call `length.prompts.prepare_prompts` themselves). `predict` itself keeps
 no other state and is safe to call from several threads.
 
-Models may be trained with earlier turns prepended to the prompt (`context_turns`, in
-meta.data; the shipped classic uses 1: the previous turn helps a lot on ShareGPT).
-`predict_chats` builds each prompt from a chat history the same way as training did;
-`predict` on the bare last user message still works, a little less accurately.
+How a chat is read: a model with `reads_history` (the shipped `chat-gbm`) gets the last
+user message and the earlier turns separately (`length.prompts.chat_turns`); any other
+model gets one prompt string with `context_turns` earlier turns prepended (in meta.data;
+`classic` was trained with 1), built the same way as in training. `predict` on a bare
+prompt is a chat without history.
 
-An artifact is a folder: `meta.json` (format version, model name, params, data hash,
-split, tokenizer, target model, metrics, library versions, and the SHA-256 of every
-other file) plus the model's own files. Loading checks all of it and names what is wrong.
+Distributions: `fit` may return a calibration under "dist" (recorded in meta.fit);
+`predict_dists` then turns each point prediction into quantiles. Models without one (older
+artifacts, the transformers) raise a user error naming the fix.
+
+Saving, loading and the shipped default live in `length.store` (re-exported by the
+package); this module is the bottom of `length/`: the model modules import it, it imports
+none of them.
 """
 
 from __future__ import annotations
 
 import abc
-import functools
-import hashlib
-import json
-import platform
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -43,14 +45,16 @@ import numpy as np
 
 from rps_astro_cli.data_paths import ARTIFACTS_DIR
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.length.data import LengthDataset
-from rps_astro_cli.length.prompts import prepare_prompts, prompt_from_messages
+from rps_astro_cli.length.data import LengthDataset, LengthSample
+from rps_astro_cli.length.dist import LengthDistribution, LogSpreadCalibration
+from rps_astro_cli.length.prompts import chat_turns, prepare_prompts, prompt_from_messages, truncate_prompt
 from rps_astro_cli.registry import Registry
 
 FORMAT_VERSION = 1
 META_FILE = "meta.json"
 LENGTH_ARTIFACTS_DIR = ARTIFACTS_DIR / "length"
-DEFAULT_MODEL = "classic"
+DEFAULT_MODEL = "chat-gbm"
+"""The shipped default (`artifacts/length/chat-gbm`): 5-fold × 3-seed CV on ShareGPT in BENCHMARKS.md."""
 MAX_PREDICTED_TOKENS = 32_768
 """Predictions are clipped to [1, MAX_PREDICTED_TOKENS] tokens."""
 
@@ -110,6 +114,9 @@ class LengthModel(abc.ABC):
     """
 
     name: ClassVar[str]
+    reads_history: ClassVar[bool] = False
+    """True: the model reads a chat's last user message and its earlier turns separately
+    (implements `_predict_raw_turns`); False: one prompt string (`_predict_raw`)."""
 
     def __init__(self) -> None:
         self.meta = LengthModelMeta(model=self.name)
@@ -150,12 +157,17 @@ class LengthModel(abc.ABC):
         return int(self.meta.data.get("context_turns", 0) or 0)
 
     def predict_chats(self, chats: Sequence[Sequence[Any]]) -> np.ndarray:
-        """`predict` for chat requests: each item is an OpenAI `messages` list; its prompt
-        is built by `prompt_from_messages(messages, self.context_turns)`.
+        """`predict` for chat requests: each item is an OpenAI `messages` list. A model that
+        reads the conversation's structure (`reads_history`) gets the last user message and
+        the turns before it; any other model reads the prompt built by
+        `prompt_from_messages(messages, self.context_turns)`.
 
         Raises:
             AstroUserError: a chat has no user message or malformed messages.
         """
+        if self.reads_history:
+            turns = [chat_turns(m) for m in chats]
+            return self._finish(self._raw_turns([t for t, _ in turns], [h for _, h in turns]))
         return self.predict([prompt_from_messages(m, self.context_turns) for m in chats])
 
     def predict(self, prompts: Sequence[Any]) -> np.ndarray:
@@ -165,157 +177,86 @@ class LengthModel(abc.ABC):
         Raises:
             AstroUserError: an item is not text or OpenAI content parts.
         """
+        return self._finish(self._raw(prompts))
+
+    def predict_samples(self, samples: Sequence[LengthSample]) -> np.ndarray:
+        """`predict` for dataset samples, reading what the tagger would read for that turn:
+        the message and its history (`reads_history`), else the sample's prompt."""
+        if self.reads_history:
+            return self._finish(self._raw_turns([s.text for s in samples], [s.history for s in samples]))
+        return self.predict([s.prompt for s in samples])
+
+    # ---- length as a distribution
+
+    def predict_dists(self, prompts: Sequence[Any]) -> list[LengthDistribution]:
+        """The predicted reply-length distribution (quantiles, `length.dist`) of each prompt.
+
+        Raises:
+            AstroUserError: an item is not text or content parts; the model has no
+                distribution calibration (trained before it existed: retrain it).
+        """
+        return self._dists(self._raw(prompts))
+
+    def predict_dist_chats(self, chats: Sequence[Sequence[Any]]) -> list[LengthDistribution]:
+        """`predict_dists` for chat requests (the prompt is read as in `predict_chats`)."""
+        if self.reads_history:
+            turns = [chat_turns(m) for m in chats]
+            return self._dists(self._raw_turns([t for t, _ in turns], [h for _, h in turns]))
+        return self.predict_dists([prompt_from_messages(m, self.context_turns) for m in chats])
+
+    def predict_dist_samples(self, samples: Sequence[LengthSample]) -> list[LengthDistribution]:
+        """`predict_dists` for dataset samples (read as in `predict_samples`)."""
+        if self.reads_history:
+            return self._dists(self._raw_turns([s.text for s in samples], [s.history for s in samples]))
+        return self.predict_dists([s.prompt for s in samples])
+
+    @property
+    def calibration(self) -> LogSpreadCalibration | None:
+        """The distribution calibration recorded by `fit` (meta.fit["dist"]), if any."""
+        raw = self.meta.fit.get("dist") if isinstance(self.meta.fit, dict) else None
+        return LogSpreadCalibration.from_dict(raw) if raw else None
+
+    def _dists(self, raw: np.ndarray) -> list[LengthDistribution]:
+        cal = self.calibration
+        if cal is None:
+            raise AstroUserError(
+                f"length model {self.name!r} has no distribution calibration (meta.json fit.dist)",
+                field="--model", fix="retrain it with this version of astro (astro train-length)",
+            )
+        return cal.distributions(self._clip(raw))
+
+    # ---- shared plumbing
+
+    def _raw(self, prompts: Sequence[Any]) -> np.ndarray:
         prepared = prepare_prompts(prompts)
         self.last_notes = prepared.notes
         if not prepared.texts:
+            return np.zeros(0)
+        if self.reads_history:  # a bare prompt is a chat without history
+            return np.asarray(self._predict_raw_turns(prepared.texts, [()] * len(prepared.texts)), dtype=np.float64)
+        return np.asarray(self._predict_raw(prepared.texts), dtype=np.float64)
+
+    def _raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
+        """Raw predictions (float tokens) of a `reads_history` model for messages and their
+        histories (every text truncated as in `length.prompts`)."""
+        if not texts:
+            return np.zeros(0)
+        prepared = prepare_prompts(texts)
+        self.last_notes = prepared.notes
+        hist = [tuple(truncate_prompt(h)[0] for h in turns) for turns in histories]
+        return np.asarray(self._predict_raw_turns(prepared.texts, hist), dtype=np.float64)
+
+    def _predict_raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
+        """`reads_history` models implement this: predicted lengths (float tokens) for
+        prepared messages and their histories (earlier turns, oldest first)."""
+        raise NotImplementedError(f"{self.name} does not read conversation history")
+
+    @staticmethod
+    def _clip(raw: np.ndarray) -> np.ndarray:
+        raw = np.nan_to_num(np.asarray(raw, dtype=np.float64), nan=1.0, posinf=MAX_PREDICTED_TOKENS, neginf=1.0)
+        return np.clip(raw, 1, MAX_PREDICTED_TOKENS)
+
+    def _finish(self, raw: np.ndarray) -> np.ndarray:
+        if len(raw) == 0:
             return np.zeros(0, dtype=np.int64)
-        raw = np.asarray(self._predict_raw(prepared.texts), dtype=np.float64)
-        raw = np.nan_to_num(raw, nan=1.0, posinf=MAX_PREDICTED_TOKENS, neginf=1.0)
-        return np.clip(np.rint(raw), 1, MAX_PREDICTED_TOKENS).astype(np.int64)
-
-
-# ------------------------------------------------------------------------ save / load
-
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _artifact_files(directory: Path) -> list[Path]:
-    return sorted(
-        p for p in directory.rglob("*")
-        if p.is_file() and p.name != META_FILE and "checkpoint" not in p.relative_to(directory).parts
-    )
-
-
-def library_versions() -> dict[str, str]:
-    """Versions of the libraries an artifact depends on (for mismatch messages)."""
-    import sklearn
-
-    out = {"python": platform.python_version(), "numpy": np.__version__, "scikit-learn": sklearn.__version__}
-    from rps_astro_cli import __version__
-
-    out["rps_astro_cli"] = __version__
-    return out
-
-
-def save_length_model(model: LengthModel, directory: str | Path) -> Path:
-    """Write `model` (its files + meta.json with checksums) into `directory`, creating it.
-    Returns the folder."""
-    out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_files(out)
-    meta = model.meta
-    meta.model = model.name
-    meta.params = model.params()
-    meta.format_version = FORMAT_VERSION
-    meta.created_utc = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    meta.versions = {**library_versions(), **meta.versions}
-    meta.files = {p.relative_to(out).as_posix(): _sha256_file(p) for p in _artifact_files(out)}
-    (out / META_FILE).write_text(json.dumps(asdict(meta), indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return out
-
-
-def resolve_artifact(name_or_path: str | Path) -> Path:
-    """The artifact folder for a name (`artifacts/length/<name>`) or a path.
-
-    Raises:
-        AstroUserError: neither exists (lists the shipped artifacts).
-    """
-    p = Path(name_or_path)
-    if p.is_dir():
-        return p
-    if p.is_file() and p.name == META_FILE:
-        return p.parent
-    cand = LENGTH_ARTIFACTS_DIR / str(name_or_path)
-    if "/" not in str(name_or_path) and cand.is_dir():
-        return cand
-    shipped = sorted(d.name for d in LENGTH_ARTIFACTS_DIR.glob("*") if (d / META_FILE).is_file())
-    raise AstroUserError(
-        f"no length-model artifact {str(name_or_path)!r}",
-        field="--model",
-        fix=f"pass an artifact folder or one of: {', '.join(shipped) or '(none shipped)'}; "
-        "train one with astro train-length",
-    )
-
-
-def read_meta(directory: Path) -> LengthModelMeta:
-    """Parse and check `directory/meta.json` (format version, registered model name).
-
-    Raises:
-        AstroUserError: missing/invalid meta.json, other format version, unknown model.
-    """
-    mp = directory / META_FILE
-    if not mp.is_file():
-        raise AstroUserError(
-            f"{directory}: no {META_FILE}; not a length-model artifact", field="--model",
-            fix="point at a folder written by astro train-length",
-        )
-    try:
-        raw = json.loads(mp.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise AstroUserError(f"{mp}: corrupt meta.json ({exc})", field="--model", fix="retrain the artifact") from None
-    meta = LengthModelMeta.from_dict(raw, str(mp))
-    if meta.format_version != FORMAT_VERSION:
-        raise AstroUserError(
-            f"{mp}: artifact format_version {meta.format_version}, this astro reads {FORMAT_VERSION}",
-            field="--model", fix="retrain it with this version of astro",
-        )
-    _import_builtin_models()
-    if meta.model not in LENGTH_MODELS:
-        raise AstroUserError(
-            f"{mp}: model {meta.model!r} is not a known length model "
-            f"(known: {', '.join(LENGTH_MODELS.names())})", field="--model",
-        )
-    return meta
-
-
-def verify_files(directory: Path, meta: LengthModelMeta) -> None:
-    """Check every file listed in meta.files exists with its recorded SHA-256.
-
-    Raises:
-        AstroUserError: names the first missing or changed file.
-    """
-    if not meta.files:
-        raise AstroUserError(f"{directory}/{META_FILE}: lists no model files", field="--model")
-    for rel, digest in sorted(meta.files.items()):
-        fp = directory / rel
-        if not fp.is_file():
-            raise AstroUserError(f"{fp}: missing artifact file", field="--model", fix="retrain or restore the artifact")
-        if _sha256_file(fp) != digest:
-            raise AstroUserError(
-                f"{fp}: checksum mismatch with {META_FILE} (file corrupt or replaced)",
-                field="--model", fix="retrain or restore the artifact",
-            )
-
-
-def load_length_model(name_or_path: str | Path) -> LengthModel:
-    """Load a saved length model by name (`artifacts/length/<name>`) or folder path.
-
-    Raises:
-        AstroUserError: no such artifact; meta.json missing/corrupt/wrong version/unknown
-            model; a file missing or with a wrong checksum; the model's files inconsistent
-            with its meta (each message names the file or field).
-    """
-    directory = resolve_artifact(name_or_path)
-    meta = read_meta(directory)
-    verify_files(directory, meta)
-    model = LENGTH_MODELS.get(meta.model).load_files(directory, meta)
-    model.meta = meta
-    return model
-
-
-@functools.lru_cache(maxsize=1)
-def default_length_model() -> LengthModel:
-    """The shipped CPU default (`artifacts/length/classic`), loaded once per process."""
-    return load_length_model(LENGTH_ARTIFACTS_DIR / DEFAULT_MODEL)
-
-
-def _import_builtin_models() -> None:
-    """Register the built-in models (their modules register on import; transformer models
-    import torch only when used)."""
-    from rps_astro_cli.length import baselines, classic, transformer  # noqa: F401
+        return np.rint(self._clip(raw)).astype(np.int64)

@@ -45,13 +45,25 @@ _CHUNK_SUFFIX = re.compile(r"_\d+$")
 class LengthSample:
     """One training pair.
 
-    prompt: the prompt text (untruncated; models truncate). response_tokens: reply length
-    in target-model tokens (≥ 1). conversation_id: the split key.
+    prompt: the prompt text (untruncated; models truncate), with the loader's
+    `context_turns` earlier turns prepended. response_tokens: reply length in
+    target-model tokens (≥ 1). conversation_id: the split key. history: the texts of every
+    turn before this human turn, oldest first, roles alternating as in the conversation
+    (empty for a first turn or a (prompt, response_tokens) row); models that read the
+    conversation's structure (`length.structured`) use it, the others see only `prompt`.
+    message: this human turn's own text (= prompt when nothing was prepended).
     """
 
     prompt: str
     response_tokens: int
     conversation_id: str
+    history: tuple[str, ...] = ()
+    message: str | None = None
+
+    @property
+    def text(self) -> str:
+        """This human turn's text alone."""
+        return self.prompt if self.message is None else self.message
 
 
 @dataclass
@@ -82,6 +94,11 @@ class LengthDataset:
     @property
     def conversation_ids(self) -> list[str]:
         return [s.conversation_id for s in self.samples]
+
+    @property
+    def first_turn_mask(self) -> np.ndarray:
+        """Whether each sample is its conversation's first exchange (no history), shape (n,)."""
+        return np.fromiter((not s.history for s in self.samples), dtype=bool, count=len(self.samples))
 
     def sha256(self) -> str:
         """Hash of every (conversation id, prompt, target) in order: identifies the data
@@ -211,7 +228,7 @@ def _sharegpt_samples(
             if target < 1:
                 n_empty_reply += 1
                 continue
-            yield LengthSample(prompt, int(target), cid)
+            yield LengthSample(prompt, int(target), cid, history=tuple(texts[:i]), message=texts[i])
     if n_empty_prompt:
         notes.append(f"dropped {n_empty_prompt} pair(s) with an empty prompt")
     if n_empty_reply:

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.length.base import LengthModel
+from rps_astro_cli.length.data import LengthSample
 
 MAPE_FLOOR_TOKENS = 16
 BUCKET_EDGES = (64, 256, 512)
@@ -126,11 +127,14 @@ def measure_latency(model: LengthModel, prompts: Sequence[str], *, max_calls: in
 
 
 def evaluate_model(model: LengthModel, prompts: Sequence[str], targets: np.ndarray, *,
-                   latency: bool = True, max_latency_calls: int = 200
+                   latency: bool = True, max_latency_calls: int = 200,
+                   samples: Sequence[LengthSample] | None = None,
                    ) -> tuple[dict[str, Any], np.ndarray, list[str]]:
     """Metrics (+ latency) of `model` on (prompts, targets) as one flat dict, its
-    predictions (shape (n,)), and the model's notes on the inputs (truncations...)."""
-    pred = model.predict(list(prompts))
+    predictions (shape (n,)), and the model's notes on the inputs (truncations...).
+    With `samples` (the same pairs), predictions come from `model.predict_samples`, so a
+    model that reads the conversation history sees it; latency is timed on `prompts`."""
+    pred = model.predict_samples(samples) if samples is not None else model.predict(list(prompts))
     notes = list(model.last_notes)
     row: dict[str, Any] = asdict(compute_metrics(targets, pred))
     if latency:

@@ -20,11 +20,11 @@ from rps_astro_cli.length.base import (
     LengthModel,
     LengthModelMeta,
     ProgressFn,
-    load_length_model,
-    save_length_model,
 )
 from rps_astro_cli.length.data import DataSplit, LengthDataset, load_length_data, split_by_conversation
 from rps_astro_cli.length.evaluate import evaluate_model, write_report
+from rps_astro_cli.length.store import load_length_model, save_length_model
+from rps_astro_cli.length.transformer import TransformerLengthModel
 
 DEFAULT_TEST_FRAC = 0.2
 DEFAULT_VAL_FRAC = 0.1
@@ -52,8 +52,6 @@ def build_model(name: str, hparams: dict[str, Any] | None = None) -> LengthModel
     """
     cls = LENGTH_MODELS.get(name)
     hp = {k: v for k, v in (hparams or {}).items() if v is not None and v is not False}
-    from rps_astro_cli.length.transformer import TransformerLengthModel
-
     if issubclass(cls, TransformerLengthModel):
         return cls(**hp)
     if hp:
@@ -114,7 +112,8 @@ def train_length_model(
     train_s = time.perf_counter() - t0
     metrics: dict[str, Any] = {}
     if len(split.test):
-        metrics, _, _ = evaluate_model(model, split.test.prompts, split.test.targets, latency=latency)
+        metrics, _, _ = evaluate_model(model, split.test.prompts, split.test.targets, latency=latency,
+                                       samples=split.test.samples)
     model.meta = LengthModelMeta(
         model=model.name,
         data={"source": Path(str(data)).name if not str(data).startswith("hf:") else str(data),
@@ -230,7 +229,8 @@ def evaluate_length_models(
     for label, m, sp_m in plan:
         assert np.array_equal(sp_m.test.targets, base_split.test.targets), "context changed the pairs"
         results[label], preds[label], model_notes = evaluate_model(
-            m, sp_m.test.prompts, sp_m.test.targets, latency=latency, max_latency_calls=max_latency_calls
+            m, sp_m.test.prompts, sp_m.test.targets, latency=latency, max_latency_calls=max_latency_calls,
+            samples=sp_m.test.samples,
         )
         results[label]["context_turns"] = m.context_turns if label not in BASELINES else 0
         for note in model_notes:

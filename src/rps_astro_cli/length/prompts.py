@@ -131,6 +131,21 @@ def prompt_from_messages(messages: Sequence[Any], context_turns: int = 0) -> str
         AstroUserError: `messages` is not a list of {role, content} objects or has no user
             message.
     """
+    text, history = chat_turns(messages)
+    keep = history[max(0, len(history) - max(0, context_turns)) :]
+    return "\n\n".join([*keep, text])
+
+
+def chat_turns(messages: Sequence[Any]) -> tuple[str, tuple[str, ...]]:
+    """(the last user message's text, the texts of the non-system messages before it, oldest
+    first) — the chat seen as the training pairs of `length.data` see a conversation
+    (`LengthSample.text` and `LengthSample.history`). Messages after the last user message
+    are ignored.
+
+    Raises:
+        AstroUserError: `messages` is not a list of {role, content} objects or has no user
+            message.
+    """
     if not isinstance(messages, (list, tuple)):
         raise AstroUserError("expected a list of chat messages", field="messages")
     turns: list[tuple[str, str]] = []
@@ -144,4 +159,4 @@ def prompt_from_messages(messages: Sequence[Any], context_turns: int = 0) -> str
     if not users:
         raise AstroUserError("no user message to predict a reply for", field="messages")
     j = users[-1]
-    return "\n\n".join(text for _, text in turns[max(0, j - max(0, context_turns)) : j + 1])
+    return turns[j][1], tuple(text for _, text in turns[:j])

@@ -22,7 +22,7 @@ def resolve_length_model(spec: str | Path | None) -> tuple[str, Callable[..., in
     training; the baseline only uses `prompt_tokens`.
 
     - None / "" / "auto": the length package's shipped default
-      (`rps_astro_cli.length.default_length_model()`, `artifacts/length/classic`) when it
+      (`rps_astro_cli.length.default_length_model()`, `artifacts/length/chat-gbm`) when it
       loads, else the baseline below (logged);
     - "baseline", or a `bin_median` JSON (or a folder holding `model.json` of that kind):
       the baseline of `length/bin_median.py`;

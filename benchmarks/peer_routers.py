@@ -1,0 +1,730 @@
+"""Peer harness: the same traffic through astro's scheduler and through the real peer routers.
+
+One sim fleet (`services.cluster.ClusterSupervisor`, what `astro serve --instances N`
+runs: N sim engines + N Predictors + the tagger, all on 127.0.0.1) serves every arm.
+Per run, the harness starts ONE fresh front door on loopback, sends the request list,
+and stops it; engines, Predictors and tagger stay up (they hold no state between runs
+once drained: the sim engine has no prefix cache), so every arm starts from the same
+drained fleet with a freshly started router. Arms (`--arms`, default all):
+
+| arm | front door | lengths it dispatches on |
+| --- | --- | --- |
+| `astro/power_of_k` | `astro serve scheduler --policy power_of_k --k 2` + default tagger | predicted |
+| `astro/power_of_k-oracle` | same with `--oracle-lengths` (true length from `vllm_xargs`) | oracle |
+| `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
+| `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
+| `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
+
+Traffic: astro's own bench code (`bench.workloads.load_workload`, `bench.arrivals`,
+`bench.client.run_requests`, `bench.metrics`). Repeat r uses seed `--seed + r` for the
+workload sample and the Poisson arrivals; inside a repeat every arm gets the identical
+list (its digest over ids, prompts, true lengths and send times is in the JSON per run).
+The true output length reaches the sim engine as `vllm_xargs.astro_output_tokens`
+(astro's scheduler and vllm-router forward it; astro's arms get no `max_tokens`, which
+its scheduler would use to clip the prediction — an oracle bound). sglang-router drops
+unknown fields, so its arms send `max_tokens` = true length + `ignore_eos: true` instead
+(it sees no lengths either way). Every run checks that each completed request streamed
+exactly its true length (`length_mismatches`).
+
+Load points: `--loads` fractions of the virtual SLO capacity of the same fleet (same
+instances, profile, workload and seed; `bench.runner.run_bench --virtual --capacity`,
+P99 TTFT ≤ 10 s with steady state, policy `--capacity-policy`), or `--rates` directly.
+
+Trust on a shared machine: repeats interleave (repeat, load, arm) with the arm order
+rotated by A/R positions per repeat; engines run at `--time-scale` wall s per engine s
+(times are reported in engine seconds, as `astro bench` does). Each engine's
+`astro:engine_lag_seconds_max` (a max since start) is read before and after each run: a
+run whose lag rose to ≥ `--max-lag-s` (0.25 s = the sim engine's resync bound, beyond it
+engine time is lost, i.e. the hardware model ran slow) is REJECTED, the fleet is
+restarted so the gauge is meaningful again, and the run is retried once at the end of the
+schedule. Late-step fraction and the load generator's send delay are reported per run;
+`--max-send-delay-s` rejects runs whose P99 send delay (engine s) passed it (the offered
+arrivals were not the list's). The load generator runs in `--client-procs` processes
+(request i from process i mod P, one common start): one Python client saturates on a
+busy machine. The engines' own mean TTFT / E2E (their `vllm:*_seconds` histograms:
+arrival at the engine → first / last token) are reported beside the client's, to tell
+queueing at the engines (what dispatch changes) from delay in the streaming path.
+
+Output: `<out>/peer_routers.json` (config, capacity, every run, summary) and
+`<out>/peer_routers.md` (median and min–max over accepted runs of P99 TTFT, mean TTFT,
+mean E2E, throughput; paired ratio of P99 TTFT to the reference arm in the same repeat).
+
+    .venv/bin/pip install -e '.[peers]'
+    .venv/bin/python benchmarks/peer_routers.py --instances 4 --loads 0.85,0.95 \
+        --repeats 3 -n 300 --out bench-results/peers
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import math
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from rps_astro_cli.bench import scrape
+from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
+from rps_astro_cli.bench.client import ClientOptions, run_requests, send_request
+from rps_astro_cli.bench.live import to_engine_seconds
+from rps_astro_cli.bench.metrics import all_metrics
+from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
+from rps_astro_cli.services.cluster import ClusterSupervisor
+from rps_astro_cli.services.config import parse_config
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One front door under test.
+
+    name: "<router>/<policy>[-oracle]". router: "astro", "vllm-router" or "sglang-router".
+    policy: the router's own policy name. oracle: astro's `--oracle-lengths`.
+    lengths: what the dispatcher knows of output lengths ("predicted", "oracle", "none").
+    """
+
+    name: str
+    router: str
+    policy: str
+    oracle: bool = False
+    lengths: str = "none"
+
+
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("astro/power_of_k", "astro", "power_of_k", lengths="predicted"),
+    Arm("astro/power_of_k-oracle", "astro", "power_of_k", oracle=True, lengths="oracle"),
+    Arm("astro/llumnix", "astro", "llumnix"),
+    Arm("astro/least_requests", "astro", "least_requests"),
+    Arm("astro/round_robin", "astro", "round_robin"),
+    Arm("vllm-router/power_of_two", "vllm-router", "power_of_two"),
+    Arm("vllm-router/cache_aware", "vllm-router", "cache_aware"),
+    Arm("vllm-router/round_robin", "vllm-router", "round_robin"),
+    Arm("sglang-router/power_of_two", "sglang-router", "power_of_two"),
+    Arm("sglang-router/cache_aware", "sglang-router", "cache_aware"),
+    Arm("sglang-router/round_robin", "sglang-router", "round_robin"),
+)}
+PEER_BINARIES = ("vllm-router", "sglang-router")
+LAG_NAME = "astro:engine_lag_seconds_max"
+
+
+class HarnessError(Exception):
+    """A setup fault the user can fix (message names it)."""
+
+
+# -- processes ---------------------------------------------------------------------------
+
+def _die_with_parent() -> None:  # Linux: the child gets SIGTERM if this process dies
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def peer_binary(router: str) -> str | None:
+    """Path of a peer router's executable: beside this Python first (the venv), else PATH."""
+    local = Path(sys.executable).parent / router
+    return str(local) if local.is_file() else shutil.which(router)
+
+
+class Router:
+    """One front-door process (astro scheduler or peer router) on 127.0.0.1."""
+
+    def __init__(self, arm: Arm, fleet: dict[str, Any], log_path: Path, seed: int):
+        self.arm = arm
+        self.log_path = log_path
+        engines = [i["engine_url"] for i in fleet["instances"]]
+        self.engines = engines
+        self.url: str | None = None
+        self._ready: Path | None = None
+        if arm.router == "astro":
+            self._ready = log_path.with_suffix(".url")
+            self._ready.unlink(missing_ok=True)
+            cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler"]
+            for u in engines:
+                cmd += ["--engine", u]
+            for i in fleet["instances"]:
+                cmd += ["--predictor", i["predictor_url"]]
+            if fleet.get("tagger"):
+                cmd += ["--tagger", fleet["tagger"]["url"]]
+            cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
+                    "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
+            if arm.policy == "power_of_k":
+                cmd += ["--k", "2"]
+            if arm.oracle:
+                cmd.append("--oracle-lengths")
+        else:
+            binary = peer_binary(arm.router)
+            if binary is None:
+                raise HarnessError(f"{arm.router} not installed: pip install -e '.[peers]' (arm {arm.name})")
+            port = free_port()
+            self.url = f"http://127.0.0.1:{port}"
+            cmd = [binary] + (["launch"] if arm.router == "sglang-router" else [])
+            cmd += ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *engines, "--policy", arm.policy,
+                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                    "--worker-startup-check-interval", "1",
+                    "--log-level", "warn" if arm.router == "sglang-router" else "warning"]
+        self.cmd = cmd
+        log = open(log_path, "ab")
+        log.write(f"\n--- {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
+        log.flush()
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=_die_with_parent)
+        log.close()
+
+    def wait_ready(self, opts_for, timeout_s: float = 90.0) -> None:
+        """Until the router answers and has every engine: the URL known, `GET /health` < 500,
+        (sglang) all workers registered, then one 1-token request per engine succeeds."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=3.0) as c:
+            while True:
+                if self.proc.poll() is not None:
+                    raise HarnessError(f"{self.arm.name} exited with code {self.proc.returncode} "
+                                       f"(log {self.log_path}):\n{_tail(self.log_path)}")
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"{self.arm.name} not ready after {timeout_s:.0f} s (log {self.log_path})")
+                if self.url is None and self._ready is not None and self._ready.is_file():
+                    self.url = self._ready.read_text().strip() or None
+                if self.url is not None and self._ready_now(c):
+                    break
+                time.sleep(0.2)
+        warm = [BenchRequest(f"warmup-{i}", "warm up", 2, 1) for i in range(len(self.engines))]
+        while True:
+            recs = asyncio.run(_warm(warm, opts_for(self.url)))
+            if all(r.success and r.output_tokens == 1 for r in recs):
+                return
+            if time.monotonic() > deadline:
+                raise HarnessError(f"{self.arm.name}: warm-up requests failed: {recs[0].error} (log {self.log_path})")
+            time.sleep(0.5)
+
+    def _ready_now(self, c: httpx.Client) -> bool:
+        try:
+            if c.get(self.url + "/health").status_code >= 500:
+                return False
+            if self.arm.router == "sglang-router":
+                ws = c.get(self.url + "/workers").json().get("workers") or []
+                return sum(1 for w in ws if w.get("is_healthy")) >= len(self.engines)
+            return True
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+async def _warm(reqs: list[BenchRequest], opts: ClientOptions) -> list[RequestRecord]:
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=30.0) as c:
+        return [await send_request(c, r, opts, lambda: time.perf_counter() - t0, 0.0) for r in reqs]
+
+
+def _tail(p: Path, n: int = 6) -> str:
+    try:
+        return "\n".join(p.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+class Fleet:
+    """The sim fleet: engines + Predictors + tagger via `ClusterSupervisor` (its own
+    scheduler is stopped at once: every run brings its own front door)."""
+
+    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path):
+        self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale},
+                                 "scheduler": {"policy": "round_robin"}}, "peer harness")
+        self.run_dir = run_dir
+        self.sup: ClusterSupervisor | None = None
+        self.info: dict[str, Any] = {}
+        self.starts = 0
+
+    def start(self) -> dict[str, Any]:
+        self.starts += 1
+        d = self.run_dir / f"fleet-{self.starts}"
+        self.sup = ClusterSupervisor(self.cfg, d, None, report=lambda s: print(s, file=sys.stderr, flush=True))
+        self.info = self.sup.start()
+        sched = self.sup.scheduler
+        if sched is not None and sched.proc is not None:
+            sched.proc.terminate()
+            sched.proc.wait(10)
+            self.sup.scheduler = None
+        return self.info
+
+    def stop(self) -> None:
+        if self.sup is not None:
+            self.sup.stop()
+            self.sup = None
+
+    def restart(self) -> dict[str, Any]:
+        self.stop()
+        return self.start()
+
+    def engine_urls(self) -> list[str]:
+        return [i["engine_url"] for i in self.info["instances"]]
+
+
+# -- one run -----------------------------------------------------------------------------
+
+def client_opts(arm: Arm, url: str, model: str | None, timeout_s: float) -> ClientOptions:
+    """How the arm's requests are encoded (see module docstring: sglang-router drops
+    `vllm_xargs`, so it gets max_tokens + ignore_eos)."""
+    if arm.router == "sglang-router":
+        return ClientOptions(base_url=url, model=model, send_true_lengths=True, ignore_eos=True,
+                             max_tokens_mode="reference", timeout_s=timeout_s)
+    return ClientOptions(base_url=url, model=model, send_true_lengths=True, max_tokens_mode="none",
+                         timeout_s=timeout_s)
+
+
+async def _scrape(urls: list[str]) -> list[dict[str, float] | None]:
+    async with httpx.AsyncClient(timeout=10.0) as c:
+        return list(await asyncio.gather(*(scrape.scrape(c, u) for u in urls)))
+
+
+def wait_drained(urls: list[str], timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ms = asyncio.run(_scrape(urls))
+        if all(m is not None and m.get("vllm:num_requests_running", 0) + m.get("vllm:num_requests_waiting", 0) == 0
+               for m in ms):
+            return
+        if time.monotonic() > deadline:
+            raise HarnessError(f"engines still busy after {timeout_s:.0f} s: {urls}")
+        time.sleep(0.5)
+
+
+def digest(requests: list[BenchRequest], times_s: list[float]) -> str:
+    """sha256 over (id, prompt, true length, send time in µs) of the request list."""
+    h = hashlib.sha256()
+    for r, t in zip(requests, times_s):
+        h.update(f"{r.request_id}\0{r.prompt_text()}\0{r.output_tokens}\0{round(t * 1e6)}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _client_part(job: tuple[list[BenchRequest], list[float], ClientOptions, float]) -> list[RequestRecord]:
+    """One load-generator process: wait for the common start (wall clock), then
+    `run_requests` on its share; times shifted onto the common clock."""
+    reqs, times, opts, start_unix_s = job
+    delay = start_unix_s - time.time()
+    if delay > 0:
+        time.sleep(delay)
+    shift = max(0.0, time.time() - start_unix_s)  # this part's clock starts `shift` s after the common start
+    recs = asyncio.run(run_requests(reqs, [t - shift for t in times], opts))
+    for r in recs:
+        r.scheduled_s += shift
+        r.sent_s += shift
+        if r.first_token_s is not None:
+            r.first_token_s += shift
+        if r.finish_s is not None:
+            r.finish_s += shift
+    return recs
+
+
+def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientOptions, pool,
+             timeout_s: float) -> list[RequestRecord]:
+    """Send `requests[i]` at `send_at_s[i]` (wall s from a common start) from the pool's
+    processes (request i from process i mod P: one Python client saturates on a busy
+    machine and then sends late), or in this process when `pool` is None. Records come
+    back in request order."""
+    if pool is None:
+        return asyncio.run(asyncio.wait_for(run_requests(requests, send_at_s, opts), timeout_s))
+    procs = pool._processes  # noqa: SLF001 (multiprocessing keeps the size there)
+    start = time.time() + 1.0
+    jobs = [(requests[p::procs], send_at_s[p::procs], opts, start) for p in range(procs)]
+    parts = pool.map_async(_client_part, jobs).get(timeout_s)
+    out: list[RequestRecord] = [None] * len(requests)  # type: ignore[list-item]
+    for p, recs in enumerate(parts):
+        out[p::procs] = recs
+    return out
+
+
+def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[float], *, seed: int,
+            max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None,
+            max_send_delay_s: float | None = None) -> dict[str, Any]:
+    """Start the arm's router, send the list (engine-second times × time_scale), stop it."""
+    ts = float(fleet.info["time_scale"])
+    model = fleet.info.get("model")
+    urls = fleet.engine_urls()
+    wait_drained(urls)
+    router = Router(arm, fleet.info, log_dir / f"{arm.name.replace('/', '_')}.log", seed)
+    out: dict[str, Any] = {"arm": arm.name, "router": arm.router, "policy": arm.policy, "lengths": arm.lengths,
+                           "digest": digest(requests, times_s), "num_requests": len(requests)}
+    t_start = time.perf_counter()
+    try:
+        router.wait_ready(lambda u: client_opts(arm, u, model, 30.0))
+        out["router_ready_s"] = time.perf_counter() - t_start
+        opts = client_opts(arm, router.url or "", model, run_timeout_s)
+        before = asyncio.run(_scrape(urls))
+        t0 = time.perf_counter()
+        try:
+            records = send_all(requests, [t * ts for t in times_s], opts, pool, run_timeout_s)
+        except (TimeoutError, mp.TimeoutError):
+            out.update(status="error", reason=f"run exceeded {run_timeout_s:.0f} s wall")
+            return out
+        wall = time.perf_counter() - t0
+        after = asyncio.run(_scrape(urls))
+    finally:
+        router.stop()
+    for r in records:
+        to_engine_seconds(r, ts)
+    m = all_metrics(records)["overall"]
+    ok = [r for r in records if r.success]
+    lag = [{"before_s": (b or {}).get(LAG_NAME), "after_s": (a or {}).get(LAG_NAME),
+            "steps": scrape.delta(b, a, "astro:engine_steps_total"),
+            "steps_late": scrape.delta(b, a, "astro:engine_steps_late_total"),
+            "served": scrape.delta(b, a, "vllm:request_success_total")} for b, a in zip(before, after)]
+    rose = [x["after_s"] for x in lag if x["after_s"] is not None and x["after_s"] > (x["before_s"] or 0.0)]
+    run_lag = max(rose, default=0.0)
+    steps = sum(x["steps"] or 0 for x in lag)
+    late = sum(x["steps_late"] or 0 for x in lag)
+    send_delay = [r.sent_s - r.scheduled_s for r in records]
+    eng = {}  # the engines' own view (arrival at the engine → first / last token), engine seconds
+    for k, name in (("engine_ttft_mean_s", "vllm:time_to_first_token_seconds"),
+                    ("engine_e2e_mean_s", "vllm:e2e_request_latency_seconds")):
+        num = sum(scrape.delta(b, a, name + "_sum") or 0.0 for b, a in zip(before, after))
+        cnt = sum(scrape.delta(b, a, name + "_count") or 0.0 for b, a in zip(before, after))
+        eng[k] = num / cnt if cnt else None
+    mism = sum(1 for r in ok if r.output_tokens != r.expected_output_tokens)
+    out.update(
+        status="ok", wall_s=wall, time_scale=ts,
+        request_ids=[r.request_id for r in records],
+        completed=m.num_completed, failed=m.num_failed, errors=m.errors, length_mismatches=mism,
+        ttft_p99_s=m.ttft_s.p99, ttft_mean_s=m.ttft_s.mean, e2e_mean_s=m.e2e_s.mean, e2e_p99_s=m.e2e_s.p99,
+        throughput_rps=m.throughput_rps, output_tokens_per_s=m.output_tokens_per_s,
+        served_per_engine=[x["served"] for x in lag],
+        engine_lag_max_s=run_lag, engine_lag=lag, steps_late_fraction=(late / steps) if steps else None,
+        **eng, send_delay_max_s=max(send_delay, default=0.0),
+        send_delay_p99_s=float(np.percentile(send_delay, 99)) if send_delay else None,
+    )
+    why = verdict(run_lag, m.num_failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
+    if why:
+        out.update(status="rejected", reason=why)
+    return out
+
+
+def verdict(lag_s: float, failed: int, mismatches: int, max_lag_s: float, send_p99_s: float | None = None,
+            max_send_delay_s: float | None = None) -> str:
+    """Why a run is rejected ("" = accepted): engine lag (wall s, rose during the run) at or
+    past `max_lag_s`; the load generator's P99 send delay (engine s) past `max_send_delay_s`
+    (the offered arrivals were not the list's); failed requests; requests not streamed at
+    their true length."""
+    reasons = []
+    if lag_s >= max_lag_s:
+        reasons.append(f"engine lag {lag_s:.3f} s ≥ {max_lag_s:g} s")
+    if max_send_delay_s is not None and send_p99_s is not None and send_p99_s > max_send_delay_s:
+        reasons.append(f"client sent late: P99 {send_p99_s:.2f} s > {max_send_delay_s:g} s")
+    if failed:
+        reasons.append(f"{failed} failed requests")
+    if mismatches:
+        reasons.append(f"{mismatches} requests not at their true length")
+    return "; ".join(reasons)
+
+
+# -- schedule, summary, table ----------------------------------------------------------------
+
+def schedule(arms: list[Arm], loads: list[float], repeats: int) -> list[tuple[int, int, Arm]]:
+    """(repeat, load index, arm) in run order: loads and arms interleaved inside each
+    repeat; repeat r rotates the arm order by ⌊r·A/R⌋ positions (each arm runs early,
+    middle and late)."""
+    A = len(arms)
+    out = []
+    for r in range(repeats):
+        off = (r * A) // repeats
+        for li in range(len(loads)):
+            for j in range(A):
+                out.append((r, li, arms[(j + off + li) % A]))
+    return out
+
+
+def _stat(vals: list[float]) -> dict[str, float | None]:
+    v = [x for x in vals if x is not None and math.isfinite(x)]
+    if not v:
+        return {"median": None, "min": None, "max": None, "n": 0}
+    return {"median": float(np.median(v)), "min": min(v), "max": max(v), "n": len(v)}
+
+
+METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_ttft_mean_s", "engine_e2e_mean_s",
+           "send_delay_p99_s")
+
+
+def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
+    """Per (load, arm): median / min / max over accepted runs of each metric, and the median
+    over repeats of P99 TTFT ÷ the reference arm's in the same repeat."""
+    out = []
+    for li, rate in enumerate(rates):
+        here = [x for x in runs if x["load_index"] == li]
+        refs = {x["repeat"]: x for x in here if x["arm"] == ref and x["status"] == "ok"}
+        for a in arms:
+            mine = [x for x in here if x["arm"] == a.name]
+            ok = [x for x in mine if x["status"] == "ok"]
+            row: dict[str, Any] = {"load_index": li, "rate_rps": rate, "arm": a.name, "lengths": a.lengths,
+                                   "runs_ok": len(ok), "runs_total": len(mine),
+                                   "rejected": [x.get("reason") for x in mine if x["status"] != "ok"]}
+            for k in METRICS:
+                row[k] = _stat([x.get(k) for x in ok])
+            ratios = [x["ttft_p99_s"] / refs[x["repeat"]]["ttft_p99_s"] for x in ok
+                      if x["repeat"] in refs and refs[x["repeat"]]["ttft_p99_s"]]
+            row["ttft_p99_vs_ref"] = _stat(ratios)
+            out.append(row)
+    return out
+
+
+def _fmt(s: dict[str, Any], unit: str = "") -> str:
+    if s["median"] is None:
+        return "n/a"
+    return f"{s['median']:.3g}{unit} [{s['min']:.3g}–{s['max']:.3g}]"
+
+
+def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str, meta: dict[str, Any]) -> str:
+    lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}; "
+             f"{meta['workload']} ({meta.get('source', '?')}) {meta['num_requests']} requests/run, Poisson; {meta['repeats']} repeats "
+             f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
+             f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
+             "TTFT / E2E: at the client (send → first / last streamed token); engine TTFT / E2E: the engines' own "
+             "histograms (arrival at the engine → first / last token), exact means over the run; client send "
+             "P99: how late the load generator sent (a busy machine delays it).",
+             "",
+             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) | throughput (req/s) "
+             "| engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in summary:
+        li = row["load_index"]
+        load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} req/s)" if loads else f"{row['rate_rps']:.3g} req/s")
+        r = row["ttft_p99_vs_ref"]
+        ratio = "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
+        lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
+                     f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
+                     f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
+                     f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} |")
+    rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
+    if rej:
+        lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} req/s: {why}" for a, rate, why in rej]
+    return "\n".join(lines) + "\n"
+
+
+# -- main --------------------------------------------------------------------------------------
+
+def virtual_capacity(args) -> dict[str, Any]:
+    """SLO capacity (P99 TTFT ≤ 10 s, steady) of the same fleet on the virtual cluster."""
+    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+
+    make = getattr(BenchConfig, "flat", BenchConfig)  # flat flag names (BenchConfig has sections since issue 12)
+    cfg = make(workload=args.workload, path=args.path, num_requests=args.capacity_requests, seed=args.seed,
+               virtual=True, instances=args.instances, profile=args.profile,
+               policies=[args.capacity_policy], capacity=True)
+    res = run_bench(cfg)
+    c = res.capacity[0]
+    return {"policy": args.capacity_policy, "capacity_rps": c.capacity_rps, "goal": c.goal.describe(),
+            "num_requests": args.capacity_requests, "note": c.note}
+
+
+def parse_args(argv: list[str] | None = None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--instances", type=int, default=4, help="sim engines in the fleet")
+    ap.add_argument("--profile", default="llama-2-7b-a30", help="execution profile of the engines")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="sim wall s per engine s (≥ 1 keeps lag low)")
+    ap.add_argument("-w", "--workload", default="sharegpt")
+    ap.add_argument("--path", default=None, help="dataset file (default: astro's data resolution)")
+    ap.add_argument("-n", "--num-requests", type=int, default=300, help="requests per run")
+    ap.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r")
+    ap.add_argument("--loads", default="0.85,0.95", help="fractions of the virtual capacity")
+    ap.add_argument("--rates", default=None, help="request rates (engine req/s) instead of --loads")
+    ap.add_argument("--capacity-policy", default="least_requests", help="policy of the virtual capacity search")
+    ap.add_argument("--capacity-requests", type=int, default=400, help="requests per capacity probe")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of: {', '.join(ARMS)}")
+    ap.add_argument("--skip-missing", action="store_true", help="drop peer arms whose router is not installed")
+    ap.add_argument("--reference", default="astro/power_of_k", help="arm the × ref column divides by")
+    ap.add_argument("--max-lag-s", type=float, default=0.25, help="reject a run whose engine lag reached this (wall s)")
+    ap.add_argument("--max-send-delay-s", type=float, default=None,
+                    help="reject a run whose load generator's P99 send delay passed this (engine s; default: "
+                         "report it only)")
+    ap.add_argument("--retries", type=int, default=1, help="re-runs of a rejected run, at the end of the schedule")
+    ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (1 = in this one)")
+    ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
+    ap.add_argument("--out", default="bench-results/peer-routers", help="folder for the JSON and Markdown")
+    ap.add_argument("--from-json", default=None, help="only re-render the Markdown of an existing peer_routers.json")
+    args = ap.parse_args(argv)
+    if args.from_json:
+        return args
+    names = [a.strip() for a in args.arms.split(",") if a.strip()]
+    bad = [a for a in names if a not in ARMS]
+    if bad:
+        ap.error(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
+    missing = sorted({ARMS[a].router for a in names if ARMS[a].router != "astro" and peer_binary(ARMS[a].router) is None})
+    if missing and not args.skip_missing:
+        ap.error(f"--arms: {', '.join(missing)} not installed; pip install -e '.[peers]' or pass --skip-missing")
+    args.arm_list = [ARMS[a] for a in names if ARMS[a].router not in missing]
+    if not args.arm_list:
+        ap.error("--arms: no arm left to run")
+    if args.reference not in [a.name for a in args.arm_list]:
+        args.reference = args.arm_list[0].name
+    try:
+        args.load_list = None if args.rates else [float(x) for x in args.loads.split(",")]
+        args.rate_list = [float(x) for x in args.rates.split(",")] if args.rates else None
+    except ValueError:
+        ap.error("--loads/--rates: comma-separated numbers, e.g. 0.85,0.95")
+    if any(v <= 0 for v in (args.load_list or args.rate_list or [0])):
+        ap.error("--loads/--rates: every value must be > 0")
+    if min(args.instances, args.repeats, args.num_requests, args.client_procs) < 1 or args.time_scale <= 0:
+        ap.error("--instances, --repeats, -n, --client-procs must be ≥ 1 and --time-scale > 0")
+    return args
+
+
+def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
+    """The Markdown table of an existing `peer_routers.json` (complete or cut short); with
+    `max_send_delay_s`, accepted runs whose client send P99 passed it are rejected too."""
+    doc = json.loads(path.read_text())
+    for r in doc["runs"]:
+        if max_send_delay_s is not None and r["status"] == "ok":
+            why = verdict(0.0, 0, 0, math.inf, r.get("send_delay_p99_s"), max_send_delay_s)
+            if why:
+                r.update(status="rejected", reason=why)
+    arms = [Arm(**a) for a in doc["arms"]]
+    cfg = doc["config"]
+    meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
+    meta["source"] = (doc.get("workload_sources") or ["?"])[0]
+    summary = summarize(doc["runs"], arms, doc["rates_rps"], cfg["reference"])
+    return markdown(summary, cfg["load_list"], cfg["reference"], meta)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        print(rerender(Path(args.from_json), args.max_send_delay_s), end="")
+        return 0
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    capacity = None
+    if args.rate_list:
+        rates = args.rate_list
+    else:
+        print("virtual capacity of the fleet ...", file=sys.stderr, flush=True)
+        capacity = virtual_capacity(args)
+        if not capacity["capacity_rps"]:
+            print(f"error: no virtual capacity found ({capacity['note']}); pass --rates", file=sys.stderr)
+            return 1
+        rates = [f * capacity["capacity_rps"] for f in args.load_list]
+        print(f"capacity {capacity['capacity_rps']:.4g} req/s ({capacity['policy']}) → rates "
+              f"{', '.join(f'{r:.4g}' for r in rates)}", file=sys.stderr, flush=True)
+    lists: dict[tuple[int, int], tuple[list[BenchRequest], list[float]]] = {}
+    sources: list[str] = []
+    for r in range(args.repeats):
+        wl = load_workload(args.workload, WorkloadOptions(path=Path(args.path) if args.path else None,
+                                                          num_requests=args.num_requests),
+                           np.random.default_rng(args.seed + r))
+        sources.append(wl.source)
+        for w in wl.warnings:
+            print(f"warning: {w}", file=sys.stderr, flush=True)
+        for li, rate in enumerate(rates):
+            t = arrival_times(ArrivalSpec("poisson", rate), len(wl.requests),
+                              np.random.default_rng([args.seed + r, int(round(rate * 1000)), 7]))
+            lists[(r, li)] = (wl.requests, [float(x) for x in t])
+    plan = schedule(args.arm_list, rates, args.repeats)
+    log_dir = out_dir / "logs"
+    log_dir.mkdir(exist_ok=True)
+    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir)
+    runs: list[dict[str, Any]] = []
+    retries: dict[tuple[int, int, str], int] = {}
+
+    def _term(signum, _frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, _term)
+    meta = {"instances": args.instances, "profile": args.profile, "time_scale": args.time_scale,
+            "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats, "seed": args.seed,
+            "source": sources[0]}
+    versions = {}
+    for b in PEER_BINARIES:
+        try:
+            from importlib.metadata import version
+
+            versions[b] = version(b)
+        except Exception:  # not installed
+            versions[b] = None
+    md = ""
+
+    def write(done: bool) -> None:  # after every run: a cut-short session still leaves its figures
+        nonlocal md
+        summary = summarize(runs, args.arm_list, rates, args.reference)
+        md = markdown(summary, args.load_list, args.reference, meta)
+        doc = {"schema": "astro.peer_routers/1", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+               "complete": done, "started_unix_s": t_start, "wall_s": time.time() - t_start,
+               "config": {k: v for k, v in vars(args).items() if k != "arm_list"},
+               "arms": [a.__dict__ for a in args.arm_list], "peer_versions": versions, "capacity": capacity,
+               "rates_rps": rates, "workload_sources": sources, "fleet_starts": fleet.starts, "log_dir": str(log_dir),
+               "runs": runs, "summary": summary}
+        (out_dir / "peer_routers.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
+        (out_dir / "peer_routers.md").write_text(md)
+
+    complete = False
+    pool = mp.get_context("fork").Pool(args.client_procs) if args.client_procs > 1 else None
+    try:
+        fleet.start()
+        queue = list(plan)
+        i = 0
+        while i < len(queue):
+            r, li, arm = queue[i]
+            i += 1
+            reqs, times = lists[(r, li)]
+            res = run_one(arm, fleet, reqs, times, seed=args.seed + r, max_lag_s=args.max_lag_s,
+                          run_timeout_s=args.run_timeout_s, log_dir=log_dir, pool=pool,
+                          max_send_delay_s=args.max_send_delay_s)
+            res["client_procs"] = args.client_procs
+            res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
+            runs.append(res)
+            p99 = res.get("ttft_p99_s")
+            print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} req/s {arm.name}: {res['status']} "
+                  f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
+                  f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
+                  f"wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
+                  file=sys.stderr, flush=True)
+            if res["status"] != "ok":
+                key = (r, li, arm.name)
+                if retries.get(key, 0) < args.retries:
+                    retries[key] = retries.get(key, 0) + 1
+                    queue.append((r, li, arm))
+                if max((x.get("after_s") or 0.0 for x in res.get("engine_lag", [])), default=0.0) >= args.max_lag_s \
+                        or res["status"] == "error":
+                    fleet.restart()  # the lag gauge is a max since start: a fresh fleet makes it meaningful again
+            write(False)
+        complete = True
+    except KeyboardInterrupt:
+        print("interrupted: writing the runs done so far", file=sys.stderr, flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+        if pool is not None:
+            pool.terminate()
+        fleet.stop()
+        write(complete)
+    print(md)
+    return 0 if complete else 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

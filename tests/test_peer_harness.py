@@ -1,0 +1,141 @@
+"""benchmarks/peer_routers.py: the run order, the summary arithmetic, how each router
+family receives the true length, and one end-to-end run on a tiny sim fleet (astro arms
+always; a vllm-router arm when `.[peers]` is installed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rps_astro_cli.bench.client import build_body
+from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
+from rps_astro_cli.data_paths import data_dir
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_routers.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("peer_routers", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["peer_routers"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+pr = _load()
+
+
+def test_schedule_interleaves_and_rotates_each_repeat() -> None:
+    a, b, c = (pr.Arm(n, "astro", n) for n in "abc")
+    plan = pr.schedule([a, b, c], [5.0], repeats=3)
+    # offsets ⌊r·3/3⌋ = 0, 1, 2: every arm once per repeat, first / middle / last once each
+    assert [x[2].name for x in plan] == list("abc" "bca" "cab")
+    assert [x[0] for x in plan] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    two = pr.schedule([a, b], [5.0, 9.0], repeats=1)  # loads interleave, shifted by the load index
+    assert [(x[1], x[2].name) for x in two] == [(0, "a"), (0, "b"), (1, "b"), (1, "a")]
+
+
+def test_summary_medians_spread_and_paired_ratio_skip_rejected_runs() -> None:
+    ref, x = pr.Arm("ref", "astro", "p"), pr.Arm("x", "vllm-router", "q")
+
+    def run(arm, rep, p99, status="ok"):
+        return {"arm": arm, "repeat": rep, "load_index": 0, "status": status, "ttft_p99_s": p99,
+                "ttft_mean_s": p99 / 2, "e2e_mean_s": p99 * 3, "throughput_rps": 9.0, "reason": "lag"}
+
+    runs = [run("ref", 0, 2.0), run("ref", 1, 4.0), run("ref", 2, 5.0),
+            run("x", 0, 1.0), run("x", 1, 4.0), run("x", 2, 10.0), run("x", 2, 99.0, "rejected")]
+    rows = {r["arm"]: r for r in pr.summarize(runs, [ref, x], [9.5], "ref")}
+    assert rows["x"]["runs_ok"] == 3 and rows["x"]["runs_total"] == 4 and rows["x"]["rejected"] == ["lag"]
+    assert rows["x"]["ttft_p99_s"] == {"median": 4.0, "min": 1.0, "max": 10.0, "n": 3}
+    assert rows["x"]["e2e_mean_s"]["median"] == 12.0
+    # per-repeat ratios 1/2, 4/4, 10/5 → median 1.0, spread 0.5–2.0
+    assert rows["x"]["ttft_p99_vs_ref"] == {"median": 1.0, "min": 0.5, "max": 2.0, "n": 3}
+    assert rows["ref"]["ttft_p99_vs_ref"]["median"] == 1.0
+    md = pr.markdown(list(rows.values()), [0.95], "ref", {"instances": 4, "profile": "p", "time_scale": 1.0,
+                                                           "workload": "sharegpt", "num_requests": 9,
+                                                           "repeats": 3, "seed": 0})
+    assert "| 95% (9.5 req/s) | `x` | none | 3/4 | 4 [1–10] | 1.00 [0.50–2.00] | 2 [0.5–5] | 12 [3–30] |" in md
+    assert "- `x` @ 9.5 req/s: lag" in md
+
+
+def test_verdict_rejects_lag_at_threshold_failures_and_wrong_lengths() -> None:
+    assert pr.verdict(0.249, 0, 0, 0.25) == ""
+    assert pr.verdict(0.25, 0, 0, 0.25) == "engine lag 0.250 s ≥ 0.25 s"
+    assert pr.verdict(0.0, 2, 1, 0.25) == "2 failed requests; 1 requests not at their true length"
+    assert pr.verdict(0.0, 0, 0, 0.25, send_p99_s=1.0, max_send_delay_s=1.0) == ""
+    assert pr.verdict(0.0, 0, 0, 0.25, send_p99_s=1.5, max_send_delay_s=1.0) == "client sent late: P99 1.50 s > 1 s"
+
+
+def test_true_length_encoding_per_router_family() -> None:
+    req = BenchRequest("sharegpt-1", "hello", 1, 37)
+    _, astro = build_body(req, pr.client_opts(pr.ARMS["astro/power_of_k"], "http://x", "m", 5.0))
+    _, vllm = build_body(req, pr.client_opts(pr.ARMS["vllm-router/power_of_two"], "http://x", "m", 5.0))
+    _, sgl = build_body(req, pr.client_opts(pr.ARMS["sglang-router/power_of_two"], "http://x", "m", 5.0))
+    # astro's scheduler would clip its prediction by max_tokens: it must not get one
+    assert "max_tokens" not in astro and astro["vllm_xargs"] == {"astro_output_tokens": 37}
+    assert vllm == astro
+    # sglang-router drops vllm_xargs: the length travels as max_tokens under ignore_eos
+    assert sgl["max_tokens"] == 37 and sgl["ignore_eos"] is True
+
+
+def test_bad_arm_is_a_one_line_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        pr.parse_args(["--arms", "astro/bogus"])
+    assert exc.value.code == 2
+    assert "--arms: unknown arm(s) astro/bogus" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(data_dir() is None, reason="needs ../shared/data (developer machines and CI)")
+def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_path: Path) -> None:
+    arms = ["astro/round_robin", "astro/power_of_k"]
+    if pr.peer_binary("vllm-router"):
+        arms.append("vllm-router/round_robin")
+    n = 6
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--instances", "2", "-n", str(n), "--loads", "0.4", "--capacity-requests", "60",
+         "--repeats", "2",
+         "--time-scale", "0.1", "--max-lag-s", "30",
+         "--max-send-delay-s", "1000", "--arms", ",".join(arms), "--out", str(out)],
+        capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "peer_routers.json").read_text())
+    assert doc["complete"] is True and doc["fleet_starts"] == 1
+    # the load point is the asked fraction of the same fleet's virtual SLO capacity
+    assert doc["capacity"]["goal"] == "P99 ttft ≤ 10 s" and doc["capacity"]["capacity_rps"] > 0
+    assert doc["rates_rps"] == [pytest.approx(0.4 * doc["capacity"]["capacity_rps"])]
+    load = f"| 40% ({doc['rates_rps'][0]:.3g} req/s) |"
+    runs = doc["runs"]
+    assert sorted((r["repeat"], r["arm"]) for r in runs) == sorted((rep, a) for rep in (0, 1) for a in arms)
+    for rep in (0, 1):
+        wl = load_workload("sharegpt", WorkloadOptions(num_requests=n), np.random.default_rng(rep))
+        ids = [q.request_id for q in wl.requests]
+        mine = [r for r in runs if r["repeat"] == rep]
+        assert len({r["digest"] for r in mine}) == 1  # the identical request list in every arm
+        for r in mine:
+            assert r["status"] == "ok", r.get("reason")
+            assert r["request_ids"] == ids and r["completed"] == n and r["failed"] == 0
+            assert r["length_mismatches"] == 0  # every reply streamed exactly its true length
+            # the engines' own counters: every request reached exactly one engine
+            assert sum(r["served_per_engine"]) == n
+            assert 0 < r["ttft_mean_s"] <= r["ttft_p99_s"] and r["e2e_mean_s"] > r["ttft_mean_s"]
+            # the engines' own view starts at arrival at the engine, after the client's send (its
+            # TTFT may dip below 0: a step that catches up on a late loop can end before an arrival)
+            assert r["engine_ttft_mean_s"] < r["engine_e2e_mean_s"] <= r["e2e_mean_s"]
+            if r["arm"].endswith("round_robin"):
+                assert r["served_per_engine"] == [n / 2, n / 2]
+    assert {r["digest"] for r in runs if r["repeat"] == 0} != {r["digest"] for r in runs if r["repeat"] == 1}
+    md = (out / "peer_routers.md").read_text()
+    for a in arms:
+        assert f"{load} `{a}` |" in md
+    assert f"{load} `astro/power_of_k` | predicted | 2/2 |" in md
+    again = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(out / "peer_routers.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == md  # the table re-renders from the JSON alone
