@@ -63,7 +63,7 @@ def test_bench_config_sections_validate_and_report_json_keeps_the_flat_schema():
         "time_scale", "max_concurrency", "rates", "cluster", "base_url", "model", "endpoint",
         "send_true_lengths", "max_tokens", "ignore_eos", "timeout_s", "virtual", "instances",
         "profile", "instance_policy", "policies", "ks", "objective", "oracle_lengths", "prediction_noise",
-        "prediction_noise_fraction", "length_model", "max_num_seqs", "slo", "slo_scale", "capacity",
+        "prediction_noise_fraction", "length_model", "max_num_seqs", "remaining_length", "slo", "slo_scale", "capacity",
         "capacity_metric", "capacity_percentile", "capacity_threshold_s", "capacity_min_rps",
         "capacity_start_rps", "capacity_max_rps", "capacity_tolerance", "fail_under", "out_dir"]
     assert d["request_rate"] == "inf" and d["instances"] == 3 and "api_key" not in d

@@ -81,3 +81,14 @@ def test_eval_length_cv_cli(sharegpt_file, tmp_path):
     assert (tmp_path / "cv.md").read_text().count("\n| ") == 4  # header, rule, 2 models
     r = runner.invoke(app, ["eval-length", "--data", str(sharegpt_file), "--cv", "4", "--cv-seeds", "a,b"])
     assert r.exit_code != 0 and "--cv-seeds" in r.output and "Traceback" not in r.output
+
+
+def test_eval_length_cv_defaults_to_the_shipped_model(sharegpt_file):
+    from rps_astro_cli.length import DEFAULT_MODEL
+
+    r = runner.invoke(app, ["eval-length", "--data", str(sharegpt_file), "--cv", "2", "--cv-seeds", "0",
+                            "--no-baselines", "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["summary"]) == {DEFAULT_MODEL} and len(out["rows"]) == 2
+    assert {r["fold"] for r in out["rows"]} == {0, 1} and all(r["n"] == 40 for r in out["rows"])

@@ -109,6 +109,7 @@ class ClusterSection:
     prediction_noise: float = 0.0       # σ of the (1 + σ·z) noise on each latency prediction
     prediction_noise_fraction: float = 1.0  # share of predictions that get the noise
     length_model: str | None = None     # the tagger's length model (length.resolve spec)
+    remaining_length: str = "none"      # look-ahead length rule (sim.remaining): none, default or a table JSON
     max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
 
     def __post_init__(self) -> None:
@@ -198,6 +199,7 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "oracle_lengths": ("cluster", "oracle_lengths"), "prediction_noise": ("cluster", "prediction_noise"),
     "prediction_noise_fraction": ("cluster", "prediction_noise_fraction"),
     "length_model": ("cluster", "length_model"), "max_num_seqs": ("cluster", "max_num_seqs"),
+    "remaining_length": ("cluster", "remaining_length"),
     "slo": ("slo", "specs"), "slo_scale": ("slo", "e2e_scale"),
     "capacity": ("capacity", "enabled"), "capacity_metric": ("capacity", "metric"),
     "capacity_percentile": ("capacity", "percentile"), "capacity_threshold_s": ("capacity", "threshold_s"),

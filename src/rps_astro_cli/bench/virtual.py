@@ -159,6 +159,7 @@ class VirtualTarget:
     def describe(self) -> dict[str, Any]:
         return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
                 "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
+                "remaining_length": None if self.cfg.cluster.oracle_lengths else self.cfg.cluster.remaining_length,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
                 "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction,
                 "max_num_seqs": self.cfg.cluster.max_num_seqs}
@@ -224,6 +225,30 @@ class VirtualTarget:
         isolated_for(records, self.profile)
 
 
+def bench_remaining(cfg, dispatch: DispatchPolicy):
+    """The look-ahead's remaining-length rule for this run (`sim.remaining`): the
+    `--remaining-length` table when the policy predicts with tagged lengths; None (the
+    auto-extension rule) for "none", for `--oracle-lengths` (true lengths need no
+    conditioning) and for policies that do not predict.
+
+    Raises:
+        AstroUserError: field "--remaining-length" — the table is missing or malformed.
+    """
+    from rps_astro_cli.sim.remaining import load_remaining
+
+    spec = cfg.cluster.remaining_length
+    if spec in (None, "", "none") or cfg.cluster.oracle_lengths or not dispatch.needs_predictions:
+        return None
+    try:
+        return load_remaining(spec)
+    except AstroUserError as exc:
+        text = str(exc)
+        if exc.field and text.startswith(f"{exc.field}: "):
+            text = text[len(exc.field) + 2:]
+        raise AstroUserError(text, field="--remaining-length",
+                             fix="pass default, none, or a table JSON (scripts/fit_remaining_table.py)") from None
+
+
 def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
@@ -240,7 +265,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng)
+                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng,
+                           remaining=bench_remaining(cfg, dispatch))
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None

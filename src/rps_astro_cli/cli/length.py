@@ -148,7 +148,9 @@ def eval_length(
     median AE, Kendall τ, bucket accuracy and per-request latency. With --cv K: retrain
     every model on K folds × each seed and report mean [min–max] over the folds."""
     if cv is not None:
-        _eval_cv(_default_data(data), model or ["classic"], cv, cv_seeds, tokenizer, context_turns, baselines, out,
+        from rps_astro_cli.length.base import DEFAULT_MODEL
+
+        _eval_cv(_default_data(data), model or [DEFAULT_MODEL], cv, cv_seeds, tokenizer, context_turns, baselines, out,
                  as_json)
         return
     from rps_astro_cli.length.pipeline import evaluate_length_models

@@ -44,6 +44,7 @@ from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
 _ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
@@ -179,6 +180,7 @@ def simulate_cluster(
     *,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -190,6 +192,9 @@ def simulate_cluster(
     instance_policy_factory: makes each instance's local policy (default FCFS).
     rng: the run's only source of randomness (required).
     extension_tokens / default_output_tokens: the look-ahead's auto-extension rule.
+    remaining: the look-ahead's conditional remaining-length rule for queued/running
+        requests (`sim.remaining`; None = the auto-extension rule). An
+        `OnlineRemaining` also observes every finished request's true length.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -214,6 +219,7 @@ def simulate_cluster(
     arriving: list[list[SimRequest]] = [[] for _ in range(num_instances)]  # dispatched, still preprocessing
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
+    learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = dispatch.needs_status
 
     n = len(requests)
@@ -263,6 +269,8 @@ def simulate_cluster(
             if fin:
                 outstanding[i] -= len(fin)
                 for sr in fin:
+                    if learn is not None:  # the scheduler sees the true length when a request ends
+                        learn(sr.predicted_output_tokens, sr.num_generated_tokens)
                     rec = records[index_of[id(sr)]]
                     assert rec is not None
                     rec.first_scheduled_s = sr.first_scheduled_s
@@ -314,7 +322,7 @@ def simulate_cluster(
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
-                                       default_output_tokens=default_output_tokens)
+                                       default_output_tokens=default_output_tokens, remaining=remaining)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)

@@ -22,6 +22,7 @@ from rps_astro_cli.sim.engine_build import is_native, load_engine
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
 # the value types are defined with the wire vocabulary; re-exported here for callers
@@ -38,9 +39,16 @@ MAX_LOOKAHEAD_STEPS: int = engine.MAX_LOOKAHEAD_STEPS
 NATIVE: bool = is_native(engine)
 
 
-def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_output_tokens: int) -> int:
+def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_output_tokens: int,
+                           remaining: RemainingLength | OnlineRemaining | None = None,
+                           max_model_len: int | None = None) -> int:
     """Output length the look-ahead assumes for a queued/running request (tokens):
-    its predicted length, or `generated + extension_tokens` once it has reached that."""
+    its predicted length, or `generated + extension_tokens` once it has reached that;
+    with `remaining`, its conditional estimate given the tokens already generated
+    (`RemainingLength.expected_total`, capped at max_model_len − prompt)."""
+    if remaining is not None:
+        cap = None if max_model_len is None else max_model_len - r.prompt_tokens
+        return remaining.expected_total(r.predicted_output_tokens, r.generated_tokens, cap)
     return int(engine.expected_tokens(r.predicted_output_tokens, r.generated_tokens, extension_tokens,
                                     default_output_tokens))
 
@@ -100,15 +108,14 @@ def build_sim(
     policy: InstancePolicy,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> InstanceSim:
     """An `InstanceSim` holding the snapshot's running and waiting requests."""
     sim = InstanceSim(status.limits, latency, policy)
-    sim.running = [
-        _to_sim(r, expected_output_tokens(r, extension_tokens, default_output_tokens)) for r in status.running
-    ]
-    sim.waiting = [
-        _to_sim(r, expected_output_tokens(r, extension_tokens, default_output_tokens)) for r in status.waiting
-    ]
+    mx = status.limits.max_model_len
+    ext, dflt = extension_tokens, default_output_tokens
+    sim.running = [_to_sim(r, expected_output_tokens(r, ext, dflt, remaining, mx)) for r in status.running]
+    sim.waiting = [_to_sim(r, expected_output_tokens(r, ext, dflt, remaining, mx)) for r in status.waiting]
     sim.free_blocks = status.kv_blocks_free
     return sim
 
@@ -136,6 +143,7 @@ def predict_stepwise(
     *,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> LatencyEstimate:
     """Reference look-ahead: step `InstanceSim` until the candidate finishes. Requests
     still in preprocessing (`status.arriving`) and the candidate join the queue at their
@@ -145,12 +153,13 @@ def predict_stepwise(
         AstroUserError: the candidate cannot fit the instance at all.
         RuntimeError: no progress within MAX_LOOKAHEAD_STEPS (a model bug).
     """
-    sim = build_sim(status, latency, policy, extension_tokens, default_output_tokens)
+    sim = build_sim(status, latency, policy, extension_tokens, default_output_tokens, remaining)
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
     cand = candidate_to_sim(candidate, status.time_s)
     ext, dflt = extension_tokens, default_output_tokens
-    arriving = [_to_sim(r, expected_output_tokens(r, ext, dflt)) for r in status.arriving]
+    mx = cfg.max_model_len
+    arriving = [_to_sim(r, expected_output_tokens(r, ext, dflt, remaining, mx)) for r in status.arriving]
     pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
     t = status.time_s
     added = False
@@ -190,6 +199,7 @@ def predict(
     *,
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> LatencyEstimate:
     """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
     `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
@@ -202,7 +212,8 @@ def predict(
         `time_dependent` policy a decode run is jumped only while admission is blocked
         by `max_num_seqs`/the token budget or the queue is empty.
     extension_tokens / default_output_tokens: the auto-extension rule (tokens), see
-        `expected_output_tokens`.
+        `expected_output_tokens`. remaining: the conditional remaining-length rule
+        (`sim.remaining`) instead of auto-extension, for queued/running/arriving requests.
 
     Returns a `LatencyEstimate` in seconds from `status.time_s`; `events` counts loop
     iterations (jumps + individually simulated steps).
@@ -216,15 +227,39 @@ def predict(
     _check_fits(candidate, cfg.max_model_len)
     cand = engine.lreq_candidate(candidate_to_sim(candidate, status.time_s))
     ext, dflt = extension_tokens, default_output_tokens
-    running = engine.lreqs_from_status(status.running, ext, dflt)
-    waiting = engine.lreqs_from_status(status.waiting, ext, dflt)
+    running = _lreqs_from_status(status.running, ext, dflt, remaining, cfg.max_model_len)
+    waiting = _lreqs_from_status(status.waiting, ext, dflt, remaining, cfg.max_model_len)
     pending = None
     if status.arriving:
-        arriving = engine.lreqs_from_status(status.arriving, ext, dflt)
+        arriving = _lreqs_from_status(status.arriving, ext, dflt, remaining, cfg.max_model_len)
         pending = arrivals_order([_ready_s(r, status.time_s) for r in status.arriving], arriving, cand)
     lp = engine.FastLookahead(cfg, latency, policy, running, waiting, status.kv_blocks_free).run(
         cand, status.time_s, pending)
     return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)
+
+
+def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
+                       remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
+    """`engine.lreqs_from_status`, or with `remaining` each target its conditional estimate."""
+    if remaining is None:
+        return engine.lreqs_from_status(reqs, ext, dflt)
+    return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
+                      expected_output_tokens(r, ext, dflt, remaining, max_model_len),
+                      r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
+                      r.deadline_s, r.num_computed_tokens, r.generated_tokens, r.kv_blocks) for r in reqs]
+
+
+def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
+                    remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
+    """`engine.lreqs_from_sim`, or with `remaining` each target its conditional estimate
+    (`RemainingLength.expected_total`, capped at max_model_len − prompt)."""
+    if remaining is None:
+        return engine.lreqs_from_sim(reqs, ext, dflt)
+    return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
+                      remaining.expected_total(r.predicted_output_tokens, r.num_generated_tokens,
+                                               max_model_len - r.prompt_tokens),
+                      r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
+                      r.deadline_s, r.num_computed_tokens, r.num_generated_tokens, r.kv_blocks) for r in reqs]
 
 
 def predict_instance(
@@ -236,6 +271,7 @@ def predict_instance(
     arriving: list[SimRequest] | tuple[SimRequest, ...] = (),
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
+    remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> LatencyEstimate:
     """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
     without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
@@ -245,16 +281,19 @@ def predict_instance(
     The look-ahead sees each request's `predicted_output_tokens` (never its true
     `target_output_tokens`), as a Predictor reading `/status` does. Same errors as
     `predict`.
+    remaining: when given, queued/running requests' output length is its conditional
+    estimate given the tokens already generated (`sim.remaining`) instead of the
+    auto-extension rule; the candidate keeps its predicted length.
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
     cand = engine.lreq_candidate(candidate_to_sim(candidate, now_s))
     ext, dflt = extension_tokens, default_output_tokens
-    running = engine.lreqs_from_sim(inst.running, ext, dflt)
-    waiting = engine.lreqs_from_sim(inst.waiting, ext, dflt)
+    running = _lreqs_from_sim(inst.running, ext, dflt, remaining, cfg.max_model_len)
+    waiting = _lreqs_from_sim(inst.waiting, ext, dflt, remaining, cfg.max_model_len)
     pending = None
     if arriving:
-        arr = engine.lreqs_from_sim(arriving, ext, dflt)
+        arr = _lreqs_from_sim(arriving, ext, dflt, remaining, cfg.max_model_len)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
     lp = engine.FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
         cand, now_s, pending)

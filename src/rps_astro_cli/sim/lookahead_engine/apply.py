@@ -27,7 +27,11 @@ def apply_step(v: InstanceView, t: float, sched: list[tuple[LReq, int, int]], B:
                 enc += r.encoder_s
     nb_sched = B + len(sched) if decode_pool else len(sched)
     # LatencyModel.step_s, same float operations in the same order
-    a = v.latency.shape_s(nb_sched, num_tokens)
+    seq_s, tok_s = v.seq_s, v.tok_s
+    if nb_sched < len(seq_s) and num_tokens < len(tok_s):  # (the tables `LatencyModel.shape_s` reads)
+        a = seq_s[nb_sched] + tok_s[num_tokens]
+    else:
+        a = v.latency.shape_s(nb_sched, num_tokens)
     dur = a + v.dec * dctx + v.pre * pairs + enc
     end = t + dur
     v.free = free

@@ -56,7 +56,7 @@ class FastLookahead:
             pending = [(cand.arrival_s, cand)]
         v = self.view
         lp = LoopState(cand, t0, pending)
-        v.cache_policy_keys([*v.running, *v.waiting, *(r for _t, r in pending)])
+        v.cache_policy_keys(pending)
         cfg, bs, pool = v.cfg, v.bs, v.pool
         fcfs, tdep = v.fcfs, v.tdep
         chunked = cfg.chunked_prefill

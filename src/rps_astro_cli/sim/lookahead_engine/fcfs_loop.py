@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 
+from .apply import apply_step
 from .blocked_run import blocked_run
 from .instance_view import InstanceView
 from .long_prefill import long_prefill_run
@@ -20,7 +21,8 @@ def fcfs_chunked_loop(v: InstanceView, lp: LoopState) -> int:
     (completed prefills join the pool), long prefills beside the pool (`long_prefill_run`),
     and preemption by peeling FCFS victims off the tail (see
     `preemption.fcfs_preempt_tail`). Anything else returns to the general loop for one
-    step. Float operations per step are those of `apply.apply_step`.
+    step. Each ordinary step is `apply.apply_step` (one definition of a step's latency
+    and outputs for both loops).
 
     Returns the events it ran (0: none; the general loop runs the next step). The
     candidate's `finish_s` is set when it finished."""
@@ -32,7 +34,7 @@ def fcfs_chunked_loop(v: InstanceView, lp: LoopState) -> int:
     seq_s, tok_s, dec, pre = v.seq_s, v.tok_s, v.dec, v.pre
     cand = lp.cand
     t, arrival, added = lp.t, lp.arrival, lp.added
-    heappop, heappush = heapq.heappop, heapq.heappush
+    heappop = heapq.heappop
     seq = pool.seq
     steps = steps0 = lp.steps
     events = events0 = lp.events
@@ -174,60 +176,12 @@ def fcfs_chunked_loop(v: InstanceView, lp: LoopState) -> int:
                 del waiting[:i]
                 run.extend(adm)
                 nondec.extend(adm)
-        # `apply_step`, inlined (the per-step path of the hot loop)
-        dctx = ctx
-        pairs = 0.0
-        enc = 0.0
-        ntok = members
-        for r, n, _k in sched:
-            k0 = r.num_computed_tokens
-            g = r.num_generated_tokens
-            ntok += n
-            if n == 1 and g > 0 and r.prompt_tokens + g - k0 == 1:
-                dctx += k0 + 1
-            else:
-                pairs += n * k0 + n * (n + 1) / 2
-                if k0 == 0 and r.encoder_s:
-                    enc += r.encoder_s
-        bsz = members + len(sched)
-        t += seq_s[bsz] + tok_s[ntok] + dec * dctx + pre * pairs + enc
-        tick += 1
-        ctx += members
+        pool.tick, pool.ctx_tokens, pool.size, pool.seq = tick, ctx, members, seq
+        t += apply_step(v, t, sched, members, free, max_tokens - budget, True)
+        tick, ctx, members, free, seq = pool.tick, pool.ctx_tokens, pool.size, v.free, pool.seq
         steps += 1
         events += 1
-        for r, n, k in sched:
-            kv = r.kv_blocks = r.kv_blocks + k
-            c = r.num_computed_tokens = r.num_computed_tokens + n
-            g = r.num_generated_tokens
-            if c >= r.prompt_tokens + g:
-                g += 1
-                r.num_generated_tokens = g
-                if r.first_token_s is None:
-                    r.first_token_s = t
-                if g >= r.target_output_tokens:
-                    nondec.remove(r)
-                    run.remove(r)
-                    free += kv
-                    r.kv_blocks = 0
-                    r.finish_s = t
-                    if r is cand:
-                        done = True
-                elif kv == -(-c // bs):  # `DecodePool.join`, inlined (the per-step path)
-                    nondec.remove(r)
-                    r.pool_g = tick
-                    rho = (tick - c) % bs
-                    cnt2[rho] += 1
-                    cnt2[rho + bs] += 1
-                    members += 1
-                    ctx += c + 1
-                    seq += 1
-                    r.pool_seq = seq
-                    heappush(heap, (tick + r.target_output_tokens - g - 1, seq, r))
-        if heap and heap[0][0] < tick:
-            pool.tick, pool.ctx_tokens, pool.size = tick, ctx, members
-            free += pool.pop_due(t, run)
-            ctx, members = pool.ctx_tokens, pool.size
-            done = done or cand.finish_s is not None
+        done = cand.finish_s is not None
         if done:
             break
     pool.tick, pool.ctx_tokens, pool.size, v.free, pool.seq = tick, ctx, members, free, seq

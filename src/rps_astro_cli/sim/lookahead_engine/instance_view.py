@@ -129,14 +129,16 @@ class InstanceView:
         self.step_s = res.duration_s
         return StepOutcome.RAN
 
-    def cache_policy_keys(self, everyone: list[LReq]) -> None:
-        """Ask a non-FCFS policy once for its sort keys over `everyone` (running, waiting
-        and arriving requests; the keys do not change) and cache them on the requests:
+    def cache_policy_keys(self, pending: list[tuple[float, LReq]]) -> None:
+        """Ask a non-FCFS policy once for its sort keys over every request of the
+        look-ahead (running, waiting, and the `pending` arrivals; the keys do not change)
+        and cache them on the requests:
         an `order_key` makes the queue key-sorted (`keyfn`, `ordered`); else, for a
         time-dependent policy, `order_groups` (`grouped`); a `victim_key` (`vkeyed`),
         else `victim_groups` (`vgrouped`). Then `ordered` and `tdep` are set."""
         policy = self.policy
         if not self.fcfs:
+            everyone = [*self.running, *self.waiting, *(r for _t, r in pending)]
             okey = policy.order_key(everyone)
             if okey is not None:
                 for r in everyone:

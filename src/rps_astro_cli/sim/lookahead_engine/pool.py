@@ -149,8 +149,9 @@ class DecodePool:
 
     def pause(self, r: LReq) -> None:
         """Member `r`, re-based to `tick`, is not scheduled in the step at `tick`: it
-        re-joins at tick + 1 with the same tokens. Returns nothing; its context stays
-        counted in `ctx_tokens` (the caller takes it out for the step)."""
+        re-joins at tick + 1 with the same tokens (a new heap entry; the old one goes
+        stale). Its context stays counted in `ctx_tokens`: the caller takes it out for
+        the step."""
         G, bs, cnt2 = self.tick, self.block_size, self.residue_counts
         c = r.num_computed_tokens
         rho = (G - c) % bs
