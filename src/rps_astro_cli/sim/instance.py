@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.types import InstanceConfig  # the `/status` limits; defined with the wire types
+
+# the `/status` limits, defined with the wire types; re-exported (`as`: explicitly, for mypy)
+from rps_astro_cli.types import InstanceConfig as InstanceConfig
 
 
 @dataclass(slots=True)

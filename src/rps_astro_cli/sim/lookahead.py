@@ -26,7 +26,9 @@ from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
 # the value types are defined with the wire vocabulary; re-exported here for callers
-from rps_astro_cli.types import CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
+from rps_astro_cli.types import CandidateRequest as CandidateRequest
+from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import LatencyEstimate as LatencyEstimate
 
 #: the look-ahead engine package (`sim/lookahead_engine/`): its mypyc build, or its
 #: source when there is none, it is older than the source, or ASTRO_PURE_PYTHON=1
@@ -244,7 +246,7 @@ def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
     return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       expected_output_tokens(r, ext, dflt, remaining, max_model_len),
                       r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
-                      r.deadline_s, r.computed_tokens, r.generated_tokens, r.kv_blocks) for r in reqs]
+                      r.deadline_s, r.num_computed_tokens, r.generated_tokens, r.kv_blocks) for r in reqs]
 
 
 def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
