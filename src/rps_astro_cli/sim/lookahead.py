@@ -15,7 +15,7 @@ time. The fast `predict` must return the same numbers (property-tested); its eng
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.engine_build import is_native, load_engine
@@ -242,7 +242,7 @@ def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
                        remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
     """`engine.lreqs_from_status`, or with `remaining` each target its conditional estimate."""
     if remaining is None:
-        return engine.lreqs_from_status(reqs, ext, dflt)
+        return cast(list[Any], engine.lreqs_from_status(reqs, ext, dflt))
     return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       expected_output_tokens(r, ext, dflt, remaining, max_model_len),
                       r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
@@ -254,7 +254,7 @@ def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
     """`engine.lreqs_from_sim`, or with `remaining` each target its conditional estimate
     (`RemainingLength.expected_total`, capped at max_model_len − prompt)."""
     if remaining is None:
-        return engine.lreqs_from_sim(reqs, ext, dflt)
+        return cast(list[Any], engine.lreqs_from_sim(reqs, ext, dflt))
     return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       remaining.expected_total(r.predicted_output_tokens, r.num_generated_tokens,
                                                max_model_len - r.prompt_tokens),
