@@ -344,6 +344,29 @@ def _client_part(job: tuple[list[BenchRequest], list[float], ClientOptions, floa
     return recs
 
 
+def _client_worker_init() -> None:
+    """A load-generator worker dies at once on SIGTERM (what `Pool.terminate` sends) and
+    leaves Ctrl-C to the parent. With the parent's SIGTERM → KeyboardInterrupt handler
+    inherited, a worker killed inside the task queue's lock could leave another blocked on
+    that lock forever, and `Pool.terminate` then waited on it without end (a CI hang)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def stop_pool(pool, timeout_s: float = 10.0) -> None:
+    """Idle workers exit on `close()`; any still alive after `timeout_s` are killed."""
+    pool.close()
+    procs = list(pool._pool)  # noqa: SLF001 (the worker processes)
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
+    pool.terminate()
+
+
 def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientOptions, pool,
              timeout_s: float) -> list[RequestRecord]:
     """Send `requests[i]` at `send_at_s[i]` (wall s from a common start) from the pool's
@@ -652,6 +675,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict[str, Any]] = []
     retries: dict[tuple[int, int, str], int] = {}
 
+    # the load-generator pool first, so its workers are forked with default signal handling
+    # (see _client_worker_init)
+    pool = mp.get_context("fork").Pool(args.client_procs, initializer=_client_worker_init) \
+        if args.client_procs > 1 else None
+
     def _term(signum, _frame):
         raise KeyboardInterrupt
 
@@ -683,7 +711,6 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "peer_routers.md").write_text(md)
 
     complete = False
-    pool = mp.get_context("fork").Pool(args.client_procs) if args.client_procs > 1 else None
     try:
         fleet.start()
         queue = list(plan)
@@ -719,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
         if pool is not None:
-            pool.terminate()
+            stop_pool(pool)
         fleet.stop()
         write(complete)
     print(md)

@@ -91,6 +91,32 @@ def test_bad_arm_is_a_one_line_error(capsys) -> None:
     assert "--arms: unknown arm(s) astro/bogus" in capsys.readouterr().err
 
 
+def _worker_sigterm_is_default(_: int) -> bool:
+    import signal
+
+    return signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_load_generator_pool_workers_die_on_sigterm_and_stop_without_hanging() -> None:
+    """The harness installs SIGTERM → KeyboardInterrupt in itself; its forked client workers
+    must not inherit it (a worker killed inside the queue lock hung `Pool.terminate`)."""
+    import multiprocessing as mp
+    import signal
+    import time
+
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        pool = mp.get_context("fork").Pool(3, initializer=pr._client_worker_init)
+        assert pool.map(_worker_sigterm_is_default, range(6)) == [True] * 6
+        workers = list(pool._pool)
+        t0 = time.monotonic()
+        pr.stop_pool(pool, timeout_s=10.0)
+        assert time.monotonic() - t0 < 10.0
+        assert not any(w.is_alive() for w in workers)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(data_dir() is None, reason="needs ../shared/data (developer machines and CI)")
 def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_path: Path) -> None:
@@ -102,7 +128,7 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "--instances", "2", "-n", str(n), "--loads", "0.4", "--capacity-requests", "60",
          "--repeats", "2",
-         "--time-scale", "0.1", "--max-lag-s", "30",
+         "--time-scale", "0.1", "--max-lag-s", "30", "--run-timeout-s", "120",
          "--max-send-delay-s", "1000", "--arms", ",".join(arms), "--out", str(out)],
         capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
