@@ -12,12 +12,28 @@ dependency-free and fast (~1 µs per 100 characters).
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
 _PIECE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 TokenCounter = Callable[[str], int]
+TokenIds = Callable[[str], list[int]]
+
+
+def token_ids_fallback(text: str) -> list[int]:
+    """Stable token ids of `text` under the fallback tokenization: each piece of
+    `count_tokens_fallback` is cut into 4-character chunks, and a chunk's id is its
+    CRC-32, so len(token_ids_fallback(t)) == count_tokens_fallback(t), equal texts get
+    equal ids in every process, and text joined at whitespace keeps its prefix's ids
+    (what prefix caching needs of a multi-turn history)."""
+    out: list[int] = []
+    for m in _PIECE.finditer(text):
+        w = m.group()
+        for j in range(0, len(w), 4):
+            out.append(zlib.crc32(w[j:j + 4].encode("utf-8")))
+    return out
 
 
 def count_tokens_fallback(text: str) -> int:
@@ -28,6 +44,19 @@ def count_tokens_fallback(text: str) -> int:
     return n
 
 
+def load_token_ids(tokenizer_path: str | Path | None) -> TokenIds:
+    """Token ids for `tokenizer_path` (a local HF tokenizer folder), or the fallback's;
+    `load_counter`'s count is the length of these ids.
+
+    Raises:
+        AstroUserError: the path is given but no tokenizer loads from it.
+    """
+    if not tokenizer_path:
+        return token_ids_fallback
+    tok = _load_hf(tokenizer_path)
+    return lambda text: list(tok(text, add_special_tokens=False)["input_ids"])
+
+
 def load_counter(tokenizer_path: str | Path | None) -> TokenCounter:
     """A counter for `tokenizer_path` (a local HF tokenizer folder) or the fallback.
 
@@ -36,6 +65,11 @@ def load_counter(tokenizer_path: str | Path | None) -> TokenCounter:
     """
     if not tokenizer_path:
         return count_tokens_fallback
+    tok = _load_hf(tokenizer_path)
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _load_hf(tokenizer_path: str | Path):  # type: ignore[no-untyped-def]
     from rps_astro_cli.errors import AstroUserError
 
     try:
@@ -52,4 +86,4 @@ def load_counter(tokenizer_path: str | Path | None) -> TokenCounter:
         raise AstroUserError(
             f"cannot load a tokenizer from {tokenizer_path}: {exc}", field="tokenizer"
         ) from exc
-    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+    return tok

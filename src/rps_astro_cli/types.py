@@ -73,6 +73,8 @@ class InstanceConfig:
     # prioritized mode's token budget for one prefill batch (tokens; None =
     # max(max_num_batched_tokens, max_model_len) so any prompt fits)
     prefill_budget_tokens: int | None = None
+    # vLLM V1 automatic prefix caching (on by default, as in vLLM; `sim/prefix_cache.py`)
+    enable_prefix_caching: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_size", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len"):
@@ -559,6 +561,12 @@ class InstanceLoad:
     num_waiting: int | None = None
     # KV blocks the waiting queue still needs for its prompts (None if unknown)
     waiting_blocks_needed: int | None = None
+    # tokens of this request's prompt cached on the instance (prefix cache; None if unknown)
+    prefix_hit_tokens: int | None = None
+    # this request's prompt length (tokens; None if unknown): the hit's denominator
+    request_prompt_tokens: int | None = None
+    # the instance served the previous turn of this request's session
+    served_session: bool = False
 
     @staticmethod
     def status_fields(st: InstanceStatus) -> dict[str, int]:

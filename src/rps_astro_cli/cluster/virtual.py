@@ -20,6 +20,14 @@ end), so a status read mid-step shows the state as of the step's end. A look-ahe
 busy instance therefore starts at that end time (the candidate still arrives at
 now + preprocess) and its estimates are shifted back to "seconds from now".
 
+Multi-turn sessions: a request that `follows` another arrives `think_s` after that one's
+last token (closed loop: the next turn is sent after the previous reply); its own
+`arrival_s` is ignored. Requests with `token_ids` carry chained block hashes
+(`sim.prefix_cache.block_hashes`, computed once at arrival) so the instances' prefix
+caches can hit; the dispatcher sees each instance's cached prefix of the request
+(`InstanceLoad.prefix_hit_tokens`) and whether it served the session's previous turn
+(`InstanceLoad.served_session`) when the policy reads status.
+
 Ties at equal times: arrivals, then enqueues, then step ends; within a kind, by sequence.
 All randomness (the dispatch policy's sampling and tie-breaks) comes from the one
 `numpy.random.Generator` passed in, so a run is deterministic for a seed.
@@ -43,6 +51,7 @@ from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
@@ -64,6 +73,10 @@ class TimedRequest:
         its first prefill chunk. preprocess_s: CPU preprocessing seconds between
         dispatch and the engine queue. req_class: sand / pebbles / rocks or None.
     deadline_s: absolute deadline (virtual seconds) for deadline-aware policies, or None.
+    token_ids: the prompt's token ids, then the reply's when known (a multi-turn replay
+        knows them); None = unknown, no prefix caching for this request.
+    session_id: the conversation it belongs to (None = none). follows: request_id of
+        the previous turn; this one arrives `think_s` seconds after that one finishes.
     """
 
     request_id: str
@@ -77,6 +90,10 @@ class TimedRequest:
     preprocess_s: float = 0.0
     req_class: str | None = None
     deadline_s: float | None = None
+    token_ids: tuple[int, ...] | None = None
+    session_id: str | None = None
+    follows: str | None = None
+    think_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -89,6 +106,8 @@ class RequestRecord:
     num_preemptions: times it was preempted by recompute. predicted_ttft_s /
     predicted_e2e_s: the chosen instance's look-ahead (seconds from arrival), when the
     policy predicted. decide_us: wall-clock microseconds the decision took.
+    cached_tokens: prompt tokens served from the prefix cache at its first admission.
+    session_id: its conversation, or None.
     """
 
     request_id: str
@@ -108,6 +127,8 @@ class RequestRecord:
     predicted_ttft_s: float | None = None
     predicted_e2e_s: float | None = None
     decide_us: float = 0.0
+    cached_tokens: int = 0
+    session_id: str | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -133,6 +154,8 @@ class ClusterResult:
     steps_per_instance / requests_per_instance: per-instance totals. makespan_s: virtual
     time of the last finish. wall_s: wall-clock seconds the simulation took.
     dispatch: the dispatch policy's `describe()`.
+    prefix_cache_queries_tokens / prefix_cache_hits_tokens: summed over the instances
+    (tokens looked up in / served from the prefix cache, vLLM's counters).
     """
 
     records: list[RequestRecord]
@@ -142,6 +165,8 @@ class ClusterResult:
     makespan_s: float
     wall_s: float
     dispatch: dict[str, Any] = field(default_factory=dict)
+    prefix_cache_queries_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0
 
     @property
     def num_preemptions(self) -> int:
@@ -165,8 +190,11 @@ def _validate(requests: Sequence[TimedRequest], cfg: InstanceConfig) -> None:
                 f"max_model_len {cfg.max_model_len}", field="output_tokens",
                 fix="drop or truncate such requests when building the workload",
             )
-        if r.arrival_s < 0 or r.preprocess_s < 0 or r.encoder_s < 0:
+        if r.arrival_s < 0 or r.preprocess_s < 0 or r.encoder_s < 0 or r.think_s < 0:
             raise AstroUserError(f"{where}: times must be ≥ 0", field="arrival_s")
+        if r.follows is not None and r.follows not in seen:
+            raise AstroUserError(f"{where}: follows {r.follows!r}, which is not an earlier request",
+                                 field="follows", fix="list a session's turns in order")
 
 
 def simulate_cluster(
@@ -227,9 +255,14 @@ def simulate_cluster(
     sim_reqs: list[SimRequest | None] = [None] * n
     heap: list[tuple[float, int, int, int]] = []
     seq = 0
+    followers: dict[str, list[int]] = {}
     for idx, r in enumerate(requests):
-        heap.append((r.arrival_s, _ARRIVAL, idx, idx))
+        if r.follows is None:
+            heap.append((r.arrival_s, _ARRIVAL, idx, idx))
+        else:
+            followers.setdefault(r.follows, []).append(idx)
     seq = n
+    last_instance: dict[str, int] = {}  # session → instance of its latest turn
     heapq.heapify(heap)
     index_of: dict[int, int] = {}
     makespan = 0.0
@@ -278,6 +311,10 @@ def simulate_cluster(
                     rec.finish_s = sr.finish_s
                     rec.num_preemptions = sr.num_preemptions
                     rec.req_class = sr.req_class  # the class the instance policy used
+                    rec.cached_tokens = sr.num_cached_tokens
+                    for nxt in followers.get(sr.request_id, ()):
+                        seq += 1  # the next turn: after the reply plus the think time
+                        heapq.heappush(heap, (now + requests[nxt].think_s, _ARRIVAL, seq, nxt))
                 makespan = now
             pending_finished[i] = []
             start_step(i, now)
@@ -297,17 +334,24 @@ def simulate_cluster(
         pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
         pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
         t0 = time.perf_counter()
+        hashes = block_hashes(req.token_ids, bs) if req.token_ids else ()
+        home = last_instance.get(req.session_id) if req.session_id is not None else None
+        max_hit = (req.prompt_tokens - 1) // bs
         loads = []
         for i, sim in enumerate(sims):
             need = None
+            hit = None
             if needs_status:
                 need = 0
                 for w in sim.waiting:
                     nb = -(-w.prompt_tokens // bs) - w.kv_blocks
                     if nb > 0:
                         need += nb
+                if sim.cache is not None:
+                    hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
-                                      len(sim.running), len(sim.waiting), need))
+                                      len(sim.running), len(sim.waiting), need, hit,
+                                      req.prompt_tokens, home == i))
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values
@@ -335,16 +379,19 @@ def simulate_cluster(
         outstanding[i] += 1
         dispatched[i] += 1
         enqueue_s = now + req.preprocess_s
+        if req.session_id is not None:
+            last_instance[req.session_id] = i
         records[x] = RequestRecord(
-            req.request_id, i, req.arrival_s, now, enqueue_s, None, None, None,
+            req.request_id, i, now, now, enqueue_s, None, None, None,
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
             chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
+            session_id=req.session_id,
         )
         sr = SimRequest(
             request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
             target_output_tokens=req.output_tokens, modality=req.modality,
             vision_tokens=req.vision_tokens, encoder_s=req.encoder_s, req_class=req.req_class,
-            predicted_output_tokens=pred_len, deadline_s=req.deadline_s,
+            predicted_output_tokens=pred_len, deadline_s=req.deadline_s, block_hashes=hashes,
         )
         sim_reqs[x] = sr
         index_of[id(sr)] = x
@@ -367,6 +414,8 @@ def simulate_cluster(
         makespan_s=makespan,
         wall_s=time.perf_counter() - t_wall,
         dispatch=dispatch.describe(),
+        prefix_cache_queries_tokens=sum(s.prefix_cache_queries_tokens for s in sims),
+        prefix_cache_hits_tokens=sum(s.prefix_cache_hits_tokens for s in sims),
     )
 
 

@@ -18,6 +18,13 @@ scheduler.py) then the model runner's output handling:
    whole sequence is now computed samples one token at the step's end; a request that
    reaches its target length finishes and frees its blocks.
 
+Automatic prefix caching (`config.enable_prefix_caching`, on by default as in vLLM V1;
+`sim/prefix_cache.py`): a waiting request with no computed tokens first takes its longest
+run of cached full blocks (at least one token is always computed) and prefills only the
+rest; its blocks are cached as they fill; freed blocks keep their hash in an LRU free
+queue. A request without block hashes takes only anonymous blocks, so on length-only
+workloads the model is exactly the uncached one.
+
 Prioritized-prefill mode (`chunked_prefill=False`, vLLM's pre-chunking default): if any
 waiting request can be admitted whole within the prefill budget, the step is
 prefill-only (running decodes pause); otherwise it is a decode step of every running
@@ -30,6 +37,7 @@ from dataclasses import dataclass, field
 
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.prefix_cache import PrefixCache
 from rps_astro_cli.sim.request import SimRequest
 
 # the `/status` limits, defined with the wire types; re-exported (`as`: explicitly, for mypy)
@@ -74,6 +82,12 @@ class InstanceSim:
         self.free_blocks = config.num_gpu_blocks
         self.num_preemptions_total = 0
         self.num_steps_total = 0
+        # the prefix cache's table and free-queue order (None: caching off)
+        self.cache: PrefixCache | None = PrefixCache(config.num_gpu_blocks) if config.enable_prefix_caching else None
+        # prompt tokens looked up in / served from the prefix cache at admission (tokens;
+        # vLLM's prefix_cache_queries / prefix_cache_hits)
+        self.prefix_cache_queries_tokens = 0
+        self.prefix_cache_hits_tokens = 0
 
     # -- queue ops -------------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
@@ -85,8 +99,7 @@ class InstanceSim:
         for q in (self.running, self.waiting):
             if req in q:
                 q.remove(req)
-                self.free_blocks += req.kv_blocks
-                req.kv_blocks = 0
+                self._release(req)
                 return True
         return False
 
@@ -99,20 +112,65 @@ class InstanceSim:
         return self.config.num_gpu_blocks - self.free_blocks
 
     # -- internals -------------------------------------------------------------------
+    def _release(self, req: SimRequest) -> None:
+        """Give back `req`'s blocks (cached ones keep their hash in the free queue)."""
+        if self.cache is None:
+            self.free_blocks += req.kv_blocks
+        else:
+            refs = req.cache_refs or ()
+            self.free_blocks += self.cache.release(req.kv_blocks - len(refs), refs)
+            req.cache_refs = None
+            req.hashed_blocks = 0
+        req.kv_blocks = 0
+
     def _allocate(self, req: SimRequest, num_new: int) -> bool:
         need = self.config.blocks_for(req.num_computed_tokens + num_new) - req.kv_blocks
         if need <= 0:
             return True
         if need > self.free_blocks:
             return False
+        if self.cache is not None:
+            self.cache.take(need)
         self.free_blocks -= need
         req.kv_blocks += need
         return True
 
+    def _admit_cached(self, req: SimRequest, budget: int, chunked: bool) -> int | None:
+        """Admit a fresh (or preempted) request with its prefix-cache hit: the new tokens
+        to compute this step, or None when they do not fit (nothing is taken then)."""
+        cache = self.cache
+        assert cache is not None
+        bs = self.config.block_size
+        total = req.num_tokens
+        hits, hits_free = cache.lookup(req.block_hashes, (total - 1) // bs)
+        computed = hits * bs
+        num_new = total - computed
+        if chunked:
+            num_new = min(num_new, budget)
+        elif num_new > budget:
+            return None
+        need = self.config.blocks_for(computed + num_new) - hits
+        if need + hits_free > self.free_blocks:
+            return None
+        if hits:
+            touched = list(req.block_hashes[:hits])
+            cache.touch(touched)
+            self.free_blocks -= hits_free
+            req.cache_refs = touched
+            req.hashed_blocks = hits
+            req.num_computed_tokens = computed
+            if req.first_scheduled_s is None:
+                req.num_cached_tokens = computed
+        cache.take(need)
+        self.free_blocks -= need
+        req.kv_blocks = hits + need
+        self.prefix_cache_queries_tokens += total
+        self.prefix_cache_hits_tokens += computed
+        return num_new
+
     def _preempt(self, victim: SimRequest) -> None:
         self.running.remove(victim)
-        self.free_blocks += victim.kv_blocks
-        victim.kv_blocks = 0
+        self._release(victim)
         victim.num_computed_tokens = 0
         victim.num_preemptions += 1
         self.num_preemptions_total += 1
@@ -161,13 +219,19 @@ class InstanceSim:
         for req in self.policy.order_waiting(self.waiting, now_s):
             if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                 break
-            num_new = req.num_tokens - req.num_computed_tokens
-            if chunked:
-                num_new = min(num_new, budget)
-            elif num_new > budget:
-                break
-            if not self._allocate(req, num_new):
-                break
+            if self.cache is not None and req.kv_blocks == 0 and req.num_computed_tokens == 0:
+                got = self._admit_cached(req, budget, chunked)
+                if got is None:
+                    break
+                num_new = got
+            else:
+                num_new = req.num_tokens - req.num_computed_tokens
+                if chunked:
+                    num_new = min(num_new, budget)
+                elif num_new > budget:
+                    break
+                if not self._allocate(req, num_new):
+                    break
             self.waiting.remove(req)
             self.running.append(req)
             out.scheduled.append((req, num_new))
@@ -211,10 +275,22 @@ class InstanceSim:
         out.duration_s = dur
         end_s = now_s + dur
         self.num_steps_total += 1
+        cache = self.cache
+        bs = self.config.block_size
         for req, n in out.scheduled:
             if req.first_scheduled_s is None:
                 req.first_scheduled_s = now_s
             req.num_computed_tokens += n
+            if cache is not None and req.block_hashes:
+                full = min(req.num_computed_tokens // bs, len(req.block_hashes))
+                if full > req.hashed_blocks:
+                    refs = req.cache_refs
+                    if refs is None:
+                        refs = req.cache_refs = []
+                    for h in req.block_hashes[req.hashed_blocks:full]:
+                        if cache.register(h):
+                            refs.append(h)
+                    req.hashed_blocks = full
             if req.num_computed_tokens >= req.num_tokens:
                 req.num_generated_tokens += 1
                 out.sampled.append(req)
@@ -225,6 +301,5 @@ class InstanceSim:
                     out.finished.append(req)
         for req in out.finished:
             self.running.remove(req)
-            self.free_blocks += req.kv_blocks
-            req.kv_blocks = 0
+            self._release(req)
         return out

@@ -23,6 +23,13 @@ class SimRequest:
     encoder_s: vision-encoder time charged to the step holding the first prefill chunk
         (seconds; 0 for text). Charged again after a preemption (recompute).
     req_class: "sand" / "pebbles" / "rocks" when a classifier labelled it, else None.
+    block_hashes: chained hashes of the sequence's known full KV blocks (the prompt's,
+        and the reply's when the workload knows its token ids; `sim.prefix_cache.
+        block_hashes`); () = none known, the request never hits or fills the prefix cache.
+    cache_refs: hashes of the cached blocks this request holds (None = none); its other
+        `kv_blocks` are private. hashed_blocks: leading full blocks already checked
+        against the cache (hit or registered). num_cached_tokens: prompt tokens served
+        from the prefix cache at its first admission (vLLM's per-request figure).
     """
 
     request_id: str
@@ -42,6 +49,10 @@ class SimRequest:
     first_scheduled_s: float | None = None
     first_token_s: float | None = None
     finish_s: float | None = None
+    block_hashes: tuple[int, ...] = ()
+    cache_refs: list[int] | None = None
+    hashed_blocks: int = 0
+    num_cached_tokens: int = 0
 
     @property
     def num_tokens(self) -> int:

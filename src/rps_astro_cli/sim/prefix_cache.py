@@ -1,0 +1,144 @@
+"""vLLM V1 automatic prefix caching, for the instance model (`sim/instance.py`).
+
+Facts kept from vLLM V1 (`vllm/v1/core/kv_cache_manager.py`, `block_pool.py`,
+`kv_cache_utils.py`):
+
+- Only *full* blocks are cached. A block is identified by a chained hash: the hash of
+  (parent block's hash, the block's token ids), so equal hashes mean equal prefixes.
+- A new (or preempted, back in the waiting queue) request looks up its longest run of
+  cached leading blocks; the hit is capped so that at least one prompt token is
+  computed (vLLM never counts the last token as cached: `max_cache_hit_length =
+  num_tokens - 1`). The hit blocks are shared (reference counted), not copied.
+- Blocks of a finished or preempted request whose reference count drops to 0 go back
+  to the free queue *keeping their hash*: they still count as free, and a later request
+  can hit them until they are reused. The free queue is LRU: allocation takes from its
+  front, a freed request's blocks are appended to its back in reverse order (its tail
+  blocks are evicted first), and taking a cached block from the front evicts it. A hit on
+  a free cached block takes it out of the queue.
+- Queries and hits are counted in tokens (`vllm:prefix_cache_queries_total`,
+  `vllm:prefix_cache_hits_total`).
+
+Simplifications (said here, not hidden): a block becomes cached when the step that
+computes its last token ends (vLLM registers it when the step is scheduled, so a request
+scheduled in the same step can share it one step earlier); when another request cached
+the same hash first, this request's copy stays private (vLLM keeps both copies under the
+hash); queries are counted once per admission, not per scheduling attempt.
+Requests with no block hashes (length-only workloads) only ever take anonymous blocks,
+so with no hashes anywhere the pool behaves exactly as a plain free-block counter.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> tuple[int, ...]:
+    """Chained hashes of the full blocks of `token_ids`: h_i = hash((h_{i-1}, block_i)),
+    h_{-1} = `parent`. A trailing partial block has no hash. Python's hash of a tuple of
+    ints is deterministic (no per-process salt), so hashes are stable across runs."""
+    out: list[int] = []
+    h = parent
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        h = hash((h, tuple(token_ids[start:start + block_size])))
+        out.append(h)
+    return tuple(out)
+
+
+class _Run:
+    """A run of anonymous (uncached) free blocks in the free queue; its value is the count."""
+
+    __slots__ = ()
+
+
+class PrefixCache:
+    """The cached-block table and the free queue's order of one instance's KV pool.
+
+    The instance keeps the free-block count (`InstanceSim.free_blocks`); this class keeps
+    which free blocks are cached and in which order they are reused. Invariant: the
+    instance's free_blocks == sum of anonymous run counts + cached hashes in the queue.
+    """
+
+    def __init__(self, num_blocks: int) -> None:
+        # hash → number of requests holding the block (0 = free, cached, evictable)
+        self.refs: dict[int, int] = {}
+        # the free queue, front = next to reuse: _Run → count, or hash → 0
+        self.queue: OrderedDict[object, int] = OrderedDict()
+        self.queue[_Run()] = num_blocks
+        # hashes evicted so far (blocks reused while still cached)
+        self.evictions_total = 0
+
+    def lookup(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
+        """(leading blocks of `hashes` cached, at most `max_blocks`; how many of those are
+        free, i.e. would leave the free queue when taken)."""
+        n = free = 0
+        refs = self.refs
+        while n < max_blocks and n < len(hashes):
+            r = refs.get(hashes[n])
+            if r is None:
+                break
+            if r == 0:
+                free += 1
+            n += 1
+        return n, free
+
+    def touch(self, hashes: Sequence[int]) -> None:
+        """Take a reference on each cached hash (a hit); free ones leave the queue."""
+        for h in hashes:
+            r = self.refs[h]
+            if r == 0:
+                del self.queue[h]
+            self.refs[h] = r + 1
+
+    def take(self, n: int) -> None:
+        """Reuse `n` free blocks from the queue's front, evicting cached ones met.
+        The caller has checked that `n` ≤ the free count."""
+        q = self.queue
+        while n > 0:
+            key, count = next(iter(q.items()))
+            if isinstance(key, _Run):
+                if count > n:
+                    q[key] = count - n
+                    return
+                del q[key]
+                n -= count
+            else:
+                del q[key]
+                del self.refs[key]  # type: ignore[arg-type]
+                self.evictions_total += 1
+                n -= 1
+
+    def register(self, h: int) -> bool:
+        """Cache a just-computed private block under `h` (held by its request). False when
+        `h` is already cached (the block stays private)."""
+        if h in self.refs:
+            return False
+        self.refs[h] = 1
+        return True
+
+    def release(self, anonymous: int, hashes: Sequence[int]) -> int:
+        """A request gives back `anonymous` private blocks and its references to
+        `hashes` (in block order). Appended to the queue's back tail-first: the private
+        (tail) blocks, then the hashes last to first. Returns the blocks now free."""
+        q = self.queue
+        freed = 0
+        if anonymous > 0:
+            last = next(reversed(q), None) if q else None
+            if isinstance(last, _Run):
+                q[last] += anonymous
+            else:
+                q[_Run()] = anonymous
+            freed = anonymous
+        refs = self.refs
+        for h in reversed(hashes):
+            r = refs[h] - 1
+            refs[h] = r
+            if r == 0:
+                q[h] = 0
+                freed += 1
+        return freed
+
+    @property
+    def num_cached_free(self) -> int:
+        """Cached blocks sitting in the free queue (evictable)."""
+        return sum(1 for k in self.queue if not isinstance(k, _Run))
