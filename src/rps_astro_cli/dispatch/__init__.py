@@ -36,5 +36,6 @@ BUILTIN_MODULES = (
     "rps_astro_cli.dispatch.simple",  # round_robin, random
     "rps_astro_cli.dispatch.guided",  # least_requests, llumnix, power_of_k
     "rps_astro_cli.dispatch.least_kv",  # least_kv
+    "rps_astro_cli.dispatch.prefix",  # cache_aware, session_affinity
 )
 import_plugins("dispatch policy", BUILTIN_MODULES)
