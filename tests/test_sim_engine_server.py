@@ -151,7 +151,8 @@ def test_status_and_metrics_agree_under_load_and_disconnect_aborts():
 
     async def stream_forever(url: str, i: int, started: asyncio.Event):
         async with httpx.AsyncClient(timeout=30) as c:
-            body = {"prompt": words(32), "max_tokens": 900, "ignore_eos": True, "stream": True,
+            # distinct first tokens: no shared prefix, so no block is shared by two requests
+            body = {"prompt": f"{i} " + words(31), "max_tokens": 900, "ignore_eos": True, "stream": True,
                     "vllm_xargs": {"astro_predicted_output_tokens": 100 + i, "astro_class": "pebbles"}}
             async with c.stream("POST", url + "/v1/completions", json=body) as r:
                 assert r.status_code == 200
@@ -200,16 +201,16 @@ def test_preemption_counter_over_http():
     # once B runs beside A the pool runs dry and B (last running) is preempted once.
     prof = make_profile(num_gpu_blocks=8, max_model_len=128)
 
-    async def one(url):
-        async with httpx.AsyncClient(timeout=30) as c:
+    async def one(url, first: str):
+        async with httpx.AsyncClient(timeout=30) as c:  # distinct prompts: no prefix-cache hit
             r = await c.post(url + "/v1/completions",
-                             json={"prompt": words(48), "max_tokens": 40, "ignore_eos": True})
+                             json={"prompt": f"{first} " + words(47), "max_tokens": 40, "ignore_eos": True})
             return r.json()["usage"]
 
     async def main(url):
-        a = asyncio.create_task(one(url))
+        a = asyncio.create_task(one(url, "a"))
         await asyncio.to_thread(wait_for, lambda: len(status(url)["running"]) == 1)
-        b = asyncio.create_task(one(url))
+        b = asyncio.create_task(one(url, "b"))
         return await asyncio.gather(a, b)
 
     with serve(prof, time_scale=1.0) as srv:
@@ -219,6 +220,19 @@ def test_preemption_counter_over_http():
     assert s["num_preemptions_total"] == 1
     assert m["vllm:num_preemptions_total"] == 1
     assert s["kv_blocks_free"] == 8
+
+
+def test_prefix_cache_counters_over_http():
+    # block 16. The same 40-token prompt twice, one after the other: the first queries 40
+    # tokens and hits none; the second hits its 2 full cached blocks (at most
+    # (40 − 1) // 16 = 2), 32 tokens. A different prompt then hits nothing.
+    with serve(make_profile(), time_scale=0.01) as srv:
+        for prompt in (words(40), words(40), "x " + words(39)):
+            r = HTTP.post(srv.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2, "ignore_eos": True})
+            assert r.status_code == 200
+        m = metrics(srv.url)
+    assert m["vllm:prefix_cache_queries_total"] == 120
+    assert m["vllm:prefix_cache_hits_total"] == 32
 
 
 def test_non_streaming_disconnect_aborts():

@@ -48,6 +48,8 @@ class WorkloadSection:
     min_tokens: int = 4                 # drop records whose prompt or reply is shorter (tokens)
     max_prompt_tokens: int = 1024       # drop records whose prompt is longer (tokens)
     max_total_tokens: int = 2048        # drop records whose prompt + reply is longer (tokens)
+    multi_turn: bool | None = None      # replay conversations turn by turn (--multi-turn); None: off
+    think_time_s: float | None = None   # mean think time between a reply and the next turn (s); None: 2 s
 
 
 @dataclass(frozen=True)
@@ -209,8 +211,10 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     # policy parameters (issue 12): written to report.json only when given, so the flat
     # schema of runs without them is unchanged
     "policy_params": ("cluster", "policy_params"), "instance_policy_params": ("cluster", "instance_policy_params"),
+    # multi-turn sessions (issue 14): likewise only when given
+    "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
 }
-OPTIONAL_FLAT = ("policy_params", "instance_policy_params")
+OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "multi_turn", "think_time")
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,9 @@ class GroupMetrics:
     predictor_e2e_mape: float | None
     predictor_ttft_mae_s: float | None
     errors: dict[str, int]
+    # prompt tokens served from the prefix cache / prompt tokens looked up (0–1; virtual
+    # runs, overall only; None when unknown)
+    prefix_cache_hit_rate: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

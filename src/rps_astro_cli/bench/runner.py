@@ -210,7 +210,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         max_total_tokens=config.workload.max_total_tokens,
         image_dir=Path(config.workload.image_dir) if config.workload.image_dir else None,
         video_dir=Path(config.workload.video_dir) if config.workload.video_dir else None,
-        max_frames=config.workload.max_frames, counter=counter)
+        max_frames=config.workload.max_frames, counter=counter,
+        multi_turn=bool(config.workload.multi_turn),
+        think_time_s=2.0 if config.workload.think_time_s is None else config.workload.think_time_s)
     wl = load_workload(config.workload.name, opts, np.random.default_rng(config.workload.seed))
     prog("workload", workload=wl)
     if config.arrivals.process == "trace" and not wl.has_timestamps:
@@ -244,8 +246,11 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 if slo.e2e_scale is not None:
                     target.fill_isolated(records)
                 pre = extras.get("preemptions_total")
-                run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(),
-                                all_metrics(records, slo, pre), records, extras,
+                mets = all_metrics(records, slo, pre)
+                q = extras.get("prefix_cache_queries_tokens")
+                if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
+                    mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
+                run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(), mets, records, extras,
                                 time.perf_counter() - t0)
                 result.runs.append(run)
                 prog("run_end", run=run)

@@ -92,6 +92,11 @@ class VirtualRequest:
     vision_tokens: int
     encoder_s: float
     preprocess_s: float
+    token_ids: tuple[int, ...] | None = None  # prompt ids, then the reply's when known (prefix caching)
+    session_id: str | None = None  # multi-turn: the conversation
+    follows: str | None = None  # multi-turn: the previous turn's request_id
+    think_s: float = 0.0  # multi-turn: seconds after the previous reply
+    turn: int = 0  # multi-turn: 0-based turn
 
 
 def load_bench_length_model(spec: str | None) -> tuple[str, Callable[..., int]]:
@@ -140,6 +145,9 @@ class VirtualTarget:
         else:
             self._predict_len = None if cfg.cluster.oracle_lengths else self._load_length_model()
         self._predicted = [self._predicted_len(r) for r in wl.requests]
+        from rps_astro_cli.tokens import load_token_ids
+
+        self._token_ids = load_token_ids(cfg.workload.tokenizer)
 
     def _load_length_model(self):
         self.length_model_name, fn = load_bench_length_model(self.cfg.cluster.length_model)
@@ -186,10 +194,28 @@ class VirtualTarget:
         return pol
 
     def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
-        """(requests that fit the profile, failed records of those that do not)."""
+        """(requests that fit the profile, failed records of those that do not).
+
+        Multi-turn: first turns take the arrival times in order (the rate is session
+        starts per second); a later turn follows its previous turn (closed loop), and
+        fails with it when that one does not fit. Text requests carry their token ids
+        (prompt, then the reply's when a later turn holds it) for the prefix cache."""
         v = self.profile.vision
         out, failed = [], []
-        for r, t, pred in zip(self.wl.requests, times, self._predicted):
+        starts = iter(times)
+        kept: set[str] = set()
+        prev_of: dict[str, str] = {}
+        for r in self.wl.requests:
+            if r.session_id:
+                prev_of[f"{r.session_id}#{r.turn}"] = r.request_id
+        for r, pred in zip(self.wl.requests, self._predicted):
+            follows = prev_of.get(f"{r.session_id}#{r.turn - 1}") if r.session_id and r.turn > 0 else None
+            t = 0.0 if follows is not None else float(next(starts))
+            if follows is not None and follows not in kept:
+                failed.append(RequestRecord(r.request_id, r.modality, MODALITY_CLASS.get(r.modality, "sand"),
+                                            prompt_tokens=r.prompt_tokens, expected_output_tokens=r.output_tokens,
+                                            success=False, error="its previous turn failed"))
+                continue
             vt = enc = pre = 0.0
             if r.media and v is not None:
                 vt = r.num_images * v.tokens_per_image + r.num_frames * v.tokens_per_frame
@@ -203,8 +229,16 @@ class VirtualTarget:
                                             error=f"too long: prompt + output = {p + r.output_tokens} > "
                                                   f"max_model_len {self.profile.max_model_len}"))
                 continue
+            ids = None
+            if r.prompt and not r.media:
+                ids = self._token_ids(r.prompt)
+                if r.reply:
+                    ids += self._token_ids(r.reply)[:r.output_tokens]
+                ids = tuple(ids)
+            kept.add(r.request_id)
             out.append(VirtualRequest(r.request_id, float(t), p, max(1, r.output_tokens), pred, r.modality,
-                                      MODALITY_CLASS.get(r.modality, "sand"), int(vt), enc, pre))
+                                      MODALITY_CLASS.get(r.modality, "sand"), int(vt), enc, pre, ids,
+                                      r.session_id or None, follows, r.think_s, r.turn))
         return out, failed
 
     def run(self, requests: list[BenchRequest], times: list[float],
@@ -263,7 +297,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
-                          v.preprocess_s, None) for v in vreqs]
+                          v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
+                          follows=v.follows, think_s=v.think_s) for v in vreqs]
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
                            lambda: make_policy(cfg.cluster.instance_policy, **ip), rng,
                            remaining=bench_remaining(cfg, dispatch))
@@ -286,5 +321,26 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
               "sim_wall_s": res.wall_s, "dispatch_policy": res.dispatch,
               "decide_us": {"mean": float(np.mean(dec)) if dec else None,
                             "p50": float(np.percentile(dec, 50)) if dec else None,
-                            "p99": float(np.percentile(dec, 99)) if dec else None}}
+                            "p99": float(np.percentile(dec, 99)) if dec else None},
+              "prefix_cache_queries_tokens": res.prefix_cache_queries_tokens,
+              "prefix_cache_hits_tokens": res.prefix_cache_hits_tokens}
+    if any(v.session_id for v in vreqs):
+        extras["per_turn"] = per_turn_metrics(vreqs, res.records)
     return out, extras
+
+
+def per_turn_metrics(vreqs: Sequence[VirtualRequest], records: Sequence[Any]) -> dict[str, dict[str, Any]]:
+    """Per multi-turn turn index: requests, TTFT mean / P50 / P99 (s) of the finished
+    ones, and the share of their prompt tokens served from the prefix cache."""
+    by: dict[int, list[tuple[float, int, int]]] = {}
+    for v, r in zip(vreqs, records):
+        if r.first_token_s is not None:
+            by.setdefault(v.turn, []).append((r.first_token_s - r.arrival_s, r.cached_tokens, r.prompt_tokens))
+    out: dict[str, dict[str, Any]] = {}
+    for turn in sorted(by):
+        rows = by[turn]
+        ttft = np.array([a for a, _, _ in rows])
+        out[str(turn)] = {"num_requests": len(rows), "ttft_mean_s": float(ttft.mean()),
+                          "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99)),
+                          "cached_prompt_share": sum(c for _, c, _ in rows) / max(1, sum(p for _, _, p in rows))}
+    return out

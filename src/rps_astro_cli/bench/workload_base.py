@@ -39,6 +39,10 @@ class BenchRequest:
     media: images/videos attached.
     arrival_s: the trace's timestamp relative to its first kept row (s), or None.
     source_id: the dataset record's id / row number.
+    session_id / turn: the conversation and 0-based turn of a multi-turn replay ("" / 0
+        otherwise); turn ≥ 1 is sent `think_s` seconds after turn − 1's reply.
+    reply: the reference reply's text when a later turn's prompt contains it (multi-turn),
+        so the virtual cluster knows the reply's token ids; "" otherwise.
     """
 
     request_id: str
@@ -49,6 +53,10 @@ class BenchRequest:
     media: tuple[MediaItem, ...] = ()
     arrival_s: float | None = None
     source_id: str = ""
+    session_id: str = ""
+    turn: int = 0
+    think_s: float = 0.0
+    reply: str = ""
 
     @property
     def num_images(self) -> int:
@@ -102,6 +110,8 @@ class WorkloadOptions:
     image_dir / video_dir: media folders (None → `<data>/llava/images`, `<data>/llava_video`).
     max_frames: frames sampled per video (32, LLaVA-OneVision's default).
     counter: token counter (tokens.load_counter).
+    multi_turn: sharegpt replays whole conversations turn by turn (prompt = the history).
+    think_time_s: mean of the exponential think time before a next turn (s).
     """
 
     path: Path | None = None
@@ -113,6 +123,8 @@ class WorkloadOptions:
     video_dir: Path | None = None
     max_frames: int = 32
     counter: TokenCounter = count_tokens_fallback
+    multi_turn: bool = False
+    think_time_s: float = 2.0
 
 
 Loader = Callable[[WorkloadOptions, np.random.Generator], Workload]

@@ -9,6 +9,8 @@
 | `burstgpt` | BurstGPT CSV v1 (6 columns) or v3 (8 columns), read by column name | `Request tokens` / `Response tokens`, `Timestamp` |
 | `azure` | Azure LLM inference trace CSV `TIMESTAMP,ContextTokens,GeneratedTokens` | lengths + timestamps |
 | `length-trace` | Astrolabe length CSV `num_prefill_tokens,num_decode_tokens,...` | lengths only |
+| `sharegpt --multi-turn` | ShareGPT JSON | every (human, gpt) turn of a conversation; prompt = the whole history; sent a think time after the previous reply |
+| `shared-prefix` | none | one of 8 synthetic 1024-token system prompts + a user message (prefix-cache traffic) |
 | `synthetic` | none | ShareGPT-like lengths (see `SYNTHETIC_STATS`) |
 | `mix-to` / `mix-ml` / `mix-mh` | ShareGPT + LLaVA-Instruct + LLaVA-Video | RPS-Serve's TO / ML / MH mixes (see `MIXES`) |
 

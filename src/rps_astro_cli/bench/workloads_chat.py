@@ -44,8 +44,13 @@ def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     in `notes["leading_gpt_turn"]`. Skipped and counted: `empty`, `single_turn`,
     `no_human_gpt_pair`, `empty_turn`, and vLLM's length filter (`_length_ok`). Pairs are
     shuffled with `rng` before the length filter, which runs until `num_requests` pass.
+
+    With `opts.multi_turn`: `sharegpt_sessions` (whole conversations, turn by turn).
     """
     path, source = _resolve(opts, SHAREGPT_FILES, "ShareGPT JSON")
+    if opts.multi_turn and path is None:
+        raise AstroUserError("--multi-turn needs ShareGPT conversations and none was found", field="--multi-turn",
+                             fix="pass --path FILE (a ShareGPT JSON) or set ASTRO_DATA_DIR")
     if path is None:
         recs = _sharegpt_from_hub()
         if recs is None:
@@ -60,6 +65,8 @@ def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
         source = "Hugging Face hub (datasets): anon8231489123/ShareGPT_Vicuna_unfiltered"
     else:
         recs = _read_json_records(path)
+    if opts.multi_turn:
+        return sharegpt_sessions(recs, opts, rng, source)
     skipped: Counter = Counter()
     notes: Counter = Counter()
     pairs: list[tuple[str, str, str]] = []
@@ -83,6 +90,85 @@ def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     warnings: list[str] = []
     return Workload("sharegpt", _take(out, opts.num_requests, warnings, "sharegpt"), source,
                     dict(skipped), dict(notes), warnings)
+
+
+_HUMAN = ("human", "user")
+_GPT = ("gpt", "chatgpt", "assistant", "bard", "bing")
+
+
+def _turn_pairs(conv: list[Any]) -> list[tuple[str, str]] | str:
+    """The conversation's consecutive (human, gpt) turns from its first human turn on,
+    stopping at the first turn that breaks the alternation; or a skip reason."""
+    if not conv:
+        return "empty"
+    i = 0
+    while i < len(conv) and isinstance(conv[i], dict) and conv[i].get("from") not in _HUMAN:
+        i += 1
+    out: list[tuple[str, str]] = []
+    while i + 1 < len(conv):
+        h, g = conv[i], conv[i + 1]
+        if not (isinstance(h, dict) and isinstance(g, dict) and h.get("from") in _HUMAN and g.get("from") in _GPT):
+            break
+        p, r = h.get("value"), g.get("value")
+        if not isinstance(p, str) or not isinstance(r, str) or not p.strip() or not r.strip():
+            break
+        out.append((p, r))
+        i += 2
+    return out or "no_human_gpt_pair"
+
+
+def sharegpt_sessions(recs: list[dict[str, Any]], opts: WorkloadOptions, rng: np.random.Generator,
+                      source: str) -> Workload:
+    """ShareGPT conversations replayed turn by turn (`-w sharegpt --multi-turn`).
+
+    Conversations are shuffled with `rng`; each becomes a session of its consecutive
+    (human, gpt) turns (leading gpt turns dropped, counted in `notes`). Turn t's prompt is
+    the whole history: every earlier human and gpt message and turn t's human message,
+    joined by newlines (so its token ids start with the previous turn's prompt and reply);
+    its reference reply is turn t's gpt message. A session ends at its first turn whose
+    prompt + reply exceeds `max_total_tokens` (the rest counted as `turn_too_long`) or
+    whose prompt or reply has fewer than `min_tokens`. Turn ≥ 1 waits an exponential think
+    time of mean `think_time_s` (drawn from `rng`) after the previous reply. Sessions are
+    taken whole until `num_requests` turns are reached (the last one is cut there).
+    """
+    if opts.think_time_s < 0:
+        raise AstroUserError(f"must be ≥ 0, got {opts.think_time_s}", field="--think-time")
+    skipped: Counter = Counter()
+    notes: Counter = Counter()
+    out: list[BenchRequest] = []
+    for j in rng.permutation(len(recs)):
+        if len(out) >= opts.num_requests:
+            break
+        entry = recs[int(j)]
+        conv = entry.get("conversations") or []
+        got = _turn_pairs(conv)
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        if isinstance(conv[0], dict) and conv[0].get("from") not in _HUMAN:
+            notes["leading_gpt_turn"] += 1
+        sid = str(entry.get("id", int(j)))
+        history = ""
+        turns = 0
+        for t, (human, reply) in enumerate(got):
+            prompt = f"{history}\n{human}" if history else human
+            p, o = opts.counter(prompt), opts.counter(reply)
+            if p < opts.min_tokens or o < opts.min_tokens:
+                skipped["turn_too_short"] += len(got) - t
+                break
+            if p + o > opts.max_total_tokens:
+                skipped["turn_too_long"] += len(got) - t
+                break
+            if len(out) >= opts.num_requests:
+                break
+            think = float(rng.exponential(opts.think_time_s)) if t > 0 and opts.think_time_s > 0 else 0.0
+            out.append(BenchRequest(f"sharegpt-{sid}-t{t}", prompt, p, o, source_id=sid, session_id=sid,
+                                    turn=t, think_s=think, reply=reply))
+            history = f"{prompt}\n{reply}"
+            turns += 1
+        if turns:
+            notes["sessions"] += 1
+    return Workload("sharegpt", out, source + " (multi-turn sessions)", dict(skipped), dict(notes), [])
 
 
 def _sharegpt_from_hub() -> list[dict[str, Any]] | None:

@@ -19,6 +19,7 @@ from rps_astro_cli.bench.workload_base import (
     WorkloadOptions,
     _length_ok,
     _resolve,
+    synthetic_prompt,
 )
 from rps_astro_cli.errors import AstroUserError
 
@@ -163,6 +164,32 @@ data/trace_data/sharegpt/sharegpt_val_10k_llama2.csv, Llama-2 tokenizer): prompt
 245.8 / median 35 / max 3973 tokens; outputs mean 325.6 / median 286 / max 1734 tokens;
 prompt and output log-lengths are nearly uncorrelated (r = 0.10), so they are drawn
 independently."""
+
+
+@WORKLOADS.register("shared-prefix")
+def load_shared_prefix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """N system prompts × M users (`-w shared-prefix`): 8 synthetic system prompts of 1024
+    tokens each; every request is one of them (uniformly at random) followed by its own
+    user message of 32–256 tokens (uniform), with a 16–256-token reply (uniform). Text is
+    synthetic filler (`synthetic_prompt`, seeded from `rng`), so the prompts of one system
+    prompt share exactly its token ids. Requests over `max_total_tokens` are counted as
+    skipped and redrawn (bounded: 20 × num_requests draws)."""
+    num_prefixes, prefix_tokens = 8, 1024
+    systems = [synthetic_prompt(prefix_tokens, seed=int(rng.integers(0, 2**31))) for _ in range(num_prefixes)]
+    out: list[BenchRequest] = []
+    skipped: Counter = Counter()
+    for _ in range(20 * opts.num_requests):
+        if len(out) >= opts.num_requests:
+            break
+        g = int(rng.integers(0, num_prefixes))
+        u = int(rng.integers(32, 257))
+        o = int(rng.integers(16, 257))
+        text = systems[g] + "\n" + synthetic_prompt(u, seed=int(rng.integers(0, 2**31)))
+        p = opts.counter(text)
+        if _length_ok(p, o, opts, False, skipped):
+            out.append(BenchRequest(f"shared-prefix-{len(out)}", text, p, o, source_id=f"system-{g}"))
+    return Workload("shared-prefix", out, f"synthetic: {num_prefixes} system prompts of {prefix_tokens} tokens × "
+                    "users with 32–256-token messages", dict(skipped))
 
 
 @WORKLOADS.register("synthetic")

@@ -23,7 +23,9 @@ def _split(text: str | None) -> list[str] | None:
 
 @user_errors
 def bench(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | llava-instruct | llava-video | burstgpt | azure | length-trace | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | llava-instruct | llava-video | burstgpt | azure | length-trace | shared-prefix | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    multi_turn: Annotated[bool, typer.Option("--multi-turn", help="sharegpt: replay whole conversations turn by turn (prompt = history; the rate is session starts/s).")] = False,
+    think_time: Annotated[float | None, typer.Option("--think-time", help="--multi-turn: mean think time before the next turn (s, exponential; default 2).")] = None,
     path: Annotated[str | None, typer.Option("--path", help="Dataset file (else $ASTRO_DATA_DIR / ../shared/data, else hub, else synthetic).")] = None,
     num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests per run.")] = 200,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the workload and arrival generators.")] = 0,
@@ -118,7 +120,7 @@ def bench(
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
-        out_dir=out_dir)
+        out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time)
     result = _run_with_progress(cfg, run_bench)
     if as_json:
         import json

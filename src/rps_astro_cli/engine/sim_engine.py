@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -41,6 +42,7 @@ from rps_astro_cli.rps.queue_metrics import class_queue_metrics
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import request_status, snapshot
@@ -196,9 +198,11 @@ class SimEngine:
         return n, ("length" if n >= max_tokens else "stop")
 
     def submit(self, req: ParsedRequest, charge: VisionCharge = VisionCharge(),
-               request_id: str | None = None) -> EngineRequest:
+               request_id: str | None = None, token_ids: Sequence[int] = ()) -> EngineRequest:
         """Admit a validated request: resolve its lengths and queue it (after its
         preprocessing delay, if any). Must be called on the engine's event loop.
+        token_ids: the prompt's token ids (`protocol.openai.prompt_token_ids`) for the
+        prefix cache; () = none, the request neither hits nor fills it.
 
         Raises:
             ApiError: 400 when prompt (+ max_tokens) exceeds max_model_len.
@@ -214,6 +218,7 @@ class SimEngine:
             request_id=rid, arrival_s=self.now_s(), prompt_tokens=prompt, target_output_tokens=out,
             modality=req.modality, vision_tokens=charge.vision_tokens, encoder_s=charge.encoder_s,
             req_class=req.req_class, predicted_output_tokens=req.predicted_output_tokens,
+            block_hashes=block_hashes(token_ids[:prompt], self.config.block_size) if token_ids else (),
         )
         er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason)
         self._live[rid] = er

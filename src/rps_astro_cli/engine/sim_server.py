@@ -13,7 +13,8 @@ Routes:
   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (used blocks / total, 0–1); counters
   `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`, `vllm:request_success_total`; histograms
+  `vllm:generation_tokens_total`, `vllm:request_success_total`,
+  `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` (tokens); histograms
   `vllm:time_to_first_token_seconds` (first token − arrival) and
   `vllm:e2e_request_latency_seconds` (last token − arrival), in engine (simulated) seconds,
   which equal wall seconds at time_scale 1.0; and astro's own `astro:engine_steps_total`,
@@ -55,9 +56,10 @@ from rps_astro_cli.protocol.openai import (
     http_error_body,
     parse_chat_request,
     parse_completion_request,
+    prompt_token_ids,
     vision_charge,
 )
-from rps_astro_cli.tokens import count_tokens_fallback
+from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,10 @@ class _EngineCollector:
             ("vllm:prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens_total),
             ("vllm:generation_tokens", "Output tokens sampled.", c.generation_tokens_total),
             ("vllm:request_success", "Requests finished.", c.requests_finished_total),
+            ("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up.",
+             e.inst.prefix_cache_queries_tokens),
+            ("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens served from the cache.",
+             e.inst.prefix_cache_hits_tokens),
         ):
             m = CounterMetricFamily(name, doc, labels=["model_name"])
             m.add_metric(lab, val)
@@ -163,6 +169,9 @@ class _Ctx:
     api_key: str | None
     limits: ApiLimits
     counter: Any
+    # prompt text → token ids for prefix caching (the fallback's when `counter` is the
+    # fallback counter; None: another tokenizer counts, so no ids, no prefix hits)
+    token_ids: Any = None
 
 
 def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimits = ApiLimits(),
@@ -174,7 +183,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     (default: the profile's `model`). counter: prompt token counter (text → tokens).
     The app's Prometheus registry is `app.state.registry`; the engine is `app.state.engine`.
     """
-    ctx = _Ctx(engine, served_model_name or engine.profile.model, api_key, limits, counter)
+    ctx = _Ctx(engine, served_model_name or engine.profile.model, api_key, limits, counter,
+               token_ids_fallback if counter is count_tokens_fallback else None)
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_EngineCollector(engine, ctx.model))
     ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (engine seconds).",
@@ -257,7 +267,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
                            f"{ctx.model!r}", param="model")
         charge = vision_charge(req, engine.profile.vision)
         rid = ("cmpl-" if endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex
-        er = engine.submit(req, charge, request_id=rid)
+        ids = prompt_token_ids(body, endpoint, ctx.token_ids) if ctx.token_ids is not None else ()
+        er = engine.submit(req, charge, request_id=rid, token_ids=ids)
         fmt = _Format(rid, ctx.model, endpoint)
         if req.stream:
             return _SSEResponse(_stream(engine, er, fmt, req.include_usage), media_type="text/event-stream",

@@ -50,7 +50,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from rps_astro_cli.sim.profile import VisionCosts
-from rps_astro_cli.tokens import count_tokens_fallback
+from rps_astro_cli.tokens import TokenIds, count_tokens_fallback
 
 CHAT_TOKENS_PER_MESSAGE = 3
 CHAT_TOKENS_REPLY_PRIMER = 3
@@ -330,6 +330,35 @@ def parse_completion_request(body: dict[str, Any],
     if n <= 0:
         raise bad("is empty", "prompt")
     return ParsedRequest(endpoint="completions", text_tokens=n, **_common(body))
+
+
+def prompt_token_ids(body: dict[str, Any], endpoint: str, token_ids: TokenIds) -> tuple[int, ...]:
+    """Token ids of an already validated body's prompt text, for prefix caching: a
+    completions prompt's ids (or its token-id list as given); a chat prompt's role and
+    text ids per message, up to the first media part (media tokens have no ids here).
+    The chat formatting tokens are not included, so the ids are a stable function of the
+    text that never outnumber the prompt's counted tokens."""
+    if endpoint == "completions":
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str):
+            return tuple(token_ids(p))
+        return tuple(t for t in p if isinstance(t, int)) if isinstance(p, list) else ()
+    out: list[int] = []
+    for m in body.get("messages") or ():
+        if not isinstance(m, dict):
+            break
+        out += token_ids(str(m.get("role", "")))
+        content = m.get("content")
+        if isinstance(content, str):
+            out += token_ids(content)
+        elif isinstance(content, list):
+            for part in content:
+                if not isinstance(part, dict) or part.get("type") != "text":
+                    return tuple(out)
+                out += token_ids(str(part.get("text", "")))
+    return tuple(out)
 
 
 # -- chat ------------------------------------------------------------------------------
