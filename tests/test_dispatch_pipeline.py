@@ -124,7 +124,8 @@ def test_decide_times_each_stage_and_asks_predictions_only_when_needed():
 
 def test_needs_predictions_is_the_policies_property_not_its_name():
     assert [n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_predictions] == ["power_of_k"]
-    assert {n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_status} == {"llumnix", "least_kv", "cache_aware"}
+    assert {n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_status} == {
+        "llumnix", "least_kv", "cache_aware"}
 
 
 # -- registration ---------------------------------------------------------------------------

@@ -174,3 +174,35 @@ def test_fallback_token_ids_match_the_count_and_keep_prefixes() -> None:
     assert len(token_ids_fallback(t)) == count_tokens_fallback(t) == 10
     assert token_ids_fallback("first turn.") + token_ids_fallback("next one") == token_ids_fallback(
         "first turn.\nnext one")
+
+
+# -- the look-ahead with the candidate's prefix-cache hit -----------------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise  # noqa: E402
+from rps_astro_cli.types import InstanceStatus  # noqa: E402
+from test_lookahead import POLICIES, _same, scenarios  # noqa: E402
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios(), data=st.data())
+def test_jump_equals_stepwise_with_a_cached_candidate(policy: str, sc, data) -> None:
+    lat, status, cand, kw = sc
+    cand = replace(cand, cached_tokens=data.draw(st.integers(0, cand.prompt_tokens + 5)))
+    _same(predict_stepwise(status, cand, lat, POLICIES[policy](), **kw),
+          predict(status, cand, lat, POLICIES[policy](), **kw))
+
+
+def test_a_cached_candidate_prefills_only_the_rest() -> None:
+    # idle instance, linear profile: 100-token prompt, 1 output token. Uncached: one
+    # 100-token step, 0.0200 s. 64 cached: 36 tokens, 0.0136 s. All 100 "cached": capped at
+    # 99, so 1 token is computed, 0.0101 s.
+    c = InstanceConfig(block_size=16, num_gpu_blocks=100, max_num_seqs=8, max_num_batched_tokens=512,
+                       max_model_len=1024)
+    st0 = InstanceStatus("i", 0.0, c, 100)
+    for cached, ttft in ((0, 0.0200), (64, 0.0136), (100, 0.0101)):
+        cand = CandidateRequest(100, 1, cached_tokens=cached)
+        assert predict(st0, cand, LAT, FCFSPolicy()).ttft_s == pytest.approx(ttft, abs=1e-12)
+        assert predict_stepwise(st0, cand, LAT, FCFSPolicy()).ttft_s == pytest.approx(ttft, abs=1e-12)

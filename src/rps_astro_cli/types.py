@@ -318,6 +318,9 @@ class CandidateRequest:
     req_class: str | None = None
     # its deadline on the engine clock (s), or None
     deadline_s: float | None = None
+    # its prompt tokens already in this instance's prefix cache (tokens, ≥ 0): the
+    # look-ahead starts its prefill there (at most prompt_tokens − 1, as vLLM)
+    cached_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +352,8 @@ class PredictRequest:
             d["req_class"] = c.req_class
         if c.deadline_s is not None:
             d["deadline_s"] = c.deadline_s
+        if c.cached_tokens:
+            d["cached_tokens"] = c.cached_tokens
         d["objective"] = self.objective
         return d
 
@@ -381,6 +386,7 @@ class PredictRequest:
             preprocess_s=_seconds(body, "preprocess_s"),
             req_class=req_class,
             deadline_s=None if deadline_s is None else float(deadline_s),
+            cached_tokens=_int(body, "cached_tokens", 0, 0),
         )
         return cls(cand, objective)
 

@@ -7,7 +7,8 @@ rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
 - arrival: the dispatcher builds an `InstanceLoad` per instance and runs the policy's
   pipeline (`dispatch.decide`: filter → sample → predict → score → pick); when the
   policy `needs_predictions`, "predict" runs the jump look-ahead
-  (`sim.lookahead.predict_instance`) on each candidate instance. The decision takes no
+  (`sim.lookahead.predict_instance`) on each candidate instance, with the request's
+  prefix-cache hit there (`CandidateRequest.cached_tokens`). The decision takes no
   virtual time; its wall-clock µs are recorded.
 - enqueue: the request reaches the chosen engine's waiting queue after its
   preprocessing time (`preprocess_s`, 0 for text); an idle instance is woken: it forms
@@ -357,12 +358,17 @@ def simulate_cluster(
         # called by `decide` at once, inside this iteration: binding the loop's values
         # as defaults only says so to the linter (B023)
         def predict(cands: list[int], req=req, pred_len=pred_len, now=now,
-                    preds=preds) -> dict[int, LatencyEstimate]:
+                    preds=preds, hashes=hashes, max_hit=max_hit) -> dict[int, LatencyEstimate]:
             cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
                                     req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
             for i in cands:
                 t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
                 c = cand
+                cache = sims[i].cache
+                if hashes and cache is not None:  # the candidate's prefix-cache hit there
+                    hit = cache.lookup(hashes, max_hit)[0] * bs
+                    if hit:
+                        c = replace(c, cached_tokens=hit)
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,

@@ -15,6 +15,7 @@ time. The fast `predict` must return the same numbers (property-tested); its eng
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 from rps_astro_cli.errors import AstroUserError
@@ -88,6 +89,10 @@ def candidate_to_sim(c: CandidateRequest, now_s: float) -> SimRequest:
         req_class=c.req_class,
         predicted_output_tokens=c.predicted_output_tokens,
         deadline_s=c.deadline_s,
+        # a prefix-cache hit: its prefill starts past the cached tokens; it still allocates
+        # every block (a hit on a free cached block takes it from the free pool; a block
+        # shared with a running request is counted again, which errs towards later)
+        num_computed_tokens=min(max(0, c.cached_tokens), c.prompt_tokens - 1),
     )
 
 
@@ -110,8 +115,9 @@ def build_sim(
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
 ) -> InstanceSim:
-    """An `InstanceSim` holding the snapshot's running and waiting requests."""
-    sim = InstanceSim(status.limits, latency, policy)
+    """An `InstanceSim` holding the snapshot's running and waiting requests (prefix
+    caching off, as in the jump look-ahead: the candidate's hit comes as computed tokens)."""
+    sim = InstanceSim(replace(status.limits, enable_prefix_caching=False), latency, policy)
     mx = status.limits.max_model_len
     ext, dflt = extension_tokens, default_output_tokens
     sim.running = [_to_sim(r, expected_output_tokens(r, ext, dflt, remaining, mx)) for r in status.running]

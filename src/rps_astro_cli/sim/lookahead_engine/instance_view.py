@@ -19,6 +19,15 @@ from .outcome import StepOutcome
 from .pool import DecodePool
 from .request import LReq
 
+
+def _uncached(cfg: InstanceConfig) -> InstanceConfig:
+    """`cfg` with prefix caching off (the look-ahead's own steps never hash blocks)."""
+    if not cfg.enable_prefix_caching:
+        return cfg
+    return InstanceConfig(cfg.block_size, cfg.num_gpu_blocks, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                          cfg.max_model_len, cfg.chunked_prefill, cfg.prefill_budget_tokens, False)
+
+
 _OKEY = attrgetter("okey")
 
 
@@ -114,7 +123,9 @@ class InstanceView:
         pool.materialize(self.running)
         sim = self._sim
         if sim is None:
-            sim = self._sim = InstanceSim(self.cfg, self.latency, self.policy)
+            # no prefix cache in the look-ahead: the candidate's hit arrives as computed
+            # tokens (`CandidateRequest.cached_tokens`), and LReq has no block hashes
+            sim = self._sim = InstanceSim(_uncached(self.cfg), self.latency, self.policy)
         sim.running = cast(Any, self.running)
         sim.waiting = cast(Any, self.waiting)
         sim.free_blocks = self.free

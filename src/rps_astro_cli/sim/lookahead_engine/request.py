@@ -116,6 +116,7 @@ def lreq_candidate(c: SimRequest) -> LReq:
     return LReq(
         c.request_id, c.arrival_s, c.prompt_tokens, c.target_output_tokens, c.modality,
         c.vision_tokens, c.encoder_s, c.req_class, c.predicted_output_tokens, c.deadline_s,
+        c.num_computed_tokens,
     )
 
 
