@@ -52,8 +52,8 @@ def main() -> None:
                   f"hit rate {o.prefix_cache_hit_rate:.3f}, preemptions {run.extras.get('preemptions_total')}",
                   flush=True)
     base = rows.get("round_robin")
-    print(f"\n| policy | P99 TTFT (s), median [min–max] over seeds | × round_robin (geo-mean) | mean TTFT (s) | "
-          f"P99 TTFT turns ≥ 2 (s) | hit rate | preemptions |")
+    print("\n| policy | P99 TTFT (s), median [min–max] over seeds | × round_robin (geo-mean) | mean TTFT (s) | "
+          "P99 TTFT turns ≥ 2 (s) | hit rate | preemptions |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for p, rs in rows.items():
         p99 = [r["p99"] for r in rs]
