@@ -99,7 +99,9 @@ def bench(
     # Parse-time checks: bad numbers fail before anything starts.
     rate = parse_positive(request_rate, "--request-rate")
     b = parse_positive(burstiness, "--burstiness") if burstiness is not None else 1.0
-    ts = parse_positive(time_scale, "--time-scale", allow_inf=False)
+    ts = parse_positive(time_scale, "--time-scale", allow_inf=False,
+                        fix_inf="pass a finite factor, e.g. 0.01 to replay the trace 100x faster; to send "
+                                "every request at once use --arrival constant --request-rate inf")
     if burstiness is not None and arrival == "poisson":
         arrival = "gamma"
     rate_list = parse_rates(rates) if rates is not None else None

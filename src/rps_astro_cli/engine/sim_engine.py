@@ -150,6 +150,17 @@ class SimEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._closing = False
+        self.draining = False  # set on SIGTERM: new requests are refused, in-flight ones finish
+
+    def not_ready_reason(self) -> str | None:
+        """None when the engine takes new requests, else why not (for `GET /ready`)."""
+        if self._task is None:
+            return "engine loop not started"
+        if self._closing or self._task.done():
+            return "engine loop stopped"
+        if self.draining:
+            return "draining: shutting down, finishing in-flight requests"
+        return None
 
     # -- clock -----------------------------------------------------------------------
     def now_s(self) -> float:
@@ -181,6 +192,19 @@ class SimEngine:
                 pass
         for er in list(self._live.values()):
             self._fail(er, EngineFault("engine shut down"))
+
+    def fail_all(self, reason: str) -> int:
+        """End every live request with `EngineFault(reason)` (the drain period is over);
+        returns how many."""
+        live = list(self._live.values())
+        for er in live:
+            self._fail(er, EngineFault(reason))
+        return len(live)
+
+    @property
+    def num_live(self) -> int:
+        """Requests admitted and not ended (preprocessing, waiting or running)."""
+        return len(self._live)
 
     # -- requests --------------------------------------------------------------------
     def target_output_tokens(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str]:
