@@ -55,6 +55,10 @@ class EngineFault(RuntimeError):
     """The engine failed while serving a request (a server fault, not a user mistake)."""
 
 
+class EngineShutdown(EngineFault):
+    """The engine stopped (shut down, or its drain period ended) before the request did."""
+
+
 @dataclass(eq=False)
 class EngineRequest:
     """One served request: the instance model's state plus its delivery queue.
@@ -191,14 +195,14 @@ class SimEngine:
             except (asyncio.CancelledError, Exception):
                 pass
         for er in list(self._live.values()):
-            self._fail(er, EngineFault("engine shut down"))
+            self._fail(er, EngineShutdown("engine shut down"))
 
     def fail_all(self, reason: str) -> int:
-        """End every live request with `EngineFault(reason)` (the drain period is over);
-        returns how many."""
+        """End every live request with `EngineShutdown(reason)` (the drain period is
+        over); returns how many."""
         live = list(self._live.values())
         for er in live:
-            self._fail(er, EngineFault(reason))
+            self._fail(er, EngineShutdown(reason))
         return len(live)
 
     @property

@@ -47,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rps_astro_cli.engine.sim_engine import FINISHED, EngineFault, EngineRequest, SimEngine
+from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutdown, SimEngine
 from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.protocol.openai import (
     ApiError,
@@ -400,7 +400,7 @@ async def _complete(request: Request, engine: SimEngine, er: EngineRequest, fmt:
         tg.start_soon(watch)
     if not result:  # client gone: nobody reads this response
         return Response(status_code=499)
-    if isinstance(result[0], EngineFault):  # the engine failed or shut down: no traceback, 503
+    if isinstance(result[0], EngineShutdown):  # shut down / drain over: 503, try elsewhere (no traceback)
         return JSONResponse({"error": {"message": str(result[0]), "type": "engine_unavailable", "param": None,
                                        "code": 503}}, status_code=503)
     if isinstance(result[0], Exception):
