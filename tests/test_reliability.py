@@ -366,3 +366,116 @@ def test_length_data_reads_openai_messages_and_lmsys_conversations(tmp_path):
     with pytest.raises(AstroUserError) as ei:
         load_length_data(bad, counter=count)
     assert "messages" in str(ei.value) and "conversation" in str(ei.value)
+
+
+# -- exit codes a CI pipeline can rely on ------------------------------------------------
+def _timer(events: list[str]):
+    from rps_astro_cli.bench.client import StreamTimer
+
+    t = StreamTimer(chat=False)
+    t.feed("".join(f"data: {e}\n\n" for e in events).encode(), 1.0)
+    t.close(1.0)
+    return t
+
+
+def test_zero_token_stream_fails_and_a_cut_output_is_flagged():
+    from rps_astro_cli.bench.client import _finish
+    from rps_astro_cli.bench.records import RequestRecord
+    from rps_astro_cli.tokens import count_tokens_fallback
+
+    empty = _timer(['{"choices":[{"text":"","finish_reason":"stop"}]}',
+                    '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":0}}', "[DONE]"])
+    rec = RequestRecord("a", max_tokens=10)
+    _finish(rec, empty, 1.0, count_tokens_fallback)
+    assert rec.success is False and rec.error == "stream ended with zero output tokens"  # before: ok
+    cut = _timer(['{"choices":[{"text":" a b c","finish_reason":"length"}]}',
+                  '{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":3}}', "[DONE]"])
+    rec = RequestRecord("b", max_tokens=10)
+    _finish(rec, cut, 1.0, count_tokens_fallback)
+    assert rec.success and rec.finish_reason == "length" and rec.truncated and rec.to_dict()["truncated"]
+    full = RequestRecord("c", success=True, output_tokens=10, finish_reason="length", max_tokens=10)
+    assert not full.truncated  # ended by length exactly at max_tokens: as asked
+
+
+def _bench_cfg(tmp_path, **kw):
+    from rps_astro_cli.bench.config import BenchConfig
+
+    return BenchConfig.flat(virtual=True, profile=write_profile(tmp_path, hand_profile()), instances=2,
+                            workload="synthetic", num_requests=6, policies=["round_robin"], oracle_lengths=True,
+                            request_rate=50.0, max_total_tokens=1000, out_dir=str(tmp_path / "rep"), **kw)
+
+
+def _patch_virtual(monkeypatch, mutate=None, interrupt_after: int | None = None):
+    from rps_astro_cli.bench import virtual
+
+    orig = virtual.VirtualTarget.run
+
+    def run(self, requests, times, on_done):
+        seen = []
+
+        def cb(r):
+            seen.append(r)
+            on_done(r)
+            if interrupt_after is not None and len(seen) == interrupt_after:
+                raise KeyboardInterrupt
+
+        records, extras = orig(self, requests, times, cb)
+        if mutate:
+            mutate(records)
+        return records, extras
+
+    monkeypatch.setattr(virtual.VirtualTarget, "run", run)
+
+
+def test_partly_failed_or_cut_bench_exits_3_and_says_which(tmp_path, monkeypatch):
+    from rps_astro_cli.bench.runner import run_bench
+
+    def mutate(records):
+        records[0].success, records[0].error = False, "HTTP 500: boom"
+        records[1].finish_reason, records[1].max_tokens = "length", records[1].output_tokens + 5
+
+    _patch_virtual(monkeypatch, mutate)
+    res = run_bench(_bench_cfg(tmp_path))
+    assert res.exit_code == 3, res.exit_reasons  # before: 0 (only "all failed" was non-zero)
+    assert any("1 of 6 requests failed" in r and "HTTP 500: boom" in r for r in res.exit_reasons)
+    assert any("1 of 6 outputs were cut short" in r for r in res.exit_reasons)
+    assert json.loads((tmp_path / "rep" / "report.json").read_text())["exit_code"] == 3
+
+
+def test_ctrl_c_writes_a_partial_report_and_exits_130(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    _patch_virtual(monkeypatch, interrupt_after=2)
+    out = tmp_path / "rep"
+    res = CliRunner().invoke(app, ["bench", "--virtual", "--profile", write_profile(tmp_path, hand_profile()),
+                                   "--instances", "2", "--workload", "synthetic", "-n", "6", "--policies",
+                                   "round_robin", "--oracle-lengths", "--request-rate", "50",
+                                   "--max-total-tokens", "1000", "--out", str(out)])
+    assert res.exit_code == 130, res.output  # before: KeyboardInterrupt, nothing written
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["exit_code"] == 130 and "interrupted" in rep["exit_reasons"][0]
+    assert len(rep["runs"]) == 1 and rep["runs"][0]["label"].endswith("(interrupted)")
+    assert rep["runs"][0]["metrics"]["overall"]["num_requests"] == 2
+    assert len((out / "requests.jsonl").read_text().strip().split("\n")) == 2
+
+
+def test_engine_and_send_lag_become_report_warnings():
+    from rps_astro_cli.bench.records import RequestRecord
+    from rps_astro_cli.bench.runner import BenchResult, RunResult, _lag_extras, _lag_warnings
+
+    recs = [RequestRecord(str(i), scheduled_s=float(i), sent_s=float(i) + (0.2 if i == 9 else 0.0))
+            for i in range(10)]
+    extras = {"engine_steps": 1000.0, "engine_steps_late": 80.0, "engine_lag_s_max": 0.3}
+    _lag_extras(recs, extras)
+    assert extras["send_lag_s_max"] == pytest.approx(0.2) and extras["send_lag_s_p99"] == pytest.approx(0.2)
+    res = BenchResult(None, {}, {}, [])  # type: ignore[arg-type]
+    _lag_warnings(res, RunResult("r", None, None, 1.0, "poisson", {}, recs, extras))
+    assert len(res.warnings) == 2
+    assert "send lag P99 200 ms" in res.warnings[0] and "8.0% of 1000 steps late" in res.warnings[1]
+    quiet = {"engine_steps": 1000.0, "engine_steps_late": 10.0, "engine_lag_s_max": 0.3}
+    _lag_extras(recs[:9], quiet)
+    res2 = BenchResult(None, {}, {}, [])  # type: ignore[arg-type]
+    _lag_warnings(res2, RunResult("r", None, None, 1.0, "poisson", {}, recs[:9], quiet))
+    assert res2.warnings == []

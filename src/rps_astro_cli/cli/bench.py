@@ -90,6 +90,11 @@ def bench(
       astro bench --virtual --instances 12 -w length-trace -n 5000 \\
           --max-total-tokens 4096 --policies round_robin,llumnix,power_of_k \\
           --k 2,all --oracle-lengths --capacity
+
+    Exit codes: 0 every request ok; 1 every request of a run failed, or --fail-under
+    not met; 2 bad input (a flag or file); 3 some requests failed (errors, zero-token
+    streams) or outputs were cut short (finish_reason length before max_tokens);
+    130 interrupted (Ctrl-C), after writing the partial report.
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
