@@ -65,3 +65,66 @@ def test_pending_codec_round_trip_and_bad_field():
     with pytest.raises(pred_mod.HTTPUserError) as ei:
         pred_mod.parse_predict({"prompt_tokens": 5, "predicted_output_tokens": 3, "pending": {"x": 1}})
     assert ei.value.param == "pending" and ei.value.status == 400
+
+
+def test_scheduler_sends_pending_requests_to_the_predictor():
+    """Two requests 0.3 s apart to an engine that takes 1 s to answer: the second's
+    /predict body lists the first as pending (sent ~0.3 s ago, not accepted yet); with
+    count_pending off it does not."""
+    import threading
+    import time
+    from contextlib import ExitStack
+
+    import httpx
+    from fastapi import FastAPI
+
+    from rps_astro_cli.protocol.http_server import ServerThread
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+
+    bodies: list[dict] = []
+    pred = FastAPI()
+
+    @pred.post("/predict")
+    async def _predict(body: dict):
+        bodies.append(body)
+        return {"ttft_s": 0.1, "e2e_s": 0.2}
+
+    eng = FastAPI()
+
+    @eng.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @eng.post("/v1/chat/completions")
+    async def _chat():
+        import asyncio
+
+        await asyncio.sleep(1.0)
+        return {"id": "x", "object": "chat.completion", "choices": []}
+
+    msg = {"model": "m", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
+    for count in (True, False):
+        bodies.clear()
+        with ExitStack() as st:
+            e = st.enter_context(ServerThread(eng))
+            p = st.enter_context(ServerThread(pred))
+            s = st.enter_context(ServerThread(create_app(SchedulerSettings(
+                instances=(InstanceEndpoint("e0", e.url, p.url),), policy="power_of_k", policy_params={"k": 1},
+                length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=count))))
+            first = threading.Thread(target=lambda: httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=5))
+            first.start()
+            deadline = time.monotonic() + 3.0
+            while not bodies and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            r = httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=5)
+            first.join(timeout=5)
+            assert r.status_code == 200 and len(bodies) == 2
+        assert "pending" not in bodies[0]
+        if not count:
+            assert "pending" not in bodies[1]
+            continue
+        (pend,) = bodies[1]["pending"]
+        assert pend["prompt_tokens"] == bodies[0]["prompt_tokens"]
+        assert pend["predicted_output_tokens"] == bodies[0]["predicted_output_tokens"]
+        assert 0.25 <= pend["sent_age_s"] < 1.0 and pend["accepted_age_s"] is None
