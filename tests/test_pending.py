@@ -111,7 +111,8 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
             s = st.enter_context(ServerThread(create_app(SchedulerSettings(
                 instances=(InstanceEndpoint("e0", e.url, p.url),), policy="power_of_k", policy_params={"k": 1},
                 length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=count))))
-            first = threading.Thread(target=lambda: httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=5))
+            first = threading.Thread(target=httpx.post, args=(s.url + "/v1/chat/completions",),
+                                     kwargs={"json": msg, "timeout": 5})
             first.start()
             deadline = time.monotonic() + 3.0
             while not bodies and time.monotonic() < deadline:
