@@ -17,13 +17,15 @@ def test_with_pending_adds_only_what_the_snapshot_cannot_hold():
     # snapshot taken 0.1 s ago at engine time 5.0
     pend = (PendingRequest(10, 4, sent_age_s=0.05),                      # sent after the snapshot: add
             PendingRequest(20, 5, sent_age_s=0.3, accepted_age_s=0.2),   # accepted before it: in it
-            PendingRequest(30, 6, sent_age_s=0.2, accepted_age_s=0.05))  # accepted after it: add
-    view = pred_mod.with_pending(STATUS, pend, status_age_s=0.1)
+            PendingRequest(30, 6, sent_age_s=0.2, accepted_age_s=0.05),  # accepted after it: add
+            PendingRequest(40, 7, sent_age_s=0.16),   # unanswered, sent 0.06 s before it (> margin 0.05)
+            PendingRequest(50, 8, sent_age_s=0.14))   # unanswered, sent 0.04 s before it (< margin): add
+    view = pred_mod.with_pending(STATUS, pend, status_age_s=0.1, margin_s=0.05)
     assert view.running == STATUS.running and view.waiting[:len(STATUS.waiting)] == STATUS.waiting
     added = view.waiting[len(STATUS.waiting):]
-    assert [(r.prompt_tokens, r.predicted_output_tokens) for r in added] == [(10, 4), (30, 6)]
+    assert [(r.prompt_tokens, r.predicted_output_tokens) for r in added] == [(10, 4), (30, 6), (50, 8)]
     # arrival: sent_age − status_age before the snapshot's time, clipped at it
-    assert added[0].arrival_s == pytest.approx(5.0) and added[1].arrival_s == pytest.approx(4.9)
+    assert [r.arrival_s for r in added] == pytest.approx([5.0, 4.9, 4.96])
     assert all(r.num_computed_tokens == 0 and r.kv_blocks == 0 for r in added)
     assert pred_mod.with_pending(STATUS, (), 0.1) is STATUS
 
@@ -45,14 +47,13 @@ def test_predictor_counts_a_pending_request_by_hand(tmp_path):
 
 def test_pending_wire_ages_and_expiry():
     a = Pending(10, 4, sent_s=10.0)                 # not accepted yet
-    b = Pending(20, 5, sent_s=9.0)
-    b.accepted_s = 9.5                             # accepted 1.0 s ago: kept (≤ keep)
-    c = Pending(30, 6, sent_s=8.0)
-    c.accepted_s = 8.2                             # accepted 2.3 s ago: dropped
+    b = Pending(20, 5, sent_s=9.5)
+    b.accepted_s = 9.75                            # sent 1.0 s ago: kept (≤ keep)
+    c = Pending(30, 6, sent_s=9.0)                 # sent 1.5 s ago: dropped
     book = [c, b, a]
     wire = pending_wire(book, now_s=10.5, keep_s=1.0)
     assert book == [b, a]
-    assert wire == (PendingRequest(20, 5, 1.5, 1.0), PendingRequest(10, 4, 0.5, None))
+    assert wire == (PendingRequest(20, 5, 1.0, 0.75), PendingRequest(10, 4, 0.5, None))
 
 
 def test_pending_codec_round_trip_and_bad_field():

@@ -85,7 +85,7 @@ from rps_astro_cli.types import (
 log = logging.getLogger("astro.predictor")
 
 __all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_candidate", "parse_predict",
-           "run_predictor", "with_pending"]
+           "PENDING_MARGIN_S", "run_predictor", "with_pending"]
 
 
 def lookahead_fn():
@@ -142,18 +142,28 @@ def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
     return q.candidate, q.objective
 
 
-def with_pending(status: InstanceStatus, pending: tuple[PendingRequest, ...], status_age_s: float) -> InstanceStatus:
+PENDING_MARGIN_S = 0.05
+"""A forward the engine has not answered is assumed in its queue this long after it was
+sent (s): a non-streamed request is answered only when it ends."""
+
+
+def with_pending(status: InstanceStatus, pending: tuple[PendingRequest, ...], status_age_s: float,
+                 margin_s: float = PENDING_MARGIN_S) -> InstanceStatus:
     """`status` with the pending requests it cannot show appended to its waiting queue.
 
-    A pending request is in a snapshot taken `status_age_s` ago iff the engine had
-    accepted it by then: `accepted_age_s` ≥ `status_age_s`. Every other one (not yet
-    accepted, or accepted after the snapshot) is added at the back of the queue as a
-    queued request with no KV blocks and nothing computed, arrived `sent_age_s −
+    A snapshot taken `status_age_s` ago cannot hold a request the engine accepted after
+    it (`accepted_age_s` < `status_age_s`), nor one not answered yet that was sent less
+    than `status_age_s + margin_s` ago; it holds the others (accepted before it, or sent
+    long enough before it). Each one it cannot hold is added at the back of the queue as
+    a queued request with no KV blocks and nothing computed, arrived `sent_age_s −
     status_age_s` before the snapshot's time (clipped to it)."""
     add = []
     for k, p in enumerate(pending):
-        if p.accepted_age_s is not None and p.accepted_age_s >= status_age_s:
-            continue  # the snapshot already holds it
+        if p.accepted_age_s is not None:
+            if p.accepted_age_s >= status_age_s:
+                continue  # accepted before the snapshot: in it
+        elif p.sent_age_s >= status_age_s + margin_s:
+            continue  # unanswered, but at the engine since before the snapshot
         arrival = status.time_s - max(0.0, p.sent_age_s - status_age_s)
         add.append(RequestStatus(f"pending-{k}", arrival, p.prompt_tokens,
                                  predicted_output_tokens=p.predicted_output_tokens))

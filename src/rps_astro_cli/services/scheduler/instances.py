@@ -42,9 +42,9 @@ class Pending:
 
 def pending_wire(pending: list[Pending], now_s: float, keep_s: float) -> tuple[PendingRequest, ...]:
     """The `/predict` "pending" list of an instance at `now_s`; drops (from `pending`, in
-    place) the entries accepted more than `keep_s` ago: every snapshot fresh enough to be
+    place) the entries sent more than `keep_s` ago: every snapshot fresh enough to be
     used shows them."""
-    pending[:] = [p for p in pending if p.accepted_s is None or now_s - p.accepted_s <= keep_s]
+    pending[:] = [p for p in pending if now_s - p.sent_s <= keep_s]
     return tuple(PendingRequest(p.prompt_tokens, p.predicted_output_tokens, max(0.0, now_s - p.sent_s),
                                 None if p.accepted_s is None else max(0.0, now_s - p.accepted_s))
                  for p in pending)

@@ -67,8 +67,8 @@ class SchedulerSettings:
     ablation; the tagger is still called for the modality facts.
     count_pending: send each Predictor the requests forwarded to its engine that its
     `/status` may not show yet (`types.PendingRequest`; issue 13 §2); pending_keep_s: how
-    long after the engine accepted a request it is still listed (≥ the Predictor's
-    status_max_age_s, else a stale snapshot misses it).
+    long after it was sent a request is still listed (≥ the Predictor's
+    status_max_age_s + its pending margin, else a stale snapshot misses it).
     """
 
     instances: tuple[InstanceEndpoint, ...]
