@@ -146,6 +146,8 @@ ARMS: dict[str, Arm] = {
     "guarded": Arm("llumnix_guarded", {"slack_s": 0.5}),
     "guarded_cond": Arm("llumnix_guarded", {"slack_s": 0.5}, remaining="default:ratio@mean"),
     "guarded_dist": Arm("llumnix_guarded", {"slack_s": 0.5}, remaining="calibrated@mean"),
+    "guarded_dist_s02": Arm("llumnix_guarded", {"slack_s": 0.2}, remaining="calibrated@mean"),
+    "guarded_dist_s01": Arm("llumnix_guarded", {"slack_s": 0.1}, remaining="calibrated@mean"),
     "guarded_oracle": Arm("llumnix_guarded", {"slack_s": 0.5}, lengths="oracle"),
 }
 GROUPS = {
