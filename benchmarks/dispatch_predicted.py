@@ -7,12 +7,14 @@ Virtual cluster (`cluster.virtual.simulate_cluster`, the library under `astro be
 --virtual`): N × one execution profile (default 4 × llama-2-7b-a30), FCFS in-instance
 policy, Poisson arrivals.
 
-Workload — prompts the length model never saw: the shipped tagger
-(`artifacts/length/classic`) was trained on a seeded conversation-level split of the
-ShareGPT sample (`length.pipeline.make_split`, seed / test / val fractions read from the
+Workload — prompts the length model never saw: the tagger (`--length-model`, default the
+shipped default, `artifacts/length/chat-gbm`) was trained on a seeded conversation-level
+split of the ShareGPT sample (`length.pipeline.make_split`, seed / test / val fractions read from the
 artifact's meta.json: 0 / 0.2 / 0.1). Only that split's TEST conversations are used here:
-every human → reply pair of them (`length.data.load_length_data` with the artifact's
-`context_turns`, the prompt format the tagger was trained on), filtered like vLLM's
+every human → reply pair of them; the engine's prompt carries PROMPT_CONTEXT_TURNS (1)
+earlier turn whatever the model, so every model runs on the same request lists, and the
+tagger reads each turn as it was trained (`LengthModel.predict_samples`: its
+`context_turns`, or the whole history for a model that reads it); filtered like vLLM's
 ShareGPT sampler (4 ≤ prompt ≤ 1024 tokens, output ≥ 4, total ≤ 2048; fallback token
 counter). A seed's requests are drawn with replacement from that pool (the pool holds
 ~400 pairs, 2,000 requests reuse them) with its own Poisson arrivals; every arm of a seed
