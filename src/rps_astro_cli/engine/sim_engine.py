@@ -134,7 +134,10 @@ class SimEngine:
         from rps_astro_cli.errors import AstroUserError
 
         if not (time_scale > 0 and math.isfinite(time_scale)):
-            raise AstroUserError(f"must be > 0, got {time_scale}", field="time_scale")
+            raise AstroUserError(f"must be a finite number > 0 (wall seconds per engine second), got {time_scale}",
+                                 field="--time-scale",
+                                 fix="pass e.g. 1 for real time or 0.01 to run 100x faster (for instant answers, "
+                                     "a virtual run: astro bench --virtual)")
         self.profile = profile
         self.config = InstanceConfig.from_profile(profile, **config_overrides)
         self.policy = make_policy_for_profile(policy, profile) if isinstance(policy, str) else policy
