@@ -114,7 +114,8 @@ def _check(cfg: BenchConfig) -> None:
         from rps_astro_cli.sim.profile import load_profile
 
         ip = cfg.cluster.instance_policy_params or {}
-        make_policy(cfg.cluster.instance_policy, fields={n: f"--instance-param {n}" for n in ip}, **ip)  # names it
+        for ipol in cfg.cluster.instance_policies or [cfg.cluster.instance_policy]:
+            make_policy(ipol, fields={n: f"--instance-param {n}" for n in ip}, **ip)  # names a bad one
         if cfg.cluster.profile:
             try:
                 load_profile(cfg.cluster.profile)

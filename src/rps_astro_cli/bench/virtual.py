@@ -249,23 +249,37 @@ def bench_remaining(cfg, dispatch: DispatchPolicy):
                              fix="pass default, none, or a table JSON (scripts/fit_remaining_table.py)") from None
 
 
+def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile) -> Callable[[], Any]:
+    """A fresh instance policy per virtual instance, each built by
+    `policies.build.build_instance_policy(name, params, profile)`; the first is built now,
+    so an unknown name or bad parameter fails (naming `--instance-param NAME`) before the run.
+
+    Raises:
+        AstroUserError: unknown policy name or a bad parameter.
+    """
+    from rps_astro_cli.policies.build import build_instance_policy
+
+    ip = dict(params or {})
+    fields = {n: f"--instance-param {n}" for n in ip}
+    build_instance_policy(name, ip, profile, fields=fields)
+    return lambda: build_instance_policy(name, ip, profile, fields=fields)
+
+
 def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
     (times: virtual seconds; sent = arrival at the dispatcher)."""
     from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
-    from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    ip = cfg.cluster.instance_policy_params or {}
-    make_policy(cfg.cluster.instance_policy, **ip)  # unknown name / bad parameter → AstroUserError naming it
+    make_policy = instance_policy_factory(cfg.cluster.instance_policy, cfg.cluster.instance_policy_params, profile)
     icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None) for v in vreqs]
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng,
+                           make_policy, rng,
                            remaining=bench_remaining(cfg, dispatch))
     out = []
     for v, r in zip(vreqs, res.records):
