@@ -70,6 +70,16 @@ class VisionCosts:
             raise AstroUserError(f"unknown image_tokens_rule {self.image_tokens_rule!r}",
                                  field="vision.image_tokens_rule", fix="use fixed or anyres")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The profile JSON's "vision" object; the size-rule fields only when they differ
+        from the defaults (a fixed-rule profile's file keeps its six fields)."""
+        d = dict(self.__dict__)
+        for name in ("image_tokens_rule", "anyres_crop_px", "anyres_patches_per_side", "anyres_max_grid",
+                     "anyres_max_crops", "tokens_per_video"):
+            if d[name] == VisionCosts.__dataclass_fields__[name].default and self.image_tokens_rule == "fixed":
+                del d[name]
+        return d
+
     def image_tokens(self, width_px: int = 0, height_px: int = 0) -> int:
         """Vision tokens of one image of `width_px` × `height_px` (0 × 0 = size unknown:
         `tokens_per_image`)."""
@@ -263,7 +273,7 @@ class ExecutionProfile:
             "fit": self.fit,
         }
         if self.vision:
-            d["vision"] = self.vision.__dict__
+            d["vision"] = self.vision.to_dict()
         return d
 
 
