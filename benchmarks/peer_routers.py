@@ -83,7 +83,7 @@ from rps_astro_cli.bench.live import to_engine_seconds
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
-from rps_astro_cli.services.cluster import ClusterSupervisor
+from rps_astro_cli.services.cluster import ClusterSupervisor, die_with_parent
 from rps_astro_cli.services.config import parse_config
 
 
@@ -125,15 +125,6 @@ class HarnessError(Exception):
 
 
 # -- processes ---------------------------------------------------------------------------
-
-def _die_with_parent() -> None:  # Linux: the child gets SIGTERM if this process dies
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -189,7 +180,7 @@ class Router:
         log.write(f"\n--- {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         log.close()
 
     def wait_ready(self, opts_for, timeout_s: float = 90.0) -> None:

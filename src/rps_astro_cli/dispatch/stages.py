@@ -30,7 +30,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # value types only; no import at run time
     from rps_astro_cli.dispatch.base import InstanceLoad
-    from rps_astro_cli.sim.lookahead import LatencyEstimate
+    from rps_astro_cli.types import LatencyEstimate
 
 TIE_RESOLUTION_S = 1e-6  # predicted latencies closer than this are ties
 

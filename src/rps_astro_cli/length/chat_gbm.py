@@ -44,7 +44,14 @@ import scipy.sparse as sp
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.base import LENGTH_MODELS, LengthModel, LengthModelMeta, ProgressFn
-from rps_astro_cli.length.classic import N_DENSE, _vectorizers, dense_cues, ngram_window
+from rps_astro_cli.length.classic import (
+    N_DENSE,
+    _vectorizers,
+    dense_matrix,
+    design_matrix,
+    ngram_window,
+    tf_matrix,
+)
 from rps_astro_cli.length.data import LengthDataset
 from rps_astro_cli.length.dist import fit_log_spread
 from rps_astro_cli.length.prompts import truncate_prompt
@@ -193,23 +200,16 @@ class ChatGBMLengthModel(LengthModel):
     # ---- features
 
     def _tf(self, texts: list[str]) -> sp.csr_matrix:
-        win = [ngram_window(t) for t in texts]
-        X = sp.hstack([self._word.transform(win), self._char.transform(win)], format="csr")
-        np.log1p(X.data, out=X.data)
-        return X
+        return tf_matrix(self._word, self._char, texts)
 
-    def _design(self, X_tf: sp.csr_matrix, D: np.ndarray, idf: np.ndarray, mean: np.ndarray,
+    @staticmethod
+    def _design(X_tf: sp.csr_matrix, D: np.ndarray, idf: np.ndarray, mean: np.ndarray,
                 std: np.ndarray) -> sp.csr_matrix:
-        from sklearn.preprocessing import normalize
-
-        X = X_tf.copy()
-        X.data *= idf[X.indices]
-        X = normalize(X, norm="l2", copy=False)
-        return sp.hstack([X, sp.csr_matrix((D - mean) / std * DENSE_WEIGHT)], format="csr")
+        return design_matrix(X_tf, D, idf, mean, std)
 
     @staticmethod
     def _dense(texts: list[str]) -> np.ndarray:
-        return np.array([dense_cues(t) for t in texts], dtype=np.float64).reshape(len(texts), N_DENSE)
+        return dense_matrix(texts)
 
     def _text_scores(self, texts: list[str], D: np.ndarray) -> np.ndarray:
         """The ridge text score of each text: (tf·idf)/‖tf·idf‖ · coef + dense part, computed

@@ -78,6 +78,33 @@ def dense_cues(text: str) -> list[float]:
     ]
 
 
+def tf_matrix(word: Any, char: Any, texts: list[str]) -> sp.csr_matrix:
+    """log(1 + tf) of the word and char hashed n-grams of each text's n-gram window,
+    stacked [word | char] (shape (n, 2·n_hash))."""
+    win = [ngram_window(t) for t in texts]
+    X = sp.hstack([word.transform(win), char.transform(win)], format="csr")
+    np.log1p(X.data, out=X.data)
+    return X
+
+
+def dense_matrix(texts: list[str]) -> np.ndarray:
+    """The dense cues of each text, unstandardized (shape (n, N_DENSE))."""
+    return np.array([dense_cues(t) for t in texts], dtype=np.float64).reshape(len(texts), N_DENSE)
+
+
+def design_matrix(X_tf: sp.csr_matrix, D: np.ndarray, idf: np.ndarray, dense_mean: np.ndarray,
+                  dense_std: np.ndarray) -> sp.csr_matrix:
+    """Ridge design: idf-weighted, row-L2-normalized tf (rows of zeros stay zero) beside the
+    standardized dense cues × DENSE_WEIGHT."""
+    from sklearn.preprocessing import normalize
+
+    X = X_tf.copy()
+    X.data *= idf[X.indices]
+    X = normalize(X, norm="l2", copy=False)
+    Dz = (D - dense_mean) / dense_std * DENSE_WEIGHT
+    return sp.hstack([X, sp.csr_matrix(Dz)], format="csr")
+
+
 @LENGTH_MODELS.register("classic")
 class ClassicLengthModel(LengthModel):
     """Ridge regression on hashed n-gram tf-idf + dense cues, log target (module docstring)."""
@@ -100,10 +127,7 @@ class ClassicLengthModel(LengthModel):
     # ---- features
 
     def _text_matrix(self, texts: list[str]) -> sp.csr_matrix:
-        win = [ngram_window(t) for t in texts]
-        X = sp.hstack([self._word.transform(win), self._char.transform(win)], format="csr")
-        np.log1p(X.data, out=X.data)
-        return X
+        return tf_matrix(self._word, self._char, texts)
 
     def _weighted(self, X: sp.csr_matrix) -> sp.csr_matrix:
         """idf-weighted, row-L2-normalized copy of a tf matrix (rows of zeros stay zero)."""
@@ -114,11 +138,10 @@ class ClassicLengthModel(LengthModel):
         return normalize(X, norm="l2", copy=False)
 
     def _dense(self, texts: list[str]) -> np.ndarray:
-        return np.array([dense_cues(t) for t in texts], dtype=np.float64).reshape(len(texts), N_DENSE)
+        return dense_matrix(texts)
 
     def _design(self, X_text: sp.csr_matrix, D: np.ndarray) -> sp.csr_matrix:
-        Dz = (D - self.dense_mean) / self.dense_std * DENSE_WEIGHT
-        return sp.hstack([self._weighted(X_text), sp.csr_matrix(Dz)], format="csr")
+        return design_matrix(X_text, D, self.idf, self.dense_mean, self.dense_std)
 
     # ---- training
 

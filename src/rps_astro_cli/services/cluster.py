@@ -60,15 +60,25 @@ REAL_ENGINE_START_TIMEOUT_S = 900.0  # vLLM loads weights / compiles: minutes, n
 STOP_GRACE_S = 5.0
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGTERM it when the supervisor dies, so a
-    killed `astro serve` never leaves orphans (no-op elsewhere)."""
+def _load_prctl() -> Any:
+    """libc's prctl, looked up once here in the parent: the child must not import or dlopen
+    between fork and exec (a multi-threaded parent can hold those locks at fork time)."""
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
     except (OSError, AttributeError):  # pragma: no cover - not Linux
-        pass
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the supervisor dies, so a
+    killed `astro serve` never leaves orphans (no-op elsewhere)."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def _interrupt(signum, _frame) -> None:
@@ -111,7 +121,7 @@ class Child:
         env = {k: v for k, v in os.environ.items() if k != "ASTRO_API_KEY"}  # only where asked
         env.update(self.env)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env=env, start_new_session=True, preexec_fn=_die_with_parent)
+                                     env=env, start_new_session=True, preexec_fn=die_with_parent)
         log.close()
         self.started_at = time.monotonic()
 
@@ -400,7 +410,11 @@ class ClusterSupervisor:
                 c.proc.wait(max(0.0, deadline - time.monotonic()))  # type: ignore[union-attr]
             except subprocess.TimeoutExpired:
                 c.proc.kill()  # type: ignore[union-attr]
-                c.proc.wait()  # type: ignore[union-attr]
+                try:
+                    c.proc.wait(grace_s)  # type: ignore[union-attr]
+                except subprocess.TimeoutExpired:  # unkillable (D state): report, never hang
+                    pid = c.proc.pid  # type: ignore[union-attr]
+                    self.report(f"warning: {c.name} (pid {pid}) did not exit after SIGKILL")
 
     def __enter__(self) -> ClusterSupervisor:
         self.start()
