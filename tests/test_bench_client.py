@@ -81,13 +81,14 @@ def test_one_token_output_has_no_tpot_and_no_itl():
     assert rec.normalized_s_per_token == pytest.approx(0.4)
 
 
-def test_zero_token_output_succeeds_without_ttft():
+def test_zero_token_output_is_a_failure():
+    """A complete stream with no output token is not an ok answer (issue 11)."""
     usage0 = {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 0}}
     rec = _run([(0.2, ev(delta(role="assistant"))), (0.3, ev(delta("", finish="stop"))), (0.6, ev(usage0)),
                 (0.7, ev(b"[DONE]"))])
-    assert rec.success and rec.output_tokens == 0
+    assert not rec.success and rec.output_tokens == 0 and rec.error == "stream ended with zero output tokens"
     assert rec.ttft_s is None and rec.tpot_s is None and rec.normalized_s_per_token is None
-    assert rec.e2e_s == pytest.approx(0.7)   # stream end when no content came
+    assert rec.e2e_s is None and rec.finish_s == pytest.approx(0.7)   # stream end when no content came
 
 
 def test_error_event_and_early_end_fail():
@@ -232,7 +233,8 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
     assert (o.num_requests, o.num_completed, o.num_failed) == (3, 2, 1)
     assert o.slo.good == 2 and o.slo.violation_rate == pytest.approx(1 / 3)
     assert o.ttft_s.count == 2
-    assert res.exit_code == 0
+    assert res.exit_code == 3  # one of three failed: partly failed (issue 11), not 0
+    assert any(r.startswith("1 of 3 requests failed") and "HTTP 500" in r for r in res.exit_reasons)
     for f in ("report.json", "requests.jsonl", "report.md", "report.html"):
         assert (tmp_path / "rep" / f).is_file()
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())

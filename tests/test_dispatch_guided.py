@@ -126,10 +126,22 @@ def test_power_of_k_tie_break_is_random():
     assert p.choose(loads, [0, 1], {0: est(1, 2.0), 1: est(1, 2.0 + 2e-6)}, rng).choice == 0
 
 
-def test_power_of_k_uses_only_answered_predictions():
-    loads = [InstanceLoad(0, True, 9), InstanceLoad(1, True, 0)]
-    d = make_dispatch("power_of_k").choose(loads, [0, 1], {0: est(0.1, 1.0)}, np.random.default_rng(0))
-    assert d.choice == 0  # the only one that answered, even though it is busier
+def test_power_of_k_unanswered_candidate_competes_on_load():
+    """A candidate whose Predictor did not answer is not starved (issue 11): it and the
+    best predicted candidate are compared by outstanding requests."""
+    rng = np.random.default_rng(0)
+    p = make_dispatch("power_of_k", k="all")
+    preds = {0: est(0.1, 1.0), 2: est(0.1, 0.5)}  # 2 is the best predicted; 1 did not answer
+    loads = [InstanceLoad(0, True, 0), InstanceLoad(1, True, 0), InstanceLoad(2, True, 9)]
+    d = p.choose(loads, [0, 1, 2], preds, rng)
+    assert d.choice == 1 and d.reason == "fallback: a predictor did not answer; fewest outstanding"
+    loads = [InstanceLoad(0, True, 0), InstanceLoad(1, True, 9), InstanceLoad(2, True, 3)]
+    d = p.choose(loads, [0, 1, 2], preds, rng)
+    assert d.choice == 2  # the busier unanswered one loses; 0 (predicted worse than 2) is out of the comparison
+    assert d.predictions == {0: (0.1, 1.0), 2: (0.1, 0.5)}
+    # equal load: a random tie between the best predicted and the unanswered one
+    loads = [InstanceLoad(i, True, 0) for i in range(3)]
+    assert {p.choose(loads, [0, 1, 2], preds, rng).choice for _ in range(50)} == {1, 2}
 
 
 def test_power_of_k_no_prediction_falls_back_to_least_requests_over_all_healthy():

@@ -89,7 +89,8 @@ def test_scheduler_follows_endpointslices(length_model, tmp_path):
         assert got[A]["engine_url"] == engs[0].url and got[B]["predictor_url"] == preds[1].url
         r = c.post("/v1/chat/completions", json=chat())
         assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unavailable"
-        assert c.get("/health").status_code == 503
+        assert c.get("/ready").status_code == 503  # readiness; /health is liveness (200, says why)
+        assert c.get("/health").json()["status"] == "unavailable"
 
         # both ready: requests reach both
         watch.put({"type": "MODIFIED", "object": pod_slice("101", A, *url[A], ready=True)})

@@ -151,10 +151,12 @@ def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, 
             for _ in range(3):
                 t0 = time.perf_counter()
                 r = c.post("/v1/chat/completions", json=chat())
-                assert r.status_code == 200 and r.headers["x-astro-instance"] == "engine-2"
+                assert r.status_code == 200
                 assert time.perf_counter() - t0 < 0.9  # never waited for the 1 s predictor
             decs = c.get("/decisions").json()[1:]
-            assert all(d["reason"] == "lowest e2e" and list(d["predictions"]) == ["2"] for d in decs), [
+            # the unanswered candidates compete with engine-2 on load (not starved)
+            unanswered = "fallback: a predictor did not answer; fewest outstanding"
+            assert all(d["reason"] == unanswered and list(d["predictions"]) == ["2"] for d in decs), [
                 (d["reason"], list(d["predictions"]), d["decide_us"]) for d in decs]
             assert max(d["decide_us"] for d in decs) < 500_000
             m = c.get("/metrics").text

@@ -25,11 +25,12 @@ from rps_astro_cli.errors import AstroUserError
 ARRIVAL_KINDS = ("poisson", "gamma", "constant", "trace")
 
 
-def parse_positive(text: str | float, flag: str, allow_inf: bool = True) -> float:
+def parse_positive(text: str | float, flag: str, allow_inf: bool = True, fix_inf: str | None = None) -> float:
     """Parse a rate/shape flag: a number > 0, or `inf` when `allow_inf`.
 
     Raises:
-        AstroUserError: not a number, ≤ 0, NaN, or inf when not allowed.
+        AstroUserError: not a number, ≤ 0, NaN, or inf when not allowed (`fix_inf`: what
+            to pass instead).
     """
     try:
         v = float(text)
@@ -39,7 +40,8 @@ def parse_positive(text: str | float, flag: str, allow_inf: bool = True) -> floa
         raise AstroUserError(f"must be > 0, got {text}", field=flag,
                              fix="use a positive number" + (" or inf" if allow_inf else ""))
     if math.isinf(v) and not allow_inf:
-        raise AstroUserError("must be finite", field=flag)
+        raise AstroUserError(f"must be a finite number > 0, got {text}", field=flag,
+                             fix=fix_inf or "pass a finite positive number")
     return v
 
 
@@ -113,6 +115,10 @@ def arrival_times(spec: ArrivalSpec, n: int, rng: np.random.Generator,
             raise AstroUserError("this workload has no timestamps to replay", field="--arrival",
                                  fix="use --arrival poisson/gamma/constant with --request-rate")
         t = np.asarray(trace_s[:n], dtype=float)
+        bad = np.flatnonzero(~np.isfinite(t))
+        if bad.size:
+            raise AstroUserError(f"request {int(bad[0])}'s trace timestamp is {t[bad[0]]}; timestamps must be "
+                                 "finite seconds", field="timestamp", fix="fix or drop that row of the trace")
         return (t - t[0]) * spec.time_scale
     if math.isinf(spec.rate_rps):
         return np.zeros(n)

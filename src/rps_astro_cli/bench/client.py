@@ -94,7 +94,8 @@ class StreamTimer:
     chunk_times_s: arrival of every content event. text: the content received.
     usage: the last `usage` object seen. response_id: the first event's `id` (astro's
     engines use it as the request id in `/status`). done: `[DONE]` seen. finished: a
-    `finish_reason` seen. error: an error event's message.
+    `finish_reason` seen (finish_reason: the last one, e.g. "stop" or "length"). error:
+    an error event's message.
     """
 
     chat: bool = True
@@ -106,6 +107,7 @@ class StreamTimer:
     response_id: str | None = None
     done: bool = False
     finished: bool = False
+    finish_reason: str | None = None
     error: str | None = None
     decoder: SSEDecoder = field(default_factory=SSEDecoder)
 
@@ -152,6 +154,7 @@ class StreamTimer:
                 content += ch.get("text") or ""
             if ch.get("finish_reason"):
                 self.finished = True
+                self.finish_reason = str(ch["finish_reason"])
         if content:
             if self.first_content_s is None:
                 self.first_content_s = t
@@ -217,6 +220,8 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                         req_class=MODALITY_CLASS.get(req.modality, "sand"),
                         prompt_tokens=req.prompt_tokens, expected_output_tokens=req.output_tokens,
                         scheduled_s=scheduled_s)
+    mt = body.get("max_tokens")
+    rec.max_tokens = mt if isinstance(mt, int) else None
     timer = StreamTimer(chat=path.endswith("chat/completions"))
     headers = {"content-type": "application/json"}
     if opts.api_key:
@@ -256,7 +261,7 @@ def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: Token
         rec.error = timer.error
     elif not (timer.done or timer.finished):
         rec.error = "stream ended early: no [DONE] and no finish_reason"
-    rec.success = rec.error is None
+    rec.finish_reason = timer.finish_reason
     rec.server_request_id = timer.response_id
     rec.first_token_s = timer.first_content_s
     rec.finish_s = timer.last_content_s if timer.last_content_s is not None else end_s
@@ -268,6 +273,9 @@ def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: Token
         rec.output_tokens, rec.output_tokens_source = counter(timer.text), "counted"
     if isinstance(usage.get("prompt_tokens"), int):
         rec.prompt_tokens = usage["prompt_tokens"]
+    if rec.error is None and rec.output_tokens == 0:  # a "successful" empty answer is a failure
+        rec.error = "stream ended with zero output tokens"
+    rec.success = rec.error is None
 
 
 def _error_text(data: bytes) -> str:

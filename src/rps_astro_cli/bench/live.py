@@ -297,6 +297,15 @@ class LiveTarget:
             if dn is not None:
                 reqs.append(dn)
         out["predictor_cpu_s_total"] = sum(cpu) if cpu else None
+        # is each sim engine's wall-clock loop keeping up with its step model? (absent on vLLM)
+        steps = [scrape.delta(b, a, "astro:engine_steps_total") for b, a in zip(before["engines"], after["engines"])]
+        late = [scrape.delta(b, a, "astro:engine_steps_late_total")
+                for b, a in zip(before["engines"], after["engines"])]
+        lag = [a.get("astro:engine_lag_seconds_max") for a in after["engines"] if a]
+        out["engine_steps"] = sum(s for s in steps if s is not None) if any(s is not None for s in steps) else None
+        out["engine_steps_late"] = sum(x for x in late if x is not None) if any(x is not None for x in late) else None
+        lags = [x for x in lag if x is not None]
+        out["engine_lag_s_max"] = max(lags) if lags else None  # largest since the engines started
         out["predictor_queries"] = int(sum(reqs)) if reqs else None
         out["predictor_cpu_ms_per_query"] = (1000 * sum(cpu) / sum(reqs)) if cpu and reqs and sum(reqs) else None
         vals = [p for p in pct if p is not None]

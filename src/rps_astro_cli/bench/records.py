@@ -63,6 +63,15 @@ class RequestRecord:
     predicted_ttft_s: float | None = None
     predicted_e2e_s: float | None = None
     isolated_e2e_s: float | None = None
+    finish_reason: str | None = None  # the stream's last finish_reason ("stop", "length", ...), when sent
+    max_tokens: int | None = None  # the max_tokens the request asked for (None: not sent)
+
+    @property
+    def truncated(self) -> bool:
+        """Ended by length before its `max_tokens` (e.g. cut at the model's context limit):
+        shorter than asked."""
+        return (self.success and self.finish_reason == "length" and self.max_tokens is not None
+                and self.output_tokens < self.max_tokens)
 
     # -- per-request metrics (formulas: docs/metrics.md) ------------------------------------
     @property
@@ -102,6 +111,6 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(ttft_s=self.ttft_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s,
+        d.update(ttft_s=self.ttft_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, truncated=self.truncated,
                  normalized_s_per_token=self.normalized_s_per_token)
         return d

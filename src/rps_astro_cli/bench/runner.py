@@ -76,8 +76,12 @@ class BenchResult:
     config: the config used. workload: `Workload.describe()`. target: what was measured
     (URLs, model, policy, profile...). runs: every run (capacity probes included).
     capacity: one `capacity.CapacityResult` per policy variant when searched.
-    exit_code: 0 ok, 1 every request of a run failed or `fail_under` failed.
-    exit_reasons: why exit_code is 1. out_dir: report folder or None.
+    exit_code (`EXIT_CODES`, documented in `astro bench --help`): 0 every request ok;
+    1 every request of a run failed, or `fail_under` failed; 3 some requests failed
+    (errors, zero-token streams) or outputs were cut short (finish_reason "length" below
+    max_tokens); 130 interrupted (Ctrl-C: the report holds what completed).
+    exit_reasons: why exit_code is not 0. out_dir: report folder or None.
+    interrupted: Ctrl-C stopped the benchmark.
     """
 
     config: BenchConfig
@@ -89,6 +93,23 @@ class BenchResult:
     exit_reasons: list[str] = field(default_factory=list)
     out_dir: Path | None = None
     warnings: list[str] = field(default_factory=list)
+    interrupted: bool = False
+
+    def flag(self, code: int, reason: str) -> None:
+        """Record an exit reason; the exit code becomes the most severe seen
+        (130 > 1 > 3 > 0)."""
+        self.exit_reasons.append(reason)
+        if _SEVERITY[code] > _SEVERITY[self.exit_code]:
+            self.exit_code = code
+
+
+EXIT_OK, EXIT_FAILED, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 3, 130
+EXIT_CODES = {EXIT_OK: "every request ok", EXIT_FAILED: "every request of a run failed, or --fail-under not met",
+              EXIT_PARTIAL: "some requests failed (errors, zero-token streams) or outputs were cut short",
+              EXIT_INTERRUPTED: "interrupted (Ctrl-C); the partial report holds what completed"}
+_SEVERITY = {EXIT_OK: 0, EXIT_PARTIAL: 1, EXIT_FAILED: 2, EXIT_INTERRUPTED: 3}
+LAG_WARN_S = 0.05  # wall seconds: send lag (p99) or engine step lag (max) past this is warned
+LATE_STEPS_WARN_FRAC = 0.05  # engine steps delivered late: warned past this fraction
 
 
 def _num(v: float) -> float | str:
@@ -243,6 +264,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
     result = BenchResult(config=config, workload=wl.describe(), target={}, runs=[],
                          warnings=list(wl.warnings))
+    current: dict[str, Any] = {}  # the run in progress: its label, start, records so far (for Ctrl-C)
     try:
         target.open()
         result.target = target.describe()
@@ -260,7 +282,16 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     label = f"{_ip} · {label}"
                 prog("run_start", label=label, total=len(wl.requests))
                 t0 = time.perf_counter()
-                records, extras = target.run(wl.requests, list(times), lambda r: prog("request", record=r))
+                done_so_far: list[RequestRecord] = []
+                current.update(label=label, policy=_p, k=_k, spec=spec, t0=t0, records=done_so_far)
+
+                def on_record(r: RequestRecord) -> None:
+                    done_so_far.append(r)
+                    prog("request", record=r)
+
+                records, extras = target.run(wl.requests, list(times), on_record)
+                current.clear()
+                _lag_extras(records, extras)
                 if slo.e2e_scale is not None:
                     target.fill_isolated(records)
                 pre = extras.get("preemptions_total")
@@ -269,6 +300,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                                 time.perf_counter() - t0,
                                 extras.get("instance_policy") if config.cluster.virtual else None)
                 result.runs.append(run)
+                _lag_warnings(result, run)
                 prog("run_end", run=run)
                 return run
 
@@ -308,6 +340,21 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             else:
                 for rate in (config.arrivals.rates_rps or [config.arrivals.request_rate_rps]):
                     run_at(rate)
+    except KeyboardInterrupt:  # Ctrl-C: keep what completed, exit 130
+        result.interrupted = True
+        n_done = 0
+        if current:
+            recs = list(current["records"])
+            n_done = len(recs)
+            label = current["label"] + " (interrupted)"
+            sp = current["spec"]
+            run = RunResult(label, current["policy"], current["k"], sp.rate_rps, sp.describe(),
+                            all_metrics(recs, slo, None), recs, {"interrupted": True},
+                            time.perf_counter() - current["t0"])
+            _lag_extras(recs, run.extras)
+            result.runs.append(run)
+        result.flag(EXIT_INTERRUPTED, f"interrupted (Ctrl-C): {n_done} of {len(wl.requests)} requests of the run "
+                    f"in progress had completed; the report holds the completed runs and those requests")
     finally:
         target.close()
     _exit_status(result, slo)
@@ -318,18 +365,50 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     return result
 
 
+def _lag_extras(records: list[RequestRecord], extras: dict[str, Any]) -> None:
+    """The bench's own send lag (actual − planned send time, wall s) and the count of
+    outputs cut short (`RequestRecord.truncated`), into the run's extras."""
+    lags = sorted(max(0.0, r.sent_s - r.scheduled_s) for r in records)
+    extras["send_lag_s_max"] = lags[-1] if lags else None
+    extras["send_lag_s_p99"] = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None
+    extras["outputs_truncated"] = sum(r.truncated for r in records)
+
+
+def _lag_warnings(result: BenchResult, run: RunResult) -> None:
+    """Warn when the figures of `run` depend on a loop that did not keep up: the bench's
+    send lag (P99) past LAG_WARN_S, or more than LATE_STEPS_WARN_FRAC of the engines'
+    steps in the run delivered late (astro:engine_steps_late_total)."""
+    x = run.extras
+    p99 = x.get("send_lag_s_p99")
+    if p99 is not None and p99 > LAG_WARN_S:
+        result.warnings.append(f"{run.label}: the bench sent requests late (send lag P99 {p99 * 1e3:.0f} ms, max "
+                               f"{x['send_lag_s_max'] * 1e3:.0f} ms): the client host is overloaded; latencies "
+                               "include it")
+    lag, late, steps = x.get("engine_lag_s_max"), x.get("engine_steps_late"), x.get("engine_steps")
+    if late and steps and late / steps > LATE_STEPS_WARN_FRAC:  # the lag gauge alone is a max since start
+        frac = f"{late / steps:.1%} of {steps:.0f} steps late"
+        lag_txt = f"max lag since start {lag * 1e3:.0f} ms" if lag is not None else "lag unknown"
+        result.warnings.append(f"{run.label}: the sim engines fell behind their step model ({frac}, {lag_txt}): "
+                               "host CPU load shows in these latencies; rerun on a quieter host")
+
+
 def _exit_status(result: BenchResult, slo: SloSpec) -> None:
     for run in result.runs:
         o = run.metrics["overall"]
         if o.num_requests and o.num_completed == 0:
-            result.exit_code = 1
-            result.exit_reasons.append(f"every request failed in run {run.label}: {top_errors(o.errors)}")
+            result.flag(EXIT_FAILED, f"every request failed in run {run.label}: {top_errors(o.errors)}")
+        elif o.num_failed:
+            result.flag(EXIT_PARTIAL, f"{o.num_failed} of {o.num_requests} requests failed in run {run.label}: "
+                        f"{top_errors(o.errors)}")
+        cut = run.extras.get("outputs_truncated")
+        if cut:
+            result.flag(EXIT_PARTIAL, f"{cut} of {o.num_requests} outputs were cut short in run {run.label} "
+                        "(finish_reason length before max_tokens: the model's context limit?)")
         if result.config.slo.fail_under is not None and o.slo is not None and o.num_requests:
             att = o.slo.good / o.num_requests
             if att < result.config.slo.fail_under:
-                result.exit_code = 1
-                result.exit_reasons.append(f"SLO attainment {att:.1%} < --fail-under "
-                                           f"{result.config.slo.fail_under:.1%} in run {run.label}")
+                result.flag(EXIT_FAILED, f"SLO attainment {att:.1%} < --fail-under "
+                            f"{result.config.slo.fail_under:.1%} in run {run.label}")
 
 
 __all__ = ["BenchResult", "RunResult", "run_bench"]

@@ -178,7 +178,7 @@ def _read_json_records(path: Path) -> list[dict[str, Any]]:
         raise AstroUserError(f"{path} is not UTF-8 text: {exc}", field="--path") from None
     try:
         if path.suffix == ".jsonl":
-            data = [json.loads(line) for line in text.splitlines() if line.strip()]
+            data = [json.loads(line) for line in text.split("\n") if line.strip()]  # not splitlines: U+2028 in strings
         else:
             data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -4,9 +4,11 @@ traces, and synthetic ShareGPT-like lengths (registry and data resolution: `work
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 
@@ -36,17 +38,27 @@ def _read_csv(path: Path, required: tuple[str, ...], what: str) -> list[dict[str
 
 
 def _int(v: str) -> int | None:
+    """A whole-number cell, or None (unparsable, nan, inf, fractional)."""
     try:
         f = float(v)
     except ValueError:
+        return None
+    if not math.isfinite(f):
         return None
     return int(f) if f == int(f) else None
 
 
 def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | None]],
-           opts: WorkloadOptions, source: str, skipped: Counter, prompt_first: bool = False) -> Workload:
+           opts: WorkloadOptions, source: str, skipped: Counter, prompt_first: bool = False,
+           ts_field: str = "Timestamp") -> Workload:
     """Build a lengths(+timestamps) workload from (row id, prompt, output, timestamp) rows, in
-    file order; the first `num_requests` valid rows are kept, timestamps made relative."""
+    file order; the first `num_requests` valid rows are kept, timestamps made relative
+    (to the first kept row) and sorted, with a warning when they were not in order.
+
+    Raises:
+        AstroUserError: a kept row's timestamp (column `ts_field`) is nan, inf or
+            negative (names the column and the row).
+    """
     out: list[BenchRequest] = []
     t0: float | None = None
     for rid, p, o, ts in rows:
@@ -55,6 +67,9 @@ def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | 
         if p is None or o is None:
             skipped["malformed"] += 1
             continue
+        if ts is not None and (not math.isfinite(ts) or ts < 0):
+            raise AstroUserError(f"{source}: row {rid}: {ts_field} is {ts}; timestamps must be finite seconds >= 0",
+                                 field=ts_field, fix="fix or drop that row of the trace")
         if not _length_ok(p, o, opts, False, skipped):
             continue
         if ts is not None and t0 is None:
@@ -62,9 +77,14 @@ def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | 
         arr = None if ts is None or t0 is None else ts - t0
         out.append(BenchRequest(f"{name}-{len(out)}", "", p, o, arrival_s=arr, source_id=rid))
     has_ts = bool(out) and all(r.arrival_s is not None for r in out)
+    warnings: list[str] = []
     if has_ts and any(b.arrival_s < a.arrival_s for a, b in zip(out, out[1:])):  # type: ignore[operator]
         out.sort(key=lambda r: r.arrival_s)  # type: ignore[arg-type,return-value]
-    warnings: list[str] = []
+        # rebase on the earliest kept row, so the first send is at 0 and none is negative
+        first = out[0].arrival_s or 0.0
+        out = [replace(r, arrival_s=(r.arrival_s or 0.0) - first) for r in out]
+        warnings.append(f"{name}: {ts_field} not in file order; requests sorted by it and replayed from the "
+                        "earliest")
     if len(out) < opts.num_requests:
         warnings.append(f"{name}: only {len(out)} usable rows for {opts.num_requests} requests "
                         f"(a trace is not repeated)")
@@ -101,7 +121,7 @@ def load_burstgpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
             p = _int(r["Request tokens"])
             yield str(i), p, (o if ts is not None else None), ts
 
-    wl = _trace("burstgpt", gen(), opts, f"{source} (BurstGPT {version})", skipped)
+    wl = _trace("burstgpt", gen(), opts, f"{source} (BurstGPT {version})", skipped, ts_field="Timestamp")
     return wl
 
 
@@ -131,7 +151,7 @@ def load_azure(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     skipped: Counter = Counter()
     gen = ((str(i), _int(r["ContextTokens"]), _int(r["GeneratedTokens"]), _azure_ts(r["TIMESTAMP"]))
            for i, r in enumerate(rows))
-    return _trace("azure", gen, opts, source, skipped)
+    return _trace("azure", gen, opts, source, skipped, ts_field="TIMESTAMP")
 
 
 LENGTH_TRACE_FILES = ("traces/astrolabe_sharegpt_val_10k_llama2.csv",)

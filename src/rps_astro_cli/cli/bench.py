@@ -92,6 +92,11 @@ def bench(
       astro bench --virtual --instances 12 -w length-trace -n 5000 \\
           --max-total-tokens 4096 --policies round_robin,llumnix,power_of_k \\
           --k 2,all --oracle-lengths --capacity
+
+    Exit codes: 0 every request ok; 1 every request of a run failed, or --fail-under
+    not met; 2 bad input (a flag or file); 3 some requests failed (errors, zero-token
+    streams) or outputs were cut short (finish_reason length before max_tokens);
+    130 interrupted (Ctrl-C), after writing the partial report.
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
@@ -102,7 +107,9 @@ def bench(
     # Parse-time checks: bad numbers fail before anything starts.
     rate = parse_positive(request_rate, "--request-rate")
     b = parse_positive(burstiness, "--burstiness") if burstiness is not None else 1.0
-    ts = parse_positive(time_scale, "--time-scale", allow_inf=False)
+    ts = parse_positive(time_scale, "--time-scale", allow_inf=False,
+                        fix_inf="pass a finite factor, e.g. 0.01 to replay the trace 100x faster; to send "
+                                "every request at once use --arrival constant --request-rate inf")
     if burstiness is not None and arrival == "poisson":
         arrival = "gamma"
     rate_list = parse_rates(rates) if rates is not None else None

@@ -88,6 +88,11 @@ class DispatchPolicy:
         each min-max normalised to [0, 1] (0 = best) and summed with their weights.
     picker: default the lowest cost, random tie-break. fallback: when no candidate is
         scored (None: the picker gets no scores).
+    unanswered: for a policy that reads predictions, when some candidates' Predictors
+        answered and others did not (dead, late, breaker open): the best predicted
+        candidate and the unanswered ones are compared by this load signal instead
+        (random ties), so an instance whose Predictor is down keeps getting its share
+        rather than losing every comparison (None: unanswered candidates just lose).
     """
 
     name: ClassVar[str] = "base"
@@ -97,6 +102,8 @@ class DispatchPolicy:
     scorers: tuple[tuple[Scorer, float], ...] = ()
     picker: Picker = MinScorePicker()
     fallback: Fallback | None = None
+    unanswered: Scorer | None = FEWEST_OUTSTANDING
+    unanswered_reason: ClassVar[str] = "fallback: a predictor did not answer; fewest outstanding"
 
     @property
     def needs_predictions(self) -> bool:
@@ -145,6 +152,12 @@ class DispatchPolicy:
             pool = list(candidates) if self.fallback.pool == "candidates" else self.filter(loads)
             values = self.fallback.scorer.score(by_index, pool, predictions)
             reason = self.fallback.reason
+        elif values and self.unanswered is not None and self.needs_predictions:
+            missing = [i for i in candidates if i not in predictions]
+            if missing:  # ranks in seconds cannot be compared with no rank: load decides
+                best = min(values, key=values.__getitem__)
+                values = self.unanswered.score(by_index, [best, *missing], predictions)
+                reason = self.unanswered_reason
         return values, reason
 
     def choose(

@@ -55,6 +55,10 @@ class EngineFault(RuntimeError):
     """The engine failed while serving a request (a server fault, not a user mistake)."""
 
 
+class EngineShutdown(EngineFault):
+    """The engine stopped (shut down, or its drain period ended) before the request did."""
+
+
 @dataclass(eq=False)
 class EngineRequest:
     """One served request: the instance model's state plus its delivery queue.
@@ -150,6 +154,17 @@ class SimEngine:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._t0 = 0.0
         self._closing = False
+        self.draining = False  # set on SIGTERM: new requests are refused, in-flight ones finish
+
+    def not_ready_reason(self) -> str | None:
+        """None when the engine takes new requests, else why not (for `GET /ready`)."""
+        if self._task is None:
+            return "engine loop not started"
+        if self._closing or self._task.done():
+            return "engine loop stopped"
+        if self.draining:
+            return "draining: shutting down, finishing in-flight requests"
+        return None
 
     # -- clock -----------------------------------------------------------------------
     def now_s(self) -> float:
@@ -180,7 +195,20 @@ class SimEngine:
             except (asyncio.CancelledError, Exception):
                 pass
         for er in list(self._live.values()):
-            self._fail(er, EngineFault("engine shut down"))
+            self._fail(er, EngineShutdown("engine shut down"))
+
+    def fail_all(self, reason: str) -> int:
+        """End every live request with `EngineShutdown(reason)` (the drain period is
+        over); returns how many."""
+        live = list(self._live.values())
+        for er in live:
+            self._fail(er, EngineShutdown(reason))
+        return len(live)
+
+    @property
+    def num_live(self) -> int:
+        """Requests admitted and not ended (preprocessing, waiting or running)."""
+        return len(self._live)
 
     # -- requests --------------------------------------------------------------------
     def target_output_tokens(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str]:

@@ -7,7 +7,8 @@ Routes:
   `stream_options.include_usage` a usage-only chunk (`choices: []`) precedes `[DONE]`.
   Chat streams send the `{"role": "assistant"}` delta together with the first token (as
   vLLM does), so a client's first chunk marks the first token.
-- `GET /v1/models`, `GET /health`, `GET /status` (the `InstanceStatus` snapshot; requests
+- `GET /v1/models`, `GET /health` (liveness), `GET /ready` (readiness: 503 before the
+  engine loop runs and while draining), `GET /status` (the `InstanceStatus` snapshot; requests
   still in multimodal preprocessing are not in it yet: they are not schedulable),
   `GET /metrics` (Prometheus text, vLLM's metric names, one CollectorRegistry per app):
   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
@@ -46,7 +47,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, SimEngine
+from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutdown, SimEngine
 from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.protocol.openai import (
     ApiError,
@@ -228,6 +229,13 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     async def health() -> dict[str, Any]:
         return {"status": "ok", "instance_id": engine.instance_id}
 
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        why = engine.not_ready_reason()
+        if why is None:
+            return JSONResponse({"ready": True, "instance_id": engine.instance_id})
+        return JSONResponse({"ready": False, "instance_id": engine.instance_id, "reason": why}, status_code=503)
+
     @app.get("/v1/models")
     async def models(request: Request) -> dict[str, Any]:
         _check_key(request)
@@ -247,6 +255,9 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
 
     async def _handle(request: Request, endpoint: str) -> Response:
         _check_key(request)
+        if engine.draining:
+            raise ApiError(503, "engine is shutting down (draining); send the request to another instance",
+                           param=None)
         body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
         if endpoint == "completions":
             req = parse_completion_request(body, ctx.counter)
@@ -389,6 +400,9 @@ async def _complete(request: Request, engine: SimEngine, er: EngineRequest, fmt:
         tg.start_soon(watch)
     if not result:  # client gone: nobody reads this response
         return Response(status_code=499)
+    if isinstance(result[0], EngineShutdown):  # shut down / drain over: 503, try elsewhere (no traceback)
+        return JSONResponse({"error": {"message": str(result[0]), "type": "engine_unavailable", "param": None,
+                                       "code": 503}}, status_code=503)
     if isinstance(result[0], Exception):
         raise result[0]
     return JSONResponse(fmt.full(er, _usage(er)))
@@ -408,6 +422,28 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     Raises:
         AstroUserError: the address cannot be bound.
     """
+    from rps_astro_cli.protocol.http_server import drain_seconds
+
     app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
                      counter=counter)
-    serve_blocking(app, host, port, log_level, ready_file)
+    drain_s = drain_seconds()
+    serve_blocking(app, host, port, log_level, ready_file, on_exit=lambda: start_drain(engine, drain_s),
+                   drain_s=drain_s + 1.0)
+
+
+def start_drain(engine: SimEngine, drain_s: float) -> None:
+    """SIGTERM: stop admitting (new requests 503, `/ready` 503) and give in-flight
+    requests `drain_s` seconds; then end the rest with a clean error (a 503 body or an SSE
+    error event), before the server's own deadline (`drain_s` + 1) would cancel them.
+    Call on the engine's event loop."""
+    import asyncio
+
+    engine.draining = True
+    log.warning("draining: %d request(s) in flight, %.1f s to finish", engine.num_live, drain_s)
+
+    def cut() -> None:
+        n = engine.fail_all(f"engine shut down: the {drain_s:g} s drain period ended first")
+        if n:
+            log.warning("drain period over: %d request(s) ended unfinished", n)
+
+    asyncio.get_running_loop().call_later(drain_s, cut)

@@ -1,7 +1,9 @@
 """Training/evaluation data for response-length models: (prompt, response tokens) pairs.
 
 Sources (`load_length_data`):
-- ShareGPT JSON/JSONL (`[{id, conversations: [{from, value}]}]`): every adjacent
+- Conversations, JSON/JSONL: ShareGPT (`[{id, conversations: [{from, value}]}]`), OpenAI
+  chat (`{messages: [{role, content}]}`) or LMSYS-Chat-1M (`{conversation_id,
+  conversation: [{role, content}]}`); every adjacent
   human → gpt turn pair is one sample (so a 3-exchange conversation gives 3 samples);
   the target is the reply's length in target-model tokens (a local tokenizer, or the
   shared fallback counter `rps_astro_cli.tokens.count_tokens_fallback`). Optionally the
@@ -193,16 +195,31 @@ def read_text_file(path: Path) -> str:
         ) from None
 
 
+CONVERSATION_FIELDS = ("conversations", "conversation", "messages")  # ShareGPT, LMSYS-Chat, OpenAI
+
+
+def conversation_field(rec: Any) -> str | None:
+    """The record's list-of-turns field: ShareGPT `conversations` ({from, value} turns),
+    LMSYS-Chat-1M `conversation` or OpenAI `messages` ({role, content} turns); None
+    when it has none."""
+    if isinstance(rec, dict):
+        for k in CONVERSATION_FIELDS:
+            if isinstance(rec.get(k), list):
+                return k
+    return None
+
+
 def _sharegpt_samples(
     records: Iterable[Any], counter: TokenCounter, context_turns: int, notes: list[str], where: str
 ) -> Iterator[LengthSample]:
     n_empty_prompt = n_empty_reply = n_parts = n_bad = 0
     for row, rec in enumerate(records):
-        turns = rec.get("conversations") if isinstance(rec, dict) else None
+        key = conversation_field(rec)
+        turns = rec.get(key) if key is not None else None
         if not isinstance(turns, list):
             n_bad += 1
             continue
-        cid = conversation_key(rec.get("id"), row)
+        cid = conversation_key(rec.get("id", rec.get("conversation_id")), row)
         texts: list[str] = []
         roles: list[str] = []
         for t_i, turn in enumerate(turns):
@@ -211,10 +228,11 @@ def _sharegpt_samples(
                 texts.append("")
                 roles.append("")
                 continue
-            text, ignored = text_from_content(turn.get("value"), where=f"{where}[{row}].conversations[{t_i}].value")
+            tkey = "value" if "value" in turn else "content"  # ShareGPT | OpenAI / LMSYS-Chat
+            text, ignored = text_from_content(turn.get(tkey), where=f"{where}[{row}].{key}[{t_i}].{tkey}")
             n_parts += ignored
             texts.append(text)
-            roles.append(str(turn.get("from", "")).lower())
+            roles.append(str(turn.get("from", turn.get("role", ""))).lower())
         for i in range(len(turns) - 1):
             if roles[i] not in HUMAN_ROLES or roles[i + 1] not in REPLY_ROLES:
                 continue
@@ -321,7 +339,7 @@ def load_length_data(
             samples = list(_pair_samples(enumerate(reader, start=2), counter, notes, str(path)))
         elif suffix == ".jsonl":
             recs = []
-            for n, line in enumerate(text.splitlines(), start=1):
+            for n, line in enumerate(text.split("\n"), start=1):  # only \n: U+2028 may sit inside a string
                 if line.strip():
                     try:
                         recs.append((n, json.loads(line)))
@@ -345,12 +363,19 @@ def load_length_data(
 def _samples_from_records(
     recs: list[tuple[int, Any]], counter: TokenCounter, context_turns: int, notes: list[str], where: str
 ) -> Iterator[LengthSample]:
-    if recs and isinstance(recs[0][1], dict) and "conversations" in recs[0][1]:
+    if recs and conversation_field(recs[0][1]) is not None:
         yield from _sharegpt_samples((r for _, r in recs), counter, context_turns, notes, where)
     else:
         for row, r in recs:
             if not isinstance(r, dict):
                 raise AstroUserError(f"{where}: record {row} is not an object", field="--data")
+            if "prompt" not in r:
+                raise AstroUserError(
+                    f"{where}: record {row} has none of the fields prompt, "
+                    f"{', '.join(CONVERSATION_FIELDS)} (found: {', '.join(map(str, r)) or 'none'})",
+                    field="--data",
+                    fix="give ShareGPT {conversations: [{from, value}]}, OpenAI {messages: [{role, content}]}, "
+                        "LMSYS-Chat {conversation: [{role, content}]} or {prompt, response_tokens} records")
         yield from _pair_samples(recs, counter, notes, where)
 
 

@@ -4,9 +4,13 @@ supervisors), and a background server thread for tests and whole-cluster mode.""
 
 from __future__ import annotations
 
+import asyncio
+import os
 import socket
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -37,30 +41,84 @@ def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     return sock
 
 
-def _uvicorn_server(app: FastAPI, log_level: str):
+DRAIN_S_ENV = "ASTRO_DRAIN_S"  # seconds in-flight requests get to finish after SIGTERM
+DEFAULT_DRAIN_S = 4.0  # under the `astro serve` supervisor's 5 s SIGTERM → SIGKILL grace
+
+
+def drain_seconds() -> float:
+    """The drain bound: `$ASTRO_DRAIN_S` (seconds ≥ 0) or DEFAULT_DRAIN_S.
+
+    Raises:
+        AstroUserError: not a finite number ≥ 0 (names the variable).
+    """
+    import math
+
+    from rps_astro_cli.errors import AstroUserError
+
+    raw = os.environ.get(DRAIN_S_ENV)
+    if raw is None or raw == "":
+        return DEFAULT_DRAIN_S
+    try:
+        v = float(raw)
+    except ValueError:
+        v = -1.0
+    if not math.isfinite(v) or v < 0:
+        raise AstroUserError(f"{DRAIN_S_ENV}={raw!r} is not a number of seconds >= 0", field=DRAIN_S_ENV,
+                             fix="set e.g. ASTRO_DRAIN_S=30 (0 = cut in-flight requests at once)")
+    return v
+
+
+def _uvicorn_server(app: FastAPI, log_level: str, drain_s: float = 2.0, on_exit: Callable[[], None] | None = None):
+    import signal
+
     import uvicorn
 
+    class _Server(uvicorn.Server):
+        """uvicorn's server; the first SIGINT/SIGTERM also calls `on_exit` (on the event
+        loop) so the app can stop admitting, and a SIGTERM that ended a clean drain is
+        not re-raised after it (the process exits 0)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if sig == signal.SIGTERM:
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list) and sig in captured:
+                    captured.remove(sig)
+            if first and on_exit is not None:
+                try:
+                    asyncio.get_running_loop().call_soon_threadsafe(on_exit)
+                except RuntimeError:  # no loop in this thread (not started yet)
+                    on_exit()
+
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
-                            lifespan="on", timeout_graceful_shutdown=2)
-    return uvicorn.Server(config)
+                            lifespan="on", timeout_graceful_shutdown=drain_s)
+    return _Server(config)
 
 
 def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning",
-                   ready_file: str | None = None, *, use_uvloop: bool = False) -> None:
+                   ready_file: str | None = None, *, use_uvloop: bool = False,
+                   on_exit: Callable[[], None] | None = None, drain_s: float | None = None) -> None:
     """Serve `app` with uvicorn on host:port (port 0 = any free port) until interrupted
     (blocking). Once listening, prints `ready: http://HOST:PORT` on stdout and writes that
     URL to `ready_file` (when given), so a supervisor can learn the port. `use_uvloop`
-    runs the event loop on uvloop when it is installed (else asyncio). Shared by the
+    runs the event loop on uvicorn's uvloop when it is installed (else asyncio). Shared by the
     engine (`engine.sim_server.run_engine`) and the services (`services.http_common.run_app`).
 
-    Raises:
-        AstroUserError: the address cannot be bound.
-    """
-    import asyncio
+    SIGTERM / SIGINT drain: the listener closes at once (no new connections; idle
+    keep-alive ones are closed), `on_exit()` is called on the event loop (the app stops
+    admitting: `/ready` 503), in-flight requests get `drain_s` seconds (default
+    `drain_seconds()`: $ASTRO_DRAIN_S or 4 s) to finish, then the rest are cancelled; after
+    SIGTERM the process returns normally (exit code 0).
 
+    Raises:
+        AstroUserError: the address cannot be bound; a bad $ASTRO_DRAIN_S.
+    """
+    if drain_s is None:
+        drain_s = drain_seconds()
     sock = bind_socket(host, port)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
-    server = _uvicorn_server(app, log_level)
+    server = _uvicorn_server(app, log_level, drain_s, on_exit)
 
     async def main() -> None:
         task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -104,8 +162,6 @@ class ServerThread:
         self.timeout_s = timeout_s
 
     def _run(self) -> None:
-        import asyncio
-
         asyncio.run(self.server.serve(sockets=[self.sock]))
 
     def start(self) -> ServerThread:

@@ -43,6 +43,7 @@ import base64
 import binascii
 import ipaddress
 import json
+import re
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -172,19 +173,52 @@ def http_error_body(status_code: int, method: str, path: str, detail: Any = None
 
 
 # -- body ------------------------------------------------------------------------------
+MAX_JSON_DEPTH = 64  # arrays/objects nested deeper are refused (OpenAI bodies need < 10)
+_JSON_TOKENS = re.compile(rb'"(?:[^"\\]|\\.)*"|[\[\]{}]')  # a string (skipped whole) or a bracket
+
+
+def json_depth(raw: bytes) -> int:
+    """How deeply arrays/objects nest in the JSON text `raw` (brackets inside strings do
+    not count), or, when `raw` holds at most MAX_JSON_DEPTH brackets, their count (an
+    upper bound that needs no scan: the common case costs two `bytes.count`)."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:
+        return raw.count(b"[") + raw.count(b"{")  # an upper bound: no scan needed
+    depth = best = 0
+    for m in _JSON_TOKENS.finditer(raw):
+        c = m.group()
+        if c in (b"[", b"{"):
+            depth += 1
+            best = max(best, depth)
+        elif c in (b"]", b"}"):
+            depth -= 1
+    return best
+
+
+def check_json_depth(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """None when `raw` nests at most `max_depth` deep, else the one-line problem."""
+    if json_depth(raw) > max_depth:
+        return f"body: JSON nested more than {max_depth} levels deep; flatten the request"
+    return None
+
+
 def decode_json_body(raw: bytes, max_body_bytes: int | None = None) -> dict[str, Any]:
     """Parse a request body into a JSON object.
 
     Raises:
-        ApiError: 413 over `max_body_bytes`; 400 not JSON or not an object.
+        ApiError: 413 over `max_body_bytes`; 400 not JSON, nested deeper than
+            `MAX_JSON_DEPTH`, or not an object.
     """
     if max_body_bytes is not None and len(raw) > max_body_bytes:
         raise ApiError(413, f"request body is {len(raw)} bytes, over the limit of {max_body_bytes}",
                        param="body")
+    if (why := check_json_depth(raw)) is not None:
+        raise ApiError(400, why, param="body")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"body: malformed JSON ({exc})", param="body") from None
+    except RecursionError:  # pragma: no cover - the depth check comes first
+        raise ApiError(400, f"body: JSON nested too deeply (limit {MAX_JSON_DEPTH})", param="body") from None
     if not isinstance(body, dict):
         raise ApiError(400, "body: must be a JSON object", param="body")
     return body

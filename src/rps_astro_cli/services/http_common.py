@@ -14,6 +14,7 @@ import json
 import logging
 import secrets
 import socket
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -151,6 +152,10 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Parse `raw` as a JSON object. Raises HTTPUserError(400) naming the problem."""
+    from rps_astro_cli.protocol.openai import check_json_depth
+
+    if (why := check_json_depth(raw)) is not None:
+        raise HTTPUserError(400, why, "body")
     try:
         body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -167,14 +172,29 @@ def metrics_response(registry) -> Response:
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
 
-def add_health_and_metrics(app: FastAPI, registry, fields: dict[str, Any]) -> None:
-    """Register a service's GET /health (`{"status": "ok", **fields}`, e.g. its role) and
-    GET /metrics (Prometheus text exposition of `registry`) on `app`."""
+def add_health_and_metrics(app: FastAPI, registry, fields: dict[str, Any],
+                           problem: Callable[[], str | None] | None = None,
+                           ready: Callable[[], Awaitable[str | None]] | None = None) -> None:
+    """Register a service's GET /health, GET /ready and GET /metrics on `app`.
+
+    /health is liveness: always 200 while the process serves, `{"status": "ok", **fields}`
+    (e.g. its role), or `"degraded"` with `"problem"` when `problem()` names one (say,
+    the Predictor's last engine `/status` fetch failed). /ready is readiness: 200
+    `{"ready": true}` unless `await ready()` returns a reason, then 503 with it (no
+    `ready`: ready as soon as it serves). /metrics: Prometheus text of `registry`."""
     body = {"status": "ok", **fields}
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return dict(body)
+        why = problem() if problem is not None else None
+        return dict(body) if why is None else {**body, "status": "degraded", "problem": why}
+
+    @app.get("/ready")
+    async def is_ready() -> JSONResponse:
+        why = await ready() if ready is not None else None
+        if why is None:
+            return JSONResponse({"ready": True, "role": fields.get("role")})
+        return JSONResponse({"ready": False, "role": fields.get("role"), "reason": why}, status_code=503)
 
     @app.get("/metrics")
     async def metrics():
@@ -212,14 +232,16 @@ def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
 
 
 def run_app(app: FastAPI | FastRoutes, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
-            ready_file: str | None = None) -> None:
+            ready_file: str | None = None, on_exit: Callable[[], None] | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port.
     Once listening, prints `ready: http://HOST:PORT` and writes that URL to `ready_file`
-    (when given), as the engine does, so a supervisor can learn the port.
+    (when given), as the engine does, so a supervisor can learn the port. SIGTERM drains
+    (`protocol.http_server.serve_blocking`): `on_exit()` runs first, in-flight requests
+    get $ASTRO_DRAIN_S (4 s) to finish, then exit 0.
 
     Raises:
         AstroUserError: the address cannot be bound.
     """
     from rps_astro_cli.protocol.http_server import serve_blocking
 
-    serve_blocking(app, host, port, log_level, ready_file, use_uvloop=True)
+    serve_blocking(app, host, port, log_level, ready_file, use_uvloop=True, on_exit=on_exit)

@@ -139,6 +139,15 @@ class Predictor:
         # the model and policy of the last status predicted on: a cached status serves
         # many predicts, so they are resolved once per fetched status, not per predict
         self._resolved: tuple[InstanceStatus, LatencyModel, InstancePolicy] | None = None
+        self.last_error: str | None = None  # why the last engine /status fetch failed (None: it did not)
+
+    async def ready(self) -> str | None:
+        """None when the engine's `/status` answers (a cached one counts), else why not."""
+        try:
+            await self.status()
+        except (TimeoutError, RpcError, AstroUserError, ValueError, OSError) as exc:
+            return f"engine {self.settings.engine_url} /status: {type(exc).__name__}: {exc}"[:200]
+        return None
 
     # -- engine status -----------------------------------------------------------------
     async def status(self) -> tuple[InstanceStatus, float]:
@@ -174,12 +183,14 @@ class Predictor:
             if resp.status != 200:
                 raise RpcError(f"engine /status answered {resp.status}")
             st = InstanceStatus.from_dict(json.loads(body))
-        except BaseException:
+        except BaseException as exc:
+            self.last_error = f"engine {self.settings.engine_url} /status failed: {type(exc).__name__}: {exc}"[:200]
             self.on_fetch("error")
             raise
         finally:
             self._inflight = None
         self._status, self._status_at = st, time.monotonic()
+        self.last_error = None
         self.on_fetch("ok")
         return st
 
@@ -230,7 +241,8 @@ def _swallow(t: asyncio.Future) -> None:
 
 
 def create_app(settings: PredictorSettings) -> FastRoutes:
-    """The Predictor's ASGI app (routes: /predict, /health, /metrics); `app.state.predictor`
+    """The Predictor's ASGI app (routes: /predict, /health (degraded once
+    its engine's /status fails), /ready (503 until the engine's /status answers), /metrics); `app.state.predictor`
     is its `Predictor`."""
     from contextlib import asynccontextmanager
 
@@ -256,7 +268,9 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
     app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
-    add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url})
+    add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url},
+                           problem=lambda: app.state.predictor.last_error,
+                           ready=lambda: app.state.predictor.ready())
 
     async def predict(request: Request):
         t0 = time.perf_counter()

@@ -132,7 +132,8 @@ class Tagger:
 
 
 def create_app(settings: TaggerSettings) -> FastRoutes:
-    """The tagger's FastAPI app (routes: /tag, /health, /metrics)."""
+    """The tagger's FastAPI app (routes: /tag, /health, /ready (ready once its length model is
+    loaded, i.e. as soon as it serves), /metrics)."""
     from prometheus_client import Counter, Histogram
 
     reg = new_registry()

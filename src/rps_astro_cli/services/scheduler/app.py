@@ -47,6 +47,7 @@ class Scheduler:
         self.discovered: InstanceSet | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self._by_key: dict[str, InstanceState] = {}  # discovery key (pod UID) → its state
+        self.draining = False  # SIGTERM seen: /ready is 503 while in-flight requests finish
 
     def on_instance_event(self, ev: InstanceEvent) -> None:
         """Apply one discovery event: added → a new state, not dispatchable; ready →
@@ -88,7 +89,7 @@ class Scheduler:
 
 def create_app(settings: SchedulerSettings) -> FastRoutes:
     """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models,
-    /health, /metrics, /decisions, /instances (a `FastRoutes` over a FastAPI app; the
+    /health (liveness), /ready (readiness), /metrics, /decisions, /instances (a `FastRoutes` over a FastAPI app; the
     Scheduler is `app.state.scheduler`)."""
     from contextlib import asynccontextmanager
 
@@ -124,20 +125,42 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
 
     @app.get("/health")
     async def health():
+        """Liveness (always 200 while the process serves): `status` ok | degraded (some
+        engine breaker open or some Predictor failing: `problems` says which and why) |
+        unavailable (no instance can take a request)."""
         n = sum(st.healthy and st.dispatchable for st in sched.instances)
-        body = {"status": "ok" if n else "degraded", "role": "scheduler", "healthy_instances": n,
+        problems = {st.ep.name: p for st in sched.instances if (p := st.problems())}
+        status = "unavailable" if not n else "degraded" if problems else "ok"
+        body = {"status": status, "role": "scheduler", "healthy_instances": n,
                 "instances": len(sched.instances), "policy": sched.dispatcher.describe()}
+        if problems:
+            body["problems"] = problems
         if sched.watcher is not None:
             body["discovery"] = {"lists": sched.watcher.stats.lists, "errors": sched.watcher.stats.errors,
                                  "last_error": sched.watcher.stats.last_error}
-        return JSONResponse(body, status_code=200 if n else 503)
+        return JSONResponse(body)
+
+    @app.get("/ready")
+    async def ready():
+        """Readiness: 200 once some dispatchable instance's engine answers its health
+        check (a request would reach an engine), else 503 naming why."""
+        n = sum(st.healthy and st.dispatchable for st in sched.instances)
+        if sched.draining:
+            return JSONResponse({"ready": False, "reason": "draining: shutting down"}, status_code=503)
+        if n:
+            return JSONResponse({"ready": True, "healthy_instances": n})
+        why = ("no instance known yet" if not len(sched.instances)
+               else "no dispatchable instance's engine answers its health check")
+        return JSONResponse({"ready": False, "reason": why,
+                             "problems": {st.ep.name: st.problems() for st in sched.instances}}, status_code=503)
 
     @app.get("/instances")
     async def instances(request: Request):
         check_api_key(request, settings.api_key)
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
                  "healthy": st.healthy, "dispatchable": st.dispatchable, "phase": st.phase,
-                 "outstanding_requests": st.outstanding, "dispatched": st.dispatched}
+                 "outstanding_requests": st.outstanding, "dispatched": st.dispatched,
+                 "engine_error": st.engine_error, "predictor_error": st.predictor_error}
                 for st in sched.instances]
 
     @app.get("/decisions")
@@ -161,4 +184,11 @@ def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: 
 
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    run_app(create_app(settings), host, port, log_level, ready_file)
+    app = create_app(settings)
+    sched: Scheduler = app.state.scheduler
+
+    def drain() -> None:  # SIGTERM: /ready turns 503; in-flight relays get the drain period
+        sched.draining = True
+        log.warning("draining: %d request(s) in flight", sum(st.outstanding for st in sched.instances))
+
+    run_app(app, host, port, log_level, ready_file, on_exit=drain)

@@ -13,7 +13,11 @@
    is retried once on another instance (the failed one's breaker opens).
 
 Every request ends in a response or an error the client sees, and in one
-`DecisionRecord` (`GET /decisions`).
+`DecisionRecord` (`GET /decisions`). A client that disconnects before the response is
+handed over (while dispatching, waiting for a non-streaming response or a stream's first
+chunk) cancels the forward: the engine connection is closed, so the engine aborts the
+request (outcome `client_disconnected`); a relayed stream does the same
+(`relay.stream_response`).
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ def candidate_of(tag: TagResult | None, parsed: oa.ParsedRequest, default_output
         cand = CandidateRequest(cand.prompt_tokens, out_tokens, cand.modality, cand.vision_tokens, cand.encoder_s,
                                 cand.preprocess_s, parsed.req_class or None)
     return cand
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the client has disconnected (its body was read to the end already, so
+    the next ASGI message is `http.disconnect`)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class FrontDoor:
@@ -115,7 +126,22 @@ class FrontDoor:
         payload = json.dumps(body).encode()
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
-        return await self._forward(endpoint, payload, parsed.stream, cand, rec, t0)
+        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not fwd.done():  # the client left (or this handler was cancelled): abort upstream
+                fwd.cancel()
+                await asyncio.gather(fwd, return_exceptions=True)
+        if not fwd.cancelled():
+            return fwd.result()
+        # closing the engine connection mid-response makes the engine abort the request
+        self.m.requests.labels(endpoint, "client_disconnected").inc()
+        rec.outcome = "client_disconnected"
+        self.decisions.append(rec)
+        return Response(status_code=499)
 
     async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
                        rec: DecisionRecord, t0: float) -> Response:

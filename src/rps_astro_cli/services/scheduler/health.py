@@ -1,5 +1,6 @@
 """Health checks: readmit instances whose circuit breaker opened, poll `/status` for
-status-based policies, and learn the served model names.
+status-based policies, check each instance's Predictor (`/health`), and learn the served
+model names.
 
 A connection error or timeout on the hot path marks an instance unhealthy at once
 (`Instances.mark_failed`); this loop re-checks the broken ones every
@@ -59,8 +60,33 @@ class HealthMonitor:
                     self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
         except (TimeoutError, httpx.HTTPError, RpcError, ValueError, KeyError, TypeError) as exc:
             self.instances.mark_failed(st, f"health check: {exc!r}")
-            return
-        self.instances.mark_ok(st)
+        else:
+            self.instances.mark_ok(st)
+        if st.ep.predictor_url:
+            await self.check_predictor(st)
+
+    async def check_predictor(self, st: InstanceState) -> None:
+        """`GET /health` of `st`'s Predictor: a failure, or a body whose status is not
+        "ok" (its engine's /status fails), is recorded as its `predictor_error` (shown by
+        `/health` and `/instances`); a pass clears only an error a health check set (a
+        failed predict RPC is cleared by the next one that succeeds)."""
+        why = None
+        try:
+            r = await self.clients.http(st.ep.predictor_url).get("/health", timeout=1.0)
+            if r.status_code != 200:
+                why = f"/health answered {r.status_code}"
+            else:
+                body = r.json()
+                if body.get("status") != "ok":
+                    why = f"reports {body.get('status')!r}: {body.get('problem') or 'no reason given'}"
+        except (TimeoutError, httpx.HTTPError, ValueError, AttributeError) as exc:
+            why = repr(exc)
+        if why is not None:
+            if st.predictor_error is None:
+                log.warning("predictor of %s: %s", st.ep.name, why)
+            st.predictor_error = f"health check: {why}"[:200]
+        elif st.predictor_error is not None and st.predictor_error.startswith("health check"):
+            st.predictor_error = None
 
     async def check_all(self) -> None:
         await asyncio.gather(*(self.check(st) for st in self.instances))
@@ -92,7 +118,7 @@ class HealthMonitor:
                     last_full = time.monotonic()
                     await self.check_all()
                 else:
-                    broken = [st for st in self.instances if not st.healthy]
+                    broken = [st for st in self.instances if not st.healthy or st.predictor_error is not None]
                     if broken:
                         await asyncio.gather(*(self.check(st) for st in broken))
             except Exception:  # pragma: no cover - keep the loop alive whatever happens

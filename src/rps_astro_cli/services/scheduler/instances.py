@@ -30,7 +30,7 @@ class InstanceState:
     """One instance's live state (mutable, event-loop only)."""
 
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
-                 "dispatched", "predictor_failures", "predictor_skip_until")
+                 "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -44,6 +44,17 @@ class InstanceState:
         self.load_fields: dict[str, int] = {}  # `InstanceLoad.status_fields` of its latest /status
         self.predictor_failures = 0  # consecutive late/failed predict RPCs
         self.predictor_skip_until = 0.0  # time.monotonic() until which its Predictor is not asked
+        self.engine_error: str | None = None  # why its breaker opened (None while healthy)
+        self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
+
+    def problems(self) -> list[str]:
+        """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
+        out = []
+        if not self.healthy:
+            out.append(f"engine: {self.engine_error or 'unhealthy'}")
+        if self.predictor_error is not None:
+            out.append(f"predictor: {self.predictor_error} (dispatch falls back to load for it)")
+        return out
 
     def load(self, position: int, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
@@ -112,6 +123,7 @@ class Instances:
 
     def mark_failed(self, st: InstanceState, why: str) -> None:
         """Open the circuit breaker of `st` (out of rotation until a health check passes)."""
+        st.engine_error = why
         if st.healthy:
             st.healthy = False
             if not st.removed:
@@ -121,6 +133,7 @@ class Instances:
 
     def mark_ok(self, st: InstanceState) -> None:
         """Close the circuit breaker of `st` (back in rotation if dispatchable)."""
+        st.engine_error = None
         if not st.healthy:
             st.healthy = True
             if not st.removed:

@@ -63,20 +63,22 @@ class PredictClient:
         for t in pending:  # late: skipped; left to finish in the background
             t.add_done_callback(swallow)
             self.m.predict_rpcs.labels(self.policy_name, "timeout").inc()
-            self._failed(states[tasks[t]])
+            self._failed(states[tasks[t]], f"no answer within the {self.s.predict_deadline_s * 1e3:.0f} ms deadline")
         for t in done:
             exc = t.exception()
             if exc is None:
                 out[tasks[t]] = t.result()
                 self.m.predict_rpcs.labels(self.policy_name, "ok").inc()
                 states[tasks[t]].predictor_failures = 0
+                states[tasks[t]].predictor_error = None
             else:
                 outcome = "timeout" if isinstance(exc, asyncio.TimeoutError) else "error"
                 self.m.predict_rpcs.labels(self.policy_name, outcome).inc()
-                self._failed(states[tasks[t]])
+                self._failed(states[tasks[t]], f"{outcome}: {type(exc).__name__}: {exc}"[:200])
         return out
 
-    def _failed(self, st: InstanceState) -> None:
+    def _failed(self, st: InstanceState, why: str) -> None:
+        st.predictor_error = why
         st.predictor_failures += 1
         if st.predictor_failures >= self.s.predictor_breaker_failures:
             st.predictor_failures = 0
