@@ -7,12 +7,14 @@ Virtual cluster (`cluster.virtual.simulate_cluster`, the library under `astro be
 --virtual`): N × one execution profile (default 4 × llama-2-7b-a30), FCFS in-instance
 policy, Poisson arrivals.
 
-Workload — prompts the length model never saw: the shipped tagger
-(`artifacts/length/classic`) was trained on a seeded conversation-level split of the
-ShareGPT sample (`length.pipeline.make_split`, seed / test / val fractions read from the
+Workload — prompts the length model never saw: the tagger (`--length-model`, default the
+shipped default, `artifacts/length/chat-gbm`) was trained on a seeded conversation-level
+split of the ShareGPT sample (`length.pipeline.make_split`, seed / test / val fractions read from the
 artifact's meta.json: 0 / 0.2 / 0.1). Only that split's TEST conversations are used here:
-every human → reply pair of them (`length.data.load_length_data` with the artifact's
-`context_turns`, the prompt format the tagger was trained on), filtered like vLLM's
+every human → reply pair of them; the engine's prompt carries PROMPT_CONTEXT_TURNS (1)
+earlier turn whatever the model, so every model runs on the same request lists, and the
+tagger reads each turn as it was trained (`LengthModel.predict_samples`: its
+`context_turns`, or the whole history for a model that reads it); filtered like vLLM's
 ShareGPT sampler (4 ≤ prompt ≤ 1024 tokens, output ≥ 4, total ≤ 2048; fallback token
 counter). A seed's requests are drawn with replacement from that pool (the pool holds
 ~400 pairs, 2,000 requests reuse them) with its own Poisson arrivals; every arm of a seed
@@ -102,6 +104,7 @@ def _make(policy: str, params: dict[str, Any]):
 
 
 SHAREGPT_REL = "sharegpt/sharegpt_v3_sample500.json"
+PROMPT_CONTEXT_TURNS = 1  # earlier turns in a request's prompt (the classic tagger's format, 2026-12-01 figures)
 SLO_TTFT_S = 10.0  # the capacity goal: P99 TTFT ≤ 10 s (Astrolabe §5)
 SLO_PERCENTILE = 99.0
 
@@ -137,9 +140,16 @@ ARMS: dict[str, Arm] = {
     "pok2_cond_q90": Arm("power_of_k", {"k": 2}, remaining="default:ratio@q90"),
     # (e) the ratio table keeps learning from finished requests during the run
     "pok2_cond_online": Arm("power_of_k", {"k": 2}, remaining="online:default:ratio@mean"),
+    # (f) the length model's own distribution (length/dist.py calibration): E[L | L > g]
+    "pok2_dist": Arm("power_of_k", {"k": 2}, remaining="calibrated@mean"),
+    "pok2_dist_q50": Arm("power_of_k", {"k": 2}, remaining="calibrated@q50"),
+    "pokall_dist": Arm("power_of_k", {"k": "all"}, remaining="calibrated@mean"),
     # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
     "guarded": Arm("llumnix_guarded", {"slack_s": 0.5}),
     "guarded_cond": Arm("llumnix_guarded", {"slack_s": 0.5}, remaining="default:ratio@mean"),
+    "guarded_dist": Arm("llumnix_guarded", {"slack_s": 0.5}, remaining="calibrated@mean"),
+    "guarded_dist_s02": Arm("llumnix_guarded", {"slack_s": 0.2}, remaining="calibrated@mean"),
+    "guarded_dist_s01": Arm("llumnix_guarded", {"slack_s": 0.1}, remaining="calibrated@mean"),
     "guarded_oracle": Arm("llumnix_guarded", {"slack_s": 0.5}, lengths="oracle"),
 }
 GROUPS = {
@@ -167,6 +177,7 @@ class Pool:
     output_tokens: np.ndarray
     predicted_tokens: np.ndarray
     info: dict[str, Any]
+    calibration: Any = None  # the length model's LogSpreadCalibration (meta.json fit.dist), if any
 
 
 def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all") -> Pool:
@@ -194,6 +205,13 @@ def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all")
     test = make_split(ds, test_frac=test_frac, val_frac=val_frac, seed=seed).test
     if meta.data.get("n_test") is not None and len(test) != int(meta.data["n_test"]):
         raise SystemExit(f"test split has {len(test)} pairs, the model's meta says {meta.data['n_test']}")
+    # the request's prompt (what the engine prefills) carries PROMPT_CONTEXT_TURNS earlier
+    # turns whatever the model reads, so every length model is measured on one workload
+    # (the split is by conversation id and does not depend on the prompt format)
+    wds = load_length_data(data, context_turns=PROMPT_CONTEXT_TURNS)
+    wtest = make_split(wds, test_frac=test_frac, val_frac=val_frac, seed=seed).test
+    if wtest.conversation_ids != test.conversation_ids:
+        raise SystemExit("the workload's split differs from the model's (same data, seed and fractions expected)")
     pt, ot, prompts = [], [], []
     if pairs == "first":
         from rps_astro_cli.bench.workload_base import _first_pair, _read_json_records
@@ -205,20 +223,27 @@ def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all")
             if conversation_key(e.get("id"), row) in test_ids:
                 got = _first_pair(e.get("conversations") or [])
                 if not isinstance(got, str):
-                    cand.append((got[0], count_tokens_fallback(got[1])))
-    else:
-        cand = [(s.prompt, int(s.response_tokens)) for s in test.samples]
-    for text, o in cand:
+                    cand.append((got[0], count_tokens_fallback(got[1]), None))
+    else:  # the engine sees the workload prompt; the tagger reads the sample as it was trained
+        cand = [(w.prompt, int(w.response_tokens), s) for w, s in zip(wtest.samples, test.samples)]
+    kept = []
+    for text, o, sample in cand:
         p = count_tokens_fallback(text)
         if 4 <= p <= 1024 and o >= 4 and p + o <= 2048:  # vLLM's ShareGPT sampler filter
             pt.append(p)
             ot.append(o)
             prompts.append(text)
-    pred = model.predict(prompts)
+            kept.append(sample)
+    if pairs == "first":
+        pred = model.predict(prompts)
+    else:
+        pred = model.predict_samples(kept)
     info = {"data": str(data), "length_model": meta.model, "split": {"seed": seed, "test_frac": test_frac,
             "val_frac": val_frac, "by": "conversation id"}, "test_pairs": len(test), "pairs": pairs, "pool": len(pt),
             "test_conversations": len(set(test.conversation_ids))}
-    return Pool(np.asarray(pt, np.int64), np.asarray(ot, np.int64), np.asarray(pred, np.int64), info)
+    info["calibrated"] = model.calibration is not None
+    return Pool(np.asarray(pt, np.int64), np.asarray(ot, np.int64), np.asarray(pred, np.int64), info,
+                model.calibration)
 
 
 def workload(pool: Pool, n: int, rate_rps: float, seed: int, lengths: str) -> list[TimedRequest]:
@@ -237,10 +262,18 @@ def workload(pool: Pool, n: int, rate_rps: float, seed: int, lengths: str) -> li
 
 
 def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: LatencyModel, icfg: InstanceConfig,
-            seed: int) -> dict[str, float]:
-    """P99 TTFT and mean E2E (s) of one arm on one request list."""
+            seed: int, calibration: Any = None) -> dict[str, float]:
+    """P99 TTFT and mean E2E (s) of one arm on one request list. `calibration`: the length
+    model's distribution calibration, for the "calibrated@<statistic>" remaining rule."""
     kw: dict[str, Any] = {}
-    if arm.remaining is not None:
+    if arm.remaining is not None and arm.remaining.startswith("calibrated"):
+        from rps_astro_cli.length.dist import CalibratedRemaining
+
+        if calibration is None:
+            raise SystemExit(f"arm remaining={arm.remaining}: the length model has no distribution calibration")
+        stat = arm.remaining.split("@", 1)[1] if "@" in arm.remaining else "mean"
+        kw["remaining"] = CalibratedRemaining(calibration, stat)
+    elif arm.remaining is not None:
         from rps_astro_cli.sim.remaining import OnlineRemaining, load_remaining
 
         spec = arm.remaining
@@ -351,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in order:
                 arm = ARMS[n]
                 reqs = workload(pool, args.requests, rate, s, arm.lengths)
-                per[n].append(run_arm(arm, reqs, args.instances, lat, icfg, s))
+                per[n].append(run_arm(arm, reqs, args.instances, lat, icfg, s, pool.calibration))
             log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s)")
         out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per}
         if args.seeds:

@@ -85,3 +85,53 @@ def test_fit_log_spread_bins_by_prediction_size():
     assert len(cal.bin_edges_tokens) == 1 and 20 <= cal.bin_edges_tokens[0] <= 500
     assert cal.log_offsets[0] == pytest.approx((0.0, 0.0, 0.0), abs=1e-9)
     assert cal.log_offsets[1] == pytest.approx((-0.8, 0.0, 0.8), abs=0.15)
+
+
+# ---- CalibratedRemaining: the look-ahead's rule read from a model's calibration --------
+
+def _one_bin_calibration():
+    from rps_astro_cli.length.dist import LogSpreadCalibration
+
+    # one bin, one level: q50 = the point itself, tail mean excess = 1.0 × q50
+    return LogSpreadCalibration(levels=(0.5,), bin_edges_tokens=(), log_offsets=((0.0,),), tail_ratios=(1.0,))
+
+
+def test_calibrated_remaining_hand_computed():
+    from rps_astro_cli.length.dist import CalibratedRemaining
+
+    rule = CalibratedRemaining(_one_bin_calibration())
+    # p = 100: F linear from (1, 0) to (100, 0.5), then 1 − 0.5·exp(−(x − 100)/100).
+    # E[L] = ∫_0^1 1 + ∫_1^100 (1 − F) + 0.5·100 = 1 + 99·(1 + 0.5)/2 + 50 = 125.25
+    assert rule.remaining(100, 0) == pytest.approx(125.25)
+    assert rule.expected_total(100, 0) == 126
+    # g = 1 = min_tokens: 74.25 + 50 = 124.25 remaining → total ceil(125.25) = 126
+    assert rule.remaining(100, 1) == pytest.approx(124.25)
+    # past the last quantile the tail is memoryless: 100 more tokens
+    assert rule.expected_total(100, 200) == 300
+    assert rule.expected_total(100, 200, cap=250) == 250
+    assert rule.expected_total(100, 260, cap=250) == 261  # cap ≤ g: just g + 1
+    # conditional median: g = 0 → q50 = 100; g = 200 → F = 1 − 0.5/e, level 1 − 0.25/e,
+    # 100 + 100·ln(0.5 / (0.25/e)) = 100 + 100·(ln 2 + 1) = 269.3 → 270
+    med = CalibratedRemaining(_one_bin_calibration(), "q50")
+    assert med.expected_total(100, 0) == 100
+    assert med.expected_total(100, 200) == 270
+
+
+def test_calibrated_remaining_matches_remaining_tokens():
+    from rps_astro_cli.length.dist import CalibratedRemaining, LogSpreadCalibration, remaining_tokens
+
+    cal = LogSpreadCalibration(levels=(0.1, 0.5, 0.9), bin_edges_tokens=(200.0,),
+                               log_offsets=((-1.0, 0.0, 0.7), (-0.5, 0.1, 0.4)), tail_ratios=(0.5, 0.2))
+    rule = CalibratedRemaining(cal)
+    for p in (50, 150, 300, 900):
+        d = cal.distributions([p])[0]
+        for g in (0, 1, 10, 49, 120, 400, 2000):
+            assert rule.remaining(p, g) == pytest.approx(remaining_tokens(d, g), rel=1e-9)
+            assert rule.expected_total(p, g) >= g + 1
+
+
+def test_calibrated_remaining_bad_statistic():
+    from rps_astro_cli.length.dist import CalibratedRemaining
+
+    with pytest.raises(ValueError, match="statistic"):
+        CalibratedRemaining(_one_bin_calibration(), "q150")

@@ -22,7 +22,7 @@ from rps_astro_cli.services.tagger import Tagger, TaggerSettings
 from rps_astro_cli.services.tagger import create_app as tagger_app
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceStatus, RequestStatus, TagResult
 
 
 # -- recipes -------------------------------------------------------------------------
@@ -169,6 +169,26 @@ def test_tagger_predicts_chats_with_predict_chats_and_prompts_with_predict(monke
     fake.calls.clear()
     assert t.tag({"prompt": "a completion prompt"})["predicted_output_tokens"] == 45
     assert fake.calls == [("predict", ["a completion prompt"])]
+
+
+def test_tagger_returns_quantiles_from_the_models_calibration(monkeypatch, hand_model):
+    import math
+
+    import rps_astro_cli.length as length_pkg
+    from rps_astro_cli.length.dist import LogSpreadCalibration
+
+    fake = RecordingLengthModel()
+    # one bin: q10 = point / 2, q50 = point, q90 = 2 × point
+    fake.calibration = LogSpreadCalibration((0.1, 0.5, 0.9), (), ((math.log(0.5), 0.0, math.log(2.0)),), (0.5,))
+    monkeypatch.setattr(length_pkg, "load_length_model", lambda spec: fake)
+    with TestClient(tagger_app(TaggerSettings(length_model="fake-model"))) as c:
+        out = c.post("/tag", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert out["predicted_output_tokens"] == 123
+    assert (out["p10_output_tokens"], out["p50_output_tokens"], out["p90_output_tokens"]) == (61.5, 123.0, 246.0)
+    assert TagResult.from_dict(out).quantiles == {"p10": 61.5, "p50": 123.0, "p90": 246.0}
+    # a model without a calibration (the bin-median baseline): no quantile keys
+    plain = Tagger(TaggerSettings(length_model=hand_model)).tag({"prompt": "hi"})
+    assert "p50_output_tokens" not in plain and TagResult.from_dict(plain).quantiles is None
 
 
 def test_tagger_default_falls_back_to_baseline(monkeypatch):

@@ -197,11 +197,13 @@ def test_status_and_metrics_agree_under_load_and_disconnect_aborts():
 
 def test_preemption_counter_over_http():
     # 8 blocks; A and B: 48-token prompts, 40 output tokens (6 blocks each at the end), so
-    # once B runs beside A the pool runs dry and B (last running) is preempted once.
+    # once B runs beside A the pool runs dry and B (last running) is preempted once. B must
+    # arrive before A's 33rd token (its 6th block): time scale 10 makes that window ~3 s of
+    # wall time, so a loaded 2-core machine still sends B in time (at 1.0 it was 0.3 s: flaky).
     prof = make_profile(num_gpu_blocks=8, max_model_len=128)
 
     async def one(url):
-        async with httpx.AsyncClient(timeout=30) as c:
+        async with httpx.AsyncClient(timeout=120) as c:
             r = await c.post(url + "/v1/completions",
                              json={"prompt": words(48), "max_tokens": 40, "ignore_eos": True})
             return r.json()["usage"]
@@ -212,7 +214,7 @@ def test_preemption_counter_over_http():
         b = asyncio.create_task(one(url))
         return await asyncio.gather(a, b)
 
-    with serve(prof, time_scale=1.0) as srv:
+    with serve(prof, time_scale=10.0) as srv:
         usages = asyncio.run(main(srv.url))
         s, m = consistent(srv.url)
     assert [u["completion_tokens"] for u in usages] == [40, 40]

@@ -319,19 +319,66 @@ class CandidateRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class PendingRequest:
+    """A request the scheduler has sent to an instance that its engine's `/status` may not
+    show yet (issue 13 §2, "dispatched but not yet visible"). Ages are seconds before the
+    `/predict` call, on the scheduler's clock, so both ends only compare durations.
+
+    JSON: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1, "sent_age_s": s ≥ 0,
+    "accepted_age_s": s ≥ 0 | null}.
+    """
+
+    # prompt length, vision tokens included (tokens, ≥ 1)
+    prompt_tokens: int
+    # the tagger's (or the oracle's) output length (tokens, ≥ 1)
+    predicted_output_tokens: int
+    # seconds since the scheduler forwarded it to the engine
+    sent_age_s: float
+    # seconds since the engine answered the forward (it holds the request since then);
+    # None while that answer has not come
+    accepted_age_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens, "predicted_output_tokens": self.predicted_output_tokens,
+                "sent_age_s": self.sent_age_s, "accepted_age_s": self.accepted_age_s}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], where: str = "pending") -> PendingRequest:
+        """Parse one entry of a `/predict` body's "pending" list.
+
+        Raises:
+            AstroUserError: a field is missing or malformed (`field` names the list).
+        """
+        if not isinstance(d, Mapping):
+            raise AstroUserError(f"{where}: each entry must be an object", field="pending")
+        acc = d.get("accepted_age_s")
+        if acc is not None and (isinstance(acc, bool) or not isinstance(acc, (int, float)) or acc < 0):
+            raise AstroUserError(f"{where}: accepted_age_s must be a number ≥ 0 or null, got {acc!r}",
+                                 field="pending")
+        try:
+            return cls(_int(d, "prompt_tokens", None, 1), _int(d, "predicted_output_tokens", None, 1),
+                       _seconds(d, "sent_age_s"), None if acc is None else float(acc))
+        except AstroUserError as exc:
+            raise AstroUserError(f"{where}: {exc}", field="pending") from None
+
+
+@dataclass(frozen=True, slots=True)
 class PredictRequest:
     """A `POST /predict` body: the candidate's fields at the top level plus `objective`.
 
     JSON: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1, "modality":
     "text"|"image"|"video" = "text", "vision_tokens": int ≥ 0 = 0, "encoder_s": s ≥ 0 = 0,
     "preprocess_s": s ≥ 0 = 0, "req_class": str|null (omitted when null), "deadline_s":
-    s|null (omitted when null), "objective": "e2e"|"ttft" = "e2e"}.
+    s|null (omitted when null), "objective": "e2e"|"ttft" = "e2e", "pending":
+    [PendingRequest...] (omitted when empty)}.
     """
 
     # the request being placed
     candidate: CandidateRequest
     # which of its predicted latencies the caller ranks by: "e2e" or "ttft"
     objective: str = "e2e"
+    # requests the scheduler sent to this instance that its /status may not show yet
+    pending: tuple[PendingRequest, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         c = self.candidate
@@ -348,6 +395,8 @@ class PredictRequest:
         if c.deadline_s is not None:
             d["deadline_s"] = c.deadline_s
         d["objective"] = self.objective
+        if self.pending:
+            d["pending"] = [p.to_dict() for p in self.pending]
         return d
 
     @classmethod
@@ -380,7 +429,11 @@ class PredictRequest:
             req_class=req_class,
             deadline_s=None if deadline_s is None else float(deadline_s),
         )
-        return cls(cand, objective)
+        raw = body.get("pending") or ()
+        if not isinstance(raw, (list, tuple)):
+            raise AstroUserError("pending must be a list of objects", field="pending")
+        pending = tuple(PendingRequest.from_dict(p, f"pending[{i}]") for i, p in enumerate(raw))
+        return cls(cand, objective, pending)
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int:
@@ -495,8 +548,28 @@ class TagResult:
     length_model: str = ""
     # time the tagger spent (µs)
     tag_us: float = 0.0
+    # the predicted length's 10th / 50th / 90th percentiles (tokens) when the length model
+    # has a distribution calibration (`length.dist`), else None (omitted on the wire)
+    p10_output_tokens: float | None = None
+    p50_output_tokens: float | None = None
+    p90_output_tokens: float | None = None
+
+    @property
+    def quantiles(self) -> dict[str, float] | None:
+        """{"p10", "p50", "p90"} (tokens) when the tagger gave them, else None."""
+        if self.p10_output_tokens is None or self.p50_output_tokens is None or self.p90_output_tokens is None:
+            return None
+        return {"p10": self.p10_output_tokens, "p50": self.p50_output_tokens, "p90": self.p90_output_tokens}
 
     def to_dict(self) -> dict[str, Any]:
+        d = self._base_dict()
+        for k in ("p10_output_tokens", "p50_output_tokens", "p90_output_tokens"):
+            v = getattr(self, k)
+            if v is not None:
+                d[k] = v
+        return d
+
+    def _base_dict(self) -> dict[str, Any]:
         return {
             "predicted_output_tokens": self.predicted_output_tokens,
             "prompt_tokens": self.prompt_tokens,
@@ -531,7 +604,15 @@ class TagResult:
             preprocess_s=float(d.get("preprocess_s", 0.0)),
             length_model=str(d.get("length_model", "")),
             tag_us=float(d.get("tag_us", 0.0)),
+            p10_output_tokens=_opt_float(d, "p10_output_tokens"),
+            p50_output_tokens=_opt_float(d, "p50_output_tokens"),
+            p90_output_tokens=_opt_float(d, "p90_output_tokens"),
         )
+
+
+def _opt_float(d: Mapping[str, Any], key: str) -> float | None:
+    v = d.get(key)
+    return None if v is None else float(v)
 
 
 # ---------------------------------------------------------------------------------------

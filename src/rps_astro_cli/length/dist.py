@@ -24,6 +24,7 @@ Pure functions and a frozen dataclass; nothing here depends on a model.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -233,3 +234,89 @@ def fit_log_spread(points_tokens: Sequence[float], true_tokens: Sequence[float],
         tails.append(float(excess.mean()) if above.any() else 0.1)
     return LogSpreadCalibration(tuple(float(v) for v in lv), tuple(float(v) for v in edges), tuple(offsets),
                                 tuple(max(1e-3, t) for t in tails), n_fit=len(p))
+
+
+class CalibratedRemaining:
+    """The look-ahead's remaining-length rule (`sim.remaining.RemainingRule`) read from a
+    length model's own distribution calibration (issue 13 §2, "length as a distribution"):
+    a request predicted at p tokens has the `LengthDistribution` `calibration` gives p, and
+    once it has generated g tokens without finishing the look-ahead assumes it ends at
+
+        statistic "mean":  g + E[L − g | L > g]                       (`remaining_tokens`)
+        statistic "q<percent>" (e.g. "q50"): the conditional quantile F⁻¹(F(g) + q·(1 − F(g)))
+
+    rounded up, ≥ g + 1, capped at `cap` (max_model_len − prompt). g = 0 gives the
+    distribution's mean (or quantile) for a queued request instead of the point estimate.
+    Distributions are memoised per integer prediction (predictions are integers ≤ 32,768,
+    so the memo is bounded).
+
+    calibration: the model's `LogSpreadCalibration` (meta.json fit.dist).
+    statistic: "mean" or "q<percent>" in (0, 100).
+    default_output_tokens: the prediction used for a request that has none (tokens).
+    """
+
+    def __init__(self, calibration: LogSpreadCalibration, statistic: str = "mean",
+                 default_output_tokens: int = 256) -> None:
+        self.calibration = calibration
+        self.statistic = statistic
+        if statistic == "mean":
+            self._q = -1.0
+        else:
+            try:
+                self._q = float(statistic[1:]) / 100.0 if statistic.startswith("q") else -1.0
+            except ValueError:
+                self._q = -1.0
+            if not 0.0 < self._q < 1.0:
+                raise ValueError("statistic must be 'mean' or 'q<percent>' with percent in (0, 100), "
+                                 f"got {statistic!r}")
+        self.default_output_tokens = default_output_tokens
+        self._memo: dict[int, tuple[LengthDistribution, list[float], list[float], list[float]]] = {}
+
+    def _dist(self, predicted: int) -> tuple[LengthDistribution, list[float], list[float], list[float]]:
+        got = self._memo.get(predicted)
+        if got is None:
+            d = self.calibration.distributions([float(predicted)])[0]
+            xs, ps = d._points()
+            # suffix[i] = ∫_{xs[i]}^∞ (1 − F(x)) dx (trapezoids, then the exponential tail)
+            suffix = [0.0] * len(xs)
+            acc = (1.0 - ps[-1]) * d.tail_mean_tokens
+            suffix[-1] = acc
+            for i in range(len(xs) - 2, -1, -1):
+                acc += (xs[i + 1] - xs[i]) * ((1.0 - ps[i]) + (1.0 - ps[i + 1])) / 2.0
+                suffix[i] = acc
+            got = (d, xs, ps, suffix)
+            self._memo[predicted] = got
+        return got
+
+    def remaining(self, predicted: int | None, generated: int) -> float:
+        """E[L − g | L > g] (tokens, float) for the prediction's distribution; equals
+        `remaining_tokens(calibration.distributions([predicted])[0], generated)`."""
+        p = int(predicted) if predicted else self.default_output_tokens
+        d, xs, ps, suffix = self._dist(max(1, p))
+        g = float(max(0, generated))
+        if g >= xs[-1]:
+            return d.tail_mean_tokens
+        if g <= xs[0]:
+            return (xs[0] - g) + suffix[0]
+        k = bisect.bisect_right(xs, g) - 1  # xs[k] ≤ g < xs[k+1]
+        f_g = ps[k] + (ps[k + 1] - ps[k]) * (g - xs[k]) / (xs[k + 1] - xs[k])
+        integral = (xs[k + 1] - g) * ((1.0 - f_g) + (1.0 - ps[k + 1])) / 2.0 + suffix[k + 1]
+        return integral / (1.0 - f_g)
+
+    def expected_total(self, predicted: int | None, generated: int, cap: int | None = None) -> int:
+        """Total output tokens the look-ahead assumes (class docstring)."""
+        g = max(0, int(generated))
+        if self._q < 0:
+            val = g + self.remaining(predicted, g)
+        else:
+            p = int(predicted) if predicted else self.default_output_tokens
+            d = self._dist(max(1, p))[0]
+            f_g = d.cdf(float(g))
+            val = d.quantile(min(f_g + self._q * (1.0 - f_g), 1.0 - 1e-12))
+        out = max(g + 1, int(math.ceil(val)))
+        if cap is not None:
+            out = max(g + 1, min(out, cap)) if cap > g else g + 1
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "calibrated", "statistic": self.statistic, "bins": len(self.calibration.tail_ratios)}

@@ -79,4 +79,6 @@ def _wrap(model: Any) -> Callable[..., int]:
                 pass
         return max(1, int(model.predict([text or " "])[0]))
 
+    # the model's distribution calibration (`length.dist`), read by the tagger for quantiles
+    predict.calibration = getattr(model, "calibration", None)  # type: ignore[attr-defined]
     return predict

@@ -7,7 +7,9 @@ uses at the other end:
     request  `PredictRequest`: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1,
               "modality": "text"|"image"|"video" = "text", "vision_tokens": int = 0,
               "encoder_s": float = 0, "preprocess_s": float = 0,
-              "req_class": str|null, "deadline_s": float|null, "objective": "e2e"|"ttft" = "e2e"}
+              "req_class": str|null, "deadline_s": float|null, "objective": "e2e"|"ttft" = "e2e",
+              "pending": [{"prompt_tokens", "predicted_output_tokens", "sent_age_s",
+              "accepted_age_s"}] = []}
     response `PredictReply`: {"ttft_s", "e2e_s": seconds from the snapshot time,
               "objective_s": the requested objective's value,
               "snapshot_age_s": how old the engine status used was (s),
@@ -20,6 +22,12 @@ instance policy from the snapshot's `policy` field, and runs the fast look-ahead
 (`sim.lookahead.predict` when present, else the reference `predict_stepwise`) with
 auto-extension (`extension_tokens`, default 10). The latency model is kept per profile
 id so its (batch size, token count) memo lives across queries.
+
+Pending requests (issue 13 §2): the scheduler lists the requests it has sent to this
+engine and not yet seen end (`types.PendingRequest`); the ones the snapshot cannot hold —
+not yet accepted by the engine, or accepted less than the snapshot's age ago — join the
+simulated waiting queue (`with_pending`), so two close dispatches do not both see the
+same empty instance before its `/status` shows the first.
 
 Metrics (`GET /metrics`, Prometheus):
 - `astro_predictor_predict_seconds` histogram: wall time per /predict, incl. any status fetch.
@@ -39,7 +47,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -68,13 +76,16 @@ from rps_astro_cli.types import (
     CandidateRequest,
     InstanceStatus,
     LatencyEstimate,
+    PendingRequest,
     PredictReply,
     PredictRequest,
+    RequestStatus,
 )
 
 log = logging.getLogger("astro.predictor")
 
-__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_candidate", "run_predictor"]
+__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_candidate", "parse_predict",
+           "PENDING_MARGIN_S", "run_predictor", "with_pending"]
 
 
 def lookahead_fn():
@@ -109,17 +120,56 @@ class PredictorSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
-def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
-    """The candidate and objective from a /predict body (`PredictRequest.from_dict`).
+def parse_predict(body: dict[str, Any]) -> PredictRequest:
+    """A /predict body (`PredictRequest.from_dict`).
 
     Raises:
         HTTPUserError: 400 naming the missing or malformed field.
     """
     try:
-        q = PredictRequest.from_dict(body)
+        return PredictRequest.from_dict(body)
     except AstroUserError as exc:
         raise HTTPUserError(400, exc.args[0], exc.field) from None
+
+
+def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
+    """The candidate and objective from a /predict body (`parse_predict`).
+
+    Raises:
+        HTTPUserError: 400 naming the missing or malformed field.
+    """
+    q = parse_predict(body)
     return q.candidate, q.objective
+
+
+PENDING_MARGIN_S = 0.05
+"""A forward the engine has not answered is assumed in its queue this long after it was
+sent (s): a non-streamed request is answered only when it ends."""
+
+
+def with_pending(status: InstanceStatus, pending: tuple[PendingRequest, ...], status_age_s: float,
+                 margin_s: float = PENDING_MARGIN_S) -> InstanceStatus:
+    """`status` with the pending requests it cannot show appended to its waiting queue.
+
+    A snapshot taken `status_age_s` ago cannot hold a request the engine accepted after
+    it (`accepted_age_s` < `status_age_s`), nor one not answered yet that was sent less
+    than `status_age_s + margin_s` ago; it holds the others (accepted before it, or sent
+    long enough before it). Each one it cannot hold is added at the back of the queue as
+    a queued request with no KV blocks and nothing computed, arrived `sent_age_s −
+    status_age_s` before the snapshot's time (clipped to it)."""
+    add = []
+    for k, p in enumerate(pending):
+        if p.accepted_age_s is not None:
+            if p.accepted_age_s >= status_age_s:
+                continue  # accepted before the snapshot: in it
+        elif p.sent_age_s >= status_age_s + margin_s:
+            continue  # unanswered, but at the engine since before the snapshot
+        arrival = status.time_s - max(0.0, p.sent_age_s - status_age_s)
+        add.append(RequestStatus(f"pending-{k}", arrival, p.prompt_tokens,
+                                 predicted_output_tokens=p.predicted_output_tokens))
+    if not add:
+        return status
+    return replace(status, waiting=status.waiting + tuple(add))
 
 
 class Predictor:
@@ -223,13 +273,16 @@ class Predictor:
             self._policies[key] = pol
         return pol
 
-    def predict(self, status: InstanceStatus, cand: CandidateRequest) -> LatencyEstimate:
-        """Run the look-ahead of `cand` on `status` (CPU-bound, ~1 ms with the fast one)."""
+    def predict(self, status: InstanceStatus, cand: CandidateRequest,
+                view: InstanceStatus | None = None) -> LatencyEstimate:
+        """Run the look-ahead of `cand` on `status` (CPU-bound, ~1 ms with the fast one);
+        `view`: the state to simulate when it differs from the fetched `status` (e.g.
+        `with_pending`'s), same engine and policy."""
         res = self._resolved
         if res is None or res[0] is not status:
             res = self._resolved = (status, self.latency_model(status), self.policy(status))
         return self._predict(
-            status, cand, res[1], res[2],
+            view if view is not None else status, cand, res[1], res[2],
             extension_tokens=self.settings.extension_tokens,
             default_output_tokens=self.settings.default_output_tokens,
         )
@@ -277,7 +330,8 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         check_api_key(request, settings.api_key)
         try:
             _, body = await read_json_body(request, settings.max_body_bytes)
-            cand, objective = parse_candidate(body)
+            query = parse_predict(body)
+            cand, objective = query.candidate, query.objective
         except HTTPUserError:
             m_req.labels("bad_request").inc()
             raise
@@ -290,7 +344,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         c0 = time.process_time()
         t1 = time.perf_counter()
         try:
-            est = pred.predict(status, cand)
+            est = pred.predict(status, cand, with_pending(status, query.pending, age_s))
         except AstroUserError as exc:
             m_req.labels("bad_request").inc()
             return error_response(400, str(exc), exc.field or "candidate")

@@ -8,7 +8,10 @@ Response (`rps_astro_cli.types.TagResult`, the codec the scheduler reads it with
      "text_tokens": int, "vision_tokens": int,
      "modality": "text"|"image"|"video", "num_images": int, "num_frames": int,
      "encoder_s": float, "preprocess_s": float,   # media costs on the profile (s)
-     "length_model": str, "tag_us": float}
+     "length_model": str, "tag_us": float,
+     "p10_output_tokens", "p50_output_tokens", "p90_output_tokens": float}   # only when the
+        # length model has a distribution calibration (`length.dist`; chat-gbm has one):
+        # quantiles of the reply length (tokens) around the point prediction
 
 Token and media accounting reuse the engine's parser (`protocol/openai.py`), so the
 tagger, the scheduler and the engine count the same way; vision tokens come from the
@@ -89,6 +92,8 @@ class Tagger:
 
     def __init__(self, settings: TaggerSettings = TaggerSettings()):
         self.name, self._predict = load_length_model(settings.length_model)
+        # quantiles come from the model's distribution calibration when it has one
+        self._calibration = getattr(self._predict, "calibration", None)
         prof = load_profile(settings.profile)
         self.vision: VisionCosts | None = prof.vision
         self.limits = oa.ApiLimits(max_body_bytes=settings.max_body_bytes)
@@ -116,8 +121,15 @@ class Tagger:
         prompt_tokens = req.text_tokens + charge.vision_tokens
         messages = body["messages"] if req.endpoint == "chat" else None
         pred = self._predict(prompt_text(body), prompt_tokens, messages=messages)
+        q: tuple[float | None, ...] = (None, None, None)
+        if self._calibration is not None:
+            dist = self._calibration.distributions([float(pred)])[0]
+            q = tuple(round(dist.quantile(level), 1) for level in (0.1, 0.5, 0.9))
         return TagResult(
             predicted_output_tokens=int(pred),
+            p10_output_tokens=q[0],
+            p50_output_tokens=q[1],
+            p90_output_tokens=q[2],
             prompt_tokens=prompt_tokens,
             text_tokens=req.text_tokens,
             vision_tokens=charge.vision_tokens,

@@ -157,7 +157,7 @@ class FrontDoor:
             if st is None:  # dropped by discovery while the predictions were out
                 excluded = excluded | {dec.choice}
                 continue
-            self.instances.acquire(st)
+            entry = self.instances.acquire(st, cand if self.s.count_pending else None)
             rec.decision = dec
             rec.instance = st.ep.name
             pool = self.clients.pool(st.ep.engine_url)
@@ -168,6 +168,8 @@ class FrontDoor:
                 resp = await asyncio.wait_for(
                     pool.request("POST", path, payload, {"content-type": "application/json"}),
                     self.s.upstream_timeout_s)
+                if entry is not None:
+                    entry.accepted_s = time.monotonic()  # the engine holds it from here on
                 it = resp.chunks().__aiter__()
                 if stream and resp.status == 200:
                     first = await first_chunk(it)
@@ -180,7 +182,7 @@ class FrontDoor:
             except (TimeoutError, RpcError) as exc:
                 if resp is not None:
                     await resp.aclose()
-                self.instances.release(st)
+                self.instances.release(st, entry)
                 self.instances.mark_failed(st, f"{type(exc).__name__}: {exc}")
                 last_err = f"instance {st.ep.name} failed: {type(exc).__name__}"
                 excluded = excluded | {st.index}
@@ -192,7 +194,7 @@ class FrontDoor:
             except BaseException:
                 if resp is not None:
                     await resp.aclose()
-                self.instances.release(st)
+                self.instances.release(st, entry)
                 raise
             t1 = time.perf_counter()
             self.instances.release(st)

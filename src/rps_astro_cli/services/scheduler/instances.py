@@ -17,20 +17,45 @@ not dispatchable, until its outstanding requests end, then it is dropped.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
-from rps_astro_cli.types import InstanceLoad
+from rps_astro_cli.types import CandidateRequest, InstanceLoad, PendingRequest
 
 log = logging.getLogger("astro.scheduler")
+
+
+class Pending:
+    """A request forwarded to an instance, as the scheduler remembers it for its Predictor
+    (times on `time.monotonic()`, s)."""
+
+    __slots__ = ("prompt_tokens", "predicted_output_tokens", "sent_s", "accepted_s")
+
+    def __init__(self, prompt_tokens: int, predicted_output_tokens: int, sent_s: float):
+        self.prompt_tokens = prompt_tokens  # tokens
+        self.predicted_output_tokens = predicted_output_tokens  # tokens
+        self.sent_s = sent_s  # forwarded to the engine
+        self.accepted_s: float | None = None  # the engine answered the forward (holds it)
+
+
+def pending_wire(pending: list[Pending], now_s: float, keep_s: float) -> tuple[PendingRequest, ...]:
+    """The `/predict` "pending" list of an instance at `now_s`; drops (from `pending`, in
+    place) the entries sent more than `keep_s` ago: every snapshot fresh enough to be
+    used shows them."""
+    pending[:] = [p for p in pending if now_s - p.sent_s <= keep_s]
+    return tuple(PendingRequest(p.prompt_tokens, p.predicted_output_tokens, max(0.0, now_s - p.sent_s),
+                                None if p.accepted_s is None else max(0.0, now_s - p.accepted_s))
+                 for p in pending)
 
 
 class InstanceState:
     """One instance's live state (mutable, event-loop only)."""
 
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
-                 "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error")
+                 "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
+                 "pending")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -44,6 +69,7 @@ class InstanceState:
         self.load_fields: dict[str, int] = {}  # `InstanceLoad.status_fields` of its latest /status
         self.predictor_failures = 0  # consecutive late/failed predict RPCs
         self.predictor_skip_until = 0.0  # time.monotonic() until which its Predictor is not asked
+        self.pending: list[Pending] = []  # forwarded requests its /status may not show yet (oldest first)
         self.engine_error: str | None = None  # why its breaker opened (None while healthy)
         self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
 
@@ -140,16 +166,27 @@ class Instances:
                 self.m.healthy.labels(st.ep.name).set(1)
             log.warning("instance %s readmitted", st.ep.name)
 
-    def acquire(self, st: InstanceState) -> None:
-        """Count a request forwarded to `st`."""
+    def acquire(self, st: InstanceState, cand: CandidateRequest | None = None,
+                now_s: float | None = None) -> Pending | None:
+        """Count a request forwarded to `st`; with `cand`, also remember it as pending there
+        (sent at `now_s`, default now) and return that entry (mark its `accepted_s` when
+        the engine answers; pass it to `release` if the forward fails)."""
         st.outstanding += 1
         st.dispatched += 1
         self.m.outstanding.labels(st.ep.name).set(st.outstanding)
         self.m.dispatched.labels(st.ep.name).inc()
+        if cand is None:
+            return None
+        entry = Pending(cand.prompt_tokens, cand.predicted_output_tokens,
+                        time.monotonic() if now_s is None else now_s)
+        st.pending.append(entry)
+        return entry
 
-    def release(self, st: InstanceState) -> None:
+    def release(self, st: InstanceState, entry: Pending | None = None) -> None:
         """Count the end of a request forwarded to `st` (the last one of a removed
-        instance drops it)."""
+        instance drops it); `entry`: its pending entry, forgotten now (a failed forward)."""
+        if entry is not None and entry in st.pending:
+            st.pending.remove(entry)
         st.outstanding -= 1
         if st.removed:
             if st.outstanding == 0:

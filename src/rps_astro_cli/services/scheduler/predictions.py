@@ -11,9 +11,10 @@ import asyncio
 import json
 import logging
 import time
+from dataclasses import replace
 
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
-from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, pending_wire
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.types import LatencyEstimate, PredictReply, PredictRequest
@@ -55,7 +56,11 @@ class PredictClient:
             if st.predictor_skip_until > now:
                 self.m.predict_rpcs.labels(self.policy_name, "skipped").inc()
                 continue
-            tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, payload))] = i
+            body = payload
+            if self.s.count_pending and st.pending:  # this engine's not-yet-visible requests
+                body = json.dumps(replace(query, pending=pending_wire(st.pending, now, self.s.pending_keep_s))
+                                  .to_dict()).encode()
+            tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, body))] = i
         if not tasks:
             return {}
         done, pending = await asyncio.wait(tasks, timeout=self.s.predict_deadline_s)

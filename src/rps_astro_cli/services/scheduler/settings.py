@@ -65,6 +65,10 @@ class SchedulerSettings:
     oracle_lengths: use the request's true length (`vllm_xargs.astro_output_tokens`, which
     the bench sends) as the predicted length when present — the Astrolabe "oracle"
     ablation; the tagger is still called for the modality facts.
+    count_pending: send each Predictor the requests forwarded to its engine that its
+    `/status` may not show yet (`types.PendingRequest`; issue 13 §2); pending_keep_s: how
+    long after it was sent a request is still listed (≥ the Predictor's
+    status_max_age_s + its pending margin, else a stale snapshot misses it).
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -88,4 +92,6 @@ class SchedulerSettings:
     predictor_breaker_failures: int = 3
     predictor_breaker_s: float = 1.0
     oracle_lengths: bool = False
+    count_pending: bool = True
+    pending_keep_s: float = 1.0
     discovery: DiscoverySettings | None = None

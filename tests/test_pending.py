@@ -1,0 +1,132 @@
+"""Dispatched-but-not-yet-visible requests (issue 13 §2): the scheduler's pending list and
+the Predictor's view of it, each on a hand-computed case."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import write_profile
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.services import predictor as pred_mod
+from rps_astro_cli.services.scheduler.instances import Pending, pending_wire
+from rps_astro_cli.types import CandidateRequest, PendingRequest, PredictRequest
+from test_services_units import STATUS, hand_profile  # noqa: F401  (hand-computed fixture)
+
+
+def test_with_pending_adds_only_what_the_snapshot_cannot_hold():
+    # snapshot taken 0.1 s ago at engine time 5.0
+    pend = (PendingRequest(10, 4, sent_age_s=0.05),                      # sent after the snapshot: add
+            PendingRequest(20, 5, sent_age_s=0.3, accepted_age_s=0.2),   # accepted before it: in it
+            PendingRequest(30, 6, sent_age_s=0.2, accepted_age_s=0.05),  # accepted after it: add
+            PendingRequest(40, 7, sent_age_s=0.16),   # unanswered, sent 0.06 s before it (> margin 0.05)
+            PendingRequest(50, 8, sent_age_s=0.14))   # unanswered, sent 0.04 s before it (< margin): add
+    view = pred_mod.with_pending(STATUS, pend, status_age_s=0.1, margin_s=0.05)
+    assert view.running == STATUS.running and view.waiting[:len(STATUS.waiting)] == STATUS.waiting
+    added = view.waiting[len(STATUS.waiting):]
+    assert [(r.prompt_tokens, r.predicted_output_tokens) for r in added] == [(10, 4), (30, 6), (50, 8)]
+    # arrival: sent_age − status_age before the snapshot's time, clipped at it
+    assert [r.arrival_s for r in added] == pytest.approx([5.0, 4.9, 4.96])
+    assert all(r.num_computed_tokens == 0 and r.kv_blocks == 0 for r in added)
+    assert pred_mod.with_pending(STATUS, (), 0.1) is STATUS
+
+
+def test_predictor_counts_a_pending_request_by_hand(tmp_path):
+    """test_services_units.test_predictor_by_hand plus one pending request (100-token prompt,
+    3 predicted tokens) queued before the candidate:
+    step 1: r1 decode + pending prefill 100 + candidate prefill 100 = 201 tokens → 10 + 20.1 ms
+    = 30.1 ms (TTFT); step 2: three decodes → 10.3 ms (r1 ends at 3); step 3: two decodes →
+    10.2 ms. E2E = 30.1 + 10.3 + 10.2 = 50.6 ms (40.4 ms without the pending one)."""
+    p = pred_mod.Predictor(pred_mod.PredictorSettings("http://unused", profile=write_profile(tmp_path, hand_profile())))
+    q = pred_mod.parse_predict({"prompt_tokens": 100, "predicted_output_tokens": 3,
+                                "pending": [{"prompt_tokens": 100, "predicted_output_tokens": 3, "sent_age_s": 0.01}]})
+    est = p.predict(STATUS, q.candidate, pred_mod.with_pending(STATUS, q.pending, status_age_s=0.02))
+    assert est.ttft_s == pytest.approx(0.0301) and est.e2e_s == pytest.approx(0.0506)
+    alone = p.predict(STATUS, q.candidate)
+    assert alone.e2e_s == pytest.approx(0.0404)
+
+
+def test_pending_wire_ages_and_expiry():
+    a = Pending(10, 4, sent_s=10.0)                 # not accepted yet
+    b = Pending(20, 5, sent_s=9.5)
+    b.accepted_s = 9.75                            # sent 1.0 s ago: kept (≤ keep)
+    c = Pending(30, 6, sent_s=9.0)                 # sent 1.5 s ago: dropped
+    book = [c, b, a]
+    wire = pending_wire(book, now_s=10.5, keep_s=1.0)
+    assert book == [b, a]
+    assert wire == (PendingRequest(20, 5, 1.0, 0.75), PendingRequest(10, 4, 0.5, None))
+
+
+def test_pending_codec_round_trip_and_bad_field():
+    q = PredictRequest(CandidateRequest(5, 3), "ttft", (PendingRequest(7, 2, 0.25, None),))
+    assert PredictRequest.from_dict(q.to_dict()) == q
+    assert "pending" not in PredictRequest(CandidateRequest(5, 3)).to_dict()
+    with pytest.raises(AstroUserError, match=r"pending\[0\].*sent_age_s"):
+        PredictRequest.from_dict({"prompt_tokens": 5, "predicted_output_tokens": 3,
+                                  "pending": [{"prompt_tokens": 7, "predicted_output_tokens": 2, "sent_age_s": -1}]})
+    with pytest.raises(pred_mod.HTTPUserError) as ei:
+        pred_mod.parse_predict({"prompt_tokens": 5, "predicted_output_tokens": 3, "pending": {"x": 1}})
+    assert ei.value.param == "pending" and ei.value.status == 400
+
+
+def test_scheduler_sends_pending_requests_to_the_predictor():
+    """Two requests 0.3 s apart to an engine that takes 1 s to answer: the second's
+    /predict body lists the first as pending (sent ~0.3 s ago, not accepted yet); with
+    count_pending off it does not."""
+    import threading
+    import time
+    from contextlib import ExitStack
+
+    import httpx
+    from fastapi import FastAPI
+
+    from rps_astro_cli.protocol.http_server import ServerThread
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+
+    bodies: list[dict] = []
+    pred = FastAPI()
+
+    @pred.post("/predict")
+    async def _predict(body: dict):
+        bodies.append(body)
+        return {"ttft_s": 0.1, "e2e_s": 0.2}
+
+    eng = FastAPI()
+
+    @eng.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @eng.post("/v1/chat/completions")
+    async def _chat():
+        import asyncio
+
+        await asyncio.sleep(1.0)
+        return {"id": "x", "object": "chat.completion", "choices": []}
+
+    msg = {"model": "m", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
+    for count in (True, False):
+        bodies.clear()
+        with ExitStack() as st:
+            e = st.enter_context(ServerThread(eng))
+            p = st.enter_context(ServerThread(pred))
+            s = st.enter_context(ServerThread(create_app(SchedulerSettings(
+                instances=(InstanceEndpoint("e0", e.url, p.url),), policy="power_of_k", policy_params={"k": 1},
+                length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=count))))
+            first = threading.Thread(target=httpx.post, args=(s.url + "/v1/chat/completions",),
+                                     kwargs={"json": msg, "timeout": 5})
+            first.start()
+            deadline = time.monotonic() + 3.0
+            while not bodies and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.3)
+            r = httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=5)
+            first.join(timeout=5)
+            assert r.status_code == 200 and len(bodies) == 2
+        assert "pending" not in bodies[0]
+        if not count:
+            assert "pending" not in bodies[1]
+            continue
+        (pend,) = bodies[1]["pending"]
+        assert pend["prompt_tokens"] == bodies[0]["prompt_tokens"]
+        assert pend["predicted_output_tokens"] == bodies[0]["predicted_output_tokens"]
+        assert 0.25 <= pend["sent_age_s"] < 1.0 and pend["accepted_age_s"] is None
