@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
@@ -140,7 +140,7 @@ class SimEngine:
                                      "a virtual run: astro bench --virtual)")
         self.profile = profile
         self.config = InstanceConfig.from_profile(profile, **config_overrides)
-        self.policy = make_policy_for_profile(policy, profile) if isinstance(policy, str) else policy
+        self.policy = build_instance_policy(policy, None, profile) if isinstance(policy, str) else policy
         self._impact = ProfileImpactEstimator(profile)  # per-class prefill backlog estimates
         self.inst = InstanceSim(self.config, LatencyModel(profile), self.policy)
         self.rng = np.random.default_rng(seed)
