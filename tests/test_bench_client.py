@@ -223,9 +223,11 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
     by = {r.request_id: r for r in run.records}
     a, b, c = by["a"], by["b"], by["c"]
     assert a.success and a.instance == "fake-0" and a.output_tokens == 4 and a.prompt_tokens == 9
-    # TTFT ≈ FIRST_DELAY_S (role-only chunk ignored); E2E ≈ FIRST + 3 gaps (usage chunk ignored)
-    assert a.ttft_s == pytest.approx(FIRST_DELAY_S, abs=0.12)
-    assert a.e2e_s - a.ttft_s == pytest.approx(3 * GAP_S, abs=0.12)
+    # TTFT at the first content chunk (not the role-only one, sent at once), then 3 more gaps;
+    # only lower bounds: the server sleeps at least this long, a loaded machine only adds (the
+    # exact chunk semantics are test_role_only_first_chunk_and_usage_only_last_chunk_move_no_timing)
+    assert a.ttft_s >= FIRST_DELAY_S - 0.005
+    assert a.e2e_s - a.ttft_s >= 3 * GAP_S - 0.005
     assert len(a.itl_s) == 3
     assert b.success and b.output_tokens == 1 and b.tpot_s is None
     assert not c.success and c.error.startswith("HTTP 500") and "boom" in c.error
@@ -267,7 +269,8 @@ def test_max_concurrency_delays_sending_not_timing(fake_url):
     a, b = sorted(recs, key=lambda r: r.sent_s)
     assert a.scheduled_s == b.scheduled_s == 0.0
     assert b.sent_s >= a.finish_s              # b waited for a's slot ...
-    assert b.ttft_s == pytest.approx(FIRST_DELAY_S, abs=0.12)  # ... and its TTFT starts when it was sent
+    # ... and its TTFT starts when it was sent, not when it was scheduled
+    assert b.ttft_s == pytest.approx(b.first_token_s - b.sent_s) and b.ttft_s >= FIRST_DELAY_S - 0.005
 
 
 def test_time_scaled_cluster_reports_engine_seconds(fake_url, tmp_path):
@@ -291,9 +294,9 @@ def test_time_scaled_cluster_reports_engine_seconds(fake_url, tmp_path):
     assert res.exit_code == 0, res.output
     rep = json.loads((tmp_path / "rep" / "report.json").read_text())
     m = rep["runs"][0]["metrics"]["overall"]
-    assert m["ttft_s"]["mean"] == pytest.approx(FIRST_DELAY_S / 0.1, abs=1.2)
-    assert m["ttft_s"]["mean"] > 2.0  # not the 0.3 s wall value
-    assert m["itl_s"]["mean"] == pytest.approx(GAP_S / 0.1, abs=0.5)
+    # wall ÷ time scale; lower bounds only (a loaded machine only adds wall time)
+    assert m["ttft_s"]["mean"] >= FIRST_DELAY_S / 0.1 - 0.05  # not the 0.3 s wall value
+    assert m["itl_s"]["mean"] >= GAP_S / 0.1 - 0.05
     assert rep["target"]["time_scale"] == 0.1
     assert "ENGINE seconds" in res.output and "time_scale 0.1" in res.output
     assert "ENGINE seconds" in (tmp_path / "rep" / "report.md").read_text()

@@ -479,3 +479,67 @@ def test_engine_and_send_lag_become_report_warnings():
     res2 = BenchResult(None, {}, {}, [])  # type: ignore[arg-type]
     _lag_warnings(res2, RunResult("r", None, None, 1.0, "poisson", {}, recs[:9], quiet))
     assert res2.warnings == []
+
+
+@pytest.mark.parametrize("bad", ["inf", "nan", "0"])
+def test_serve_engine_time_scale_must_be_finite_and_says_what_to_pass(bad):
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    res = CliRunner().invoke(app, ["serve", "engine", "--time-scale", bad, "--port", "0"])
+    assert res.exit_code == 2, res.output  # before: "time_scale: must be > 0, got inf"
+    assert "--time-scale" in res.output and "finite" in res.output and "0.01" in res.output
+    assert "Traceback" not in res.output
+
+
+@pytest.mark.slow
+def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
+    """SIGTERM on `astro serve scheduler` with a request in flight: it is relayed to the
+    end, then the process exits 0 without a traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+
+    with ExitStack() as st:
+        eng = start(st, engine_app(0, time_scale=1.0))  # 60 tokens x >= 10 ms per step: >= 0.6 s
+        ready = tmp_path / "ready.txt"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler", "--engine", eng.url,
+             "--policy", "round_robin", "--length-model", length_model, "--port", "0", "--ready-file", str(ready)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, ASTRO_DRAIN_S="10"))
+        got: dict = {}
+        try:
+            wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()), 60.0,
+                     "the scheduler to listen")
+            assert proc.poll() is None, proc.stdout.read()
+            url = ready.read_text().strip()
+
+            def send() -> None:
+                try:
+                    got["r"] = httpx.post(url + "/v1/completions", timeout=20,
+                                          json={"model": MODEL, "prompt": "x", "max_tokens": 60, "ignore_eos": True})
+                except httpx.HTTPError as exc:
+                    got["r"] = exc
+
+            t = threading.Thread(target=send, daemon=True)
+            t.start()
+            wait_for(lambda: engine_busy(eng.url) == 1, 10.0, "the request to reach the engine")
+            proc.send_signal(signal.SIGTERM)
+            t.join(20)
+            try:
+                out, _ = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, _ = proc.communicate()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        r = got.get("r")
+        assert isinstance(r, httpx.Response) and r.status_code == 200, (r, out)
+        assert r.json()["usage"]["completion_tokens"] == 60
+        assert proc.returncode == 0, out
+        assert "Traceback" not in out

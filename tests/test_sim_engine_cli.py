@@ -42,7 +42,7 @@ def test_unknown_args_pass_through_to_backend():
 @pytest.mark.parametrize("args,needle", [
     (["--backend", "nope"], "unknown engine backend 'nope'"),
     (["--profile", "no-such-profile"], "no profile 'no-such-profile'"),
-    (["--time-scale", "0"], "time_scale"),
+    (["--time-scale", "0"], "--time-scale"),
     (["--instance-policy", "nope"], "unknown instance policy"),
     (["--max-num-seqs", "0"], "max_num_seqs"),
     (["--extra-flag"], "sim backend takes no extra arguments"),

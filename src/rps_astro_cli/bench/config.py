@@ -102,6 +102,9 @@ class ClusterSection:
     instances: int = 4                  # virtual instances
     profile: str | None = None          # execution profile id or file; None: chosen by the workload's media
     instance_policy: str = "fcfs"       # in-instance policy of every virtual instance
+    instance_policies: list[str] | None = None  # --instance-policies: one run per in-instance policy (virtual)
+    recipe: str | None = None           # --recipe NAME|PATH: engine limits, profile, instance policy (virtual)
+    chunked_prefill: bool = True        # vLLM V1 chunked prefill (virtual; from a recipe's engine, no flag)
     policies: list[str] | None = None   # dispatch policies to compare (live: one cluster per policy)
     ks: list[str] | None = None         # power_of_k's k values ("all" = full fan-out)
     objective: str | None = None        # power_of_k objective: e2e or ttft
@@ -197,6 +200,7 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "timeout_s": ("target", "timeout_s"), "api_key": ("target", "api_key"),
     "virtual": ("cluster", "virtual"), "instances": ("cluster", "instances"),
     "profile": ("cluster", "profile"), "instance_policy": ("cluster", "instance_policy"),
+    "instance_policies": ("cluster", "instance_policies"), "recipe": ("cluster", "recipe"),
     "policies": ("cluster", "policies"), "ks": ("cluster", "ks"), "objective": ("cluster", "objective"),
     "oracle_lengths": ("cluster", "oracle_lengths"), "prediction_noise": ("cluster", "prediction_noise"),
     "prediction_noise_fraction": ("cluster", "prediction_noise_fraction"),
@@ -214,7 +218,8 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     # multi-turn sessions (issue 14): likewise only when given
     "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
 }
-OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "multi_turn", "think_time")
+OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
+                 "think_time")
 
 
 @dataclass(frozen=True)
@@ -248,6 +253,8 @@ class BenchConfig:
                                      ("--prediction-noise", c.prediction_noise > 0),
                                      ("--objective", c.objective is not None),
                                      ("--instance-param", bool(c.instance_policy_params)),
+                                     ("--instance-policies", bool(c.instance_policies)),
+                                     ("--recipe", c.recipe is not None),
                                      ("--length-model", c.length_model is not None),
                                      ("--max-num-seqs", c.max_num_seqs is not None)) if on]
             if flags:

@@ -45,6 +45,9 @@ class MediaItem:
     num_frames: frames the request asks the model to sample (videos; 0 for images).
     duration_s: nominal video duration (s; 0 for images).
     seed: varies generated stand-ins between requests.
+    width_px / height_px: the image's size (0 = unknown: the profile's fixed
+        `tokens_per_image`); the virtual target turns it into vision tokens by the
+        profile's rule (`sim.profile.VisionCosts.image_tokens`).
     """
 
     kind: str
@@ -53,6 +56,8 @@ class MediaItem:
     num_frames: int = 0
     duration_s: float = 0.0
     seed: int = 0
+    width_px: int = 0
+    height_px: int = 0
 
     def content_part(self) -> dict[str, Any]:
         """The OpenAI chat content part carrying this item as a `data:` URL."""
@@ -64,7 +69,8 @@ class MediaItem:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "path": str(self.path) if self.path else None, "stand_in": self.stand_in,
-                "num_frames": self.num_frames, "duration_s": self.duration_s}
+                "num_frames": self.num_frames, "duration_s": self.duration_s,
+                **({"width_px": self.width_px, "height_px": self.height_px} if self.width_px else {})}
 
 
 def duration_bucket_s(text: str) -> float:

@@ -60,9 +60,11 @@ class RunResult:
     records: list[RequestRecord] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    instance_policy: str | None = None  # the in-instance policy of a virtual run (None: live, the engines')
 
     def summary(self) -> dict[str, Any]:
-        return {"label": self.label, "policy": self.policy, "k": self.k, "rate_rps": _num(self.rate_rps),
+        return {"label": self.label, "policy": self.policy, "k": self.k, "instance_policy": self.instance_policy,
+                "rate_rps": _num(self.rate_rps),
                 "arrival": self.arrival, "wall_s": self.wall_s,
                 "metrics": {g: m.to_dict() for g, m in self.metrics.items()}, "extras": self.extras}
 
@@ -131,11 +133,24 @@ def _check(cfg: BenchConfig) -> None:
 
         read_cluster_json(cfg.target.cluster)  # missing / invalid file → error before any data loads
     if cfg.cluster.virtual:
-        from rps_astro_cli.policies import make_policy
+        from rps_astro_cli.policies import INSTANCE_POLICIES, make_policy
         from rps_astro_cli.sim.profile import load_profile
 
+        if cfg.cluster.recipe:
+            from rps_astro_cli.bench.virtual import load_bench_recipe
+
+            load_bench_recipe(cfg.cluster.recipe)
         ip = cfg.cluster.instance_policy_params or {}
-        make_policy(cfg.cluster.instance_policy, fields={n: f"--instance-param {n}" for n in ip}, **ip)  # names it
+        ipols = cfg.cluster.instance_policies or [cfg.cluster.instance_policy]
+        for ipol in ipols:
+            INSTANCE_POLICIES.get(ipol)  # unknown name: lists the valid ones
+        for n in ip:  # as --param: each --instance-param goes to the instance policies declaring it
+            if not any(n in {p.name for p in INSTANCE_POLICIES.get(q).params} for q in ipols):
+                raise AstroUserError(f"no instance policy of this run ({', '.join(ipols)}) takes {n!r}",
+                                     field=f"--instance-param {n}", fix="see `astro policies` for their parameters")
+        for ipol in ipols:
+            own = {n: v for n, v in ip.items() if n in {p.name for p in INSTANCE_POLICIES.get(ipol).params}}
+            make_policy(ipol, fields={n: f"--instance-param {n}" for n in own}, **own)  # names a bad value
         if cfg.cluster.profile:
             try:
                 load_profile(cfg.cluster.profile)
@@ -255,13 +270,18 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     try:
         target.open()
         result.target = target.describe()
-        for policy, k in _variants(config):
+        ipols: list[str | None] = list(config.cluster.instance_policies or [None])
+        for ipol, policy, k in [(ip, p, k) for ip in ipols for p, k in _variants(config)]:
             target.use_policy(policy, k)
+            if config.cluster.virtual:
+                target.use_instance_policy(ipol)
 
-            def run_at(rate: float, _p=policy, _k=k) -> RunResult:
+            def run_at(rate: float, _p=policy, _k=k, _ip=ipol) -> RunResult:
                 spec = spec0.with_rate(rate) if config.arrivals.process != "trace" else spec0
                 times = _arrivals(config, wl, spec, len(wl.requests))
                 label = _label(_p, _k, spec, result.target)
+                if _ip is not None:
+                    label = f"{_ip} · {label}"
                 prog("run_start", label=label, total=len(wl.requests))
                 t0 = time.perf_counter()
                 done_so_far: list[RequestRecord] = []
@@ -282,7 +302,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
                     mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
                 run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(), mets, records, extras,
-                                time.perf_counter() - t0)
+                                time.perf_counter() - t0,
+                                extras.get("instance_policy") if config.cluster.virtual else None)
                 result.runs.append(run)
                 _lag_warnings(result, run)
                 prog("run_end", run=run)
@@ -311,7 +332,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     probe, goal,
                     rates=config.arrivals.rates_rps, start_rps=config.capacity.start_rps,
                     min_rps=config.capacity.min_rps, max_rps=config.capacity.max_rps,
-                    tolerance=config.capacity.tolerance, label=_label(policy, k, spec0, result.target).split(" @ ")[0])
+                    tolerance=config.capacity.tolerance,
+                    label=((f"{ipol} · " if ipol else "") + _label(policy, k, spec0, result.target).split(" @ ")[0]))
                 result.capacity.append(res)
                 if short:
                     r0, st0 = min(short, key=lambda x: x[0])

@@ -132,8 +132,18 @@ class VirtualTarget:
         self.wl = wl
         self.counter = counter
         media = any(r.media for r in wl.requests)
-        prof_id = cfg.cluster.profile or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30")
+        self.recipe = load_bench_recipe(cfg.cluster.recipe) if cfg.cluster.recipe else None
+        eng = self.recipe.engine if self.recipe is not None else None
+        prof_id = (cfg.cluster.profile or (eng.profile if eng is not None else None)
+                   or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30"))
         self.profile = load_profile(prof_id)
+        self.chunked_prefill = True
+        if eng is not None:  # the recipe's engine limits override the profile's, as `astro serve` does
+            lim = {k: getattr(eng, k) for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
+                                                "max_model_len") if getattr(eng, k) is not None}
+            self.profile = replace(self.profile, **lim)
+            self.chunked_prefill = bool(eng.chunked_prefill)
+        self.instance_policy: str = cfg.cluster.instance_policy
         if media and self.profile.vision is None:
             raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
                                  field="--profile", fix="use a multimodal profile, e.g. llava-onevision-7b-a100")
@@ -167,10 +177,32 @@ class VirtualTarget:
     def describe(self) -> dict[str, Any]:
         return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
                 "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
+                **({"instance_policies": list(self.cfg.cluster.instance_policies)}
+                   if self.cfg.cluster.instance_policies else {}),
+                **({"recipe": self.recipe.name, "engine_limits": {
+                    "num_gpu_blocks": self.profile.num_gpu_blocks, "max_num_seqs": self.profile.max_num_seqs,
+                    "max_num_batched_tokens": self.profile.max_num_batched_tokens,
+                    "max_model_len": self.profile.max_model_len, "chunked_prefill": self.chunked_prefill}}
+                   if self.recipe is not None else {}),
                 "remaining_length": None if self.cfg.cluster.oracle_lengths else self.cfg.cluster.remaining_length,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
                 "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction,
                 "max_num_seqs": self.cfg.cluster.max_num_seqs}
+
+    def use_instance_policy(self, name: str | None) -> None:
+        """The in-instance policy of the next runs (None: `cfg.cluster.instance_policy`)."""
+        self.instance_policy = name or self.cfg.cluster.instance_policy
+
+    def instance_policy_params(self, name: str) -> dict[str, Any]:
+        """Parameters for instance policy `name`: the recipe's `engine.instance_policy_params`
+        that `name` declares (a recipe written for rps may set its classifier; fcfs takes
+        none), then `--instance-param`s, which win."""
+        from rps_astro_cli.policies import INSTANCE_POLICIES
+
+        declared = {p.name for p in INSTANCE_POLICIES.get(name).params}
+        base = dict(self.recipe.engine.instance_policy_params) if self.recipe is not None else {}
+        base.update(self.cfg.cluster.instance_policy_params or {})
+        return {k: v for k, v in base.items() if k in declared}
 
     def use_policy(self, policy: str | None, k: str | None) -> None:
         self.policy = policy or "round_robin"
@@ -217,8 +249,9 @@ class VirtualTarget:
                                             success=False, error="its previous turn failed"))
                 continue
             vt = enc = pre = 0.0
-            if r.media and v is not None:
-                vt = r.num_images * v.tokens_per_image + r.num_frames * v.tokens_per_frame
+            if r.media and v is not None:  # images by the profile's size rule, videos per frame (+ per video)
+                vt = sum(v.image_tokens(m.width_px, m.height_px) if m.kind == "image" else v.video_tokens(m.num_frames)
+                         for m in r.media)
                 enc = r.num_images * v.encoder_s_per_image + r.num_frames * v.encoder_s_per_frame
                 pre = r.num_images * v.preprocess_s_per_image + r.num_frames * v.preprocess_s_per_frame
             p = r.prompt_tokens + int(vt)
@@ -246,7 +279,13 @@ class VirtualTarget:
         rng = np.random.default_rng([self.cfg.workload.seed, 11])
         vreqs, failed = self.virtual_requests(times)
         sim = self.simulate or _simulate_cluster
-        recs, extras = sim(vreqs, self.cfg, self.profile, self.make_dispatch(rng), rng)
+        ipol = self.instance_policy
+        cfg = self.cfg
+        if ipol != cfg.cluster.instance_policy or self.recipe is not None or cfg.cluster.instance_policies:
+            cfg = replace(cfg, cluster=replace(cfg.cluster, instance_policy=ipol, chunked_prefill=self.chunked_prefill,
+                                               instance_policy_params=self.instance_policy_params(ipol) or None))
+        recs, extras = sim(vreqs, cfg, self.profile, self.make_dispatch(rng), rng)
+        extras = {**extras, "instance_policy": ipol}
         by_id = {r.request_id: r for r in recs + failed}
         out = [by_id[r.request_id] for r in requests]
         for r in out:
@@ -283,24 +322,66 @@ def bench_remaining(cfg, dispatch: DispatchPolicy):
                              fix="pass default, none, or a table JSON (scripts/fit_remaining_table.py)") from None
 
 
+def load_bench_recipe(spec: str):
+    """The `astro serve` recipe `spec` (a name under recipes/ or a YAML path) for a virtual
+    run: its engine section gives the profile, the engine limits, the instance policy and
+    its parameters; `instances` and `scheduler.policy` are the defaults of `--instances` /
+    `--policies` (`recipe_flag_defaults`).
+
+    Raises:
+        AstroUserError: field "--recipe" — missing file, bad YAML or an invalid field.
+    """
+    from rps_astro_cli.services.config import load_recipe
+
+    rc = load_recipe(spec)
+    if rc.engine.backend != "sim" and rc.engine.backend != "vllm":
+        raise AstroUserError(f"recipe {spec}: unknown engine backend {rc.engine.backend!r}", field="--recipe")
+    return rc
+
+
+def recipe_flag_defaults(spec: str | None) -> dict[str, Any]:
+    """What a recipe sets for the flags a user left out: instances, instance_policy and
+    the dispatch policy ({} without a recipe)."""
+    if not spec:
+        return {}
+    rc = load_bench_recipe(spec)
+    return {"instances": rc.instances, "instance_policy": rc.engine.instance_policy,
+            "policies": [rc.scheduler.policy]}
+
+
+def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile) -> Callable[[], Any]:
+    """A fresh instance policy per virtual instance, each built by
+    `policies.build.build_instance_policy(name, params, profile)`; the first is built now,
+    so an unknown name or bad parameter fails (naming `--instance-param NAME`) before the run.
+
+    Raises:
+        AstroUserError: unknown policy name or a bad parameter.
+    """
+    from rps_astro_cli.policies.build import build_instance_policy
+
+    ip = dict(params or {})
+    fields = {n: f"--instance-param {n}" for n in ip}
+    build_instance_policy(name, ip, profile, fields=fields)
+    return lambda: build_instance_policy(name, ip, profile, fields=fields)
+
+
 def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
     (times: virtual seconds; sent = arrival at the dispatcher)."""
     from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
-    from rps_astro_cli.policies import make_policy
     from rps_astro_cli.sim.instance import InstanceConfig
 
-    ip = cfg.cluster.instance_policy_params or {}
-    make_policy(cfg.cluster.instance_policy, **ip)  # unknown name / bad parameter → AstroUserError naming it
-    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs)
+    make_policy = instance_policy_factory(cfg.cluster.instance_policy, cfg.cluster.instance_policy_params, profile)
+    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs,
+                                       chunked_prefill=cfg.cluster.chunked_prefill)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
                           follows=v.follows, think_s=v.think_s) for v in vreqs]
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
-                           lambda: make_policy(cfg.cluster.instance_policy, **ip), rng,
+                           make_policy, rng,
                            remaining=bench_remaining(cfg, dispatch))
     out = []
     for v, r in zip(vreqs, res.records):

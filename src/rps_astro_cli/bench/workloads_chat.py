@@ -353,7 +353,7 @@ def _mix(name: str) -> Loader:
         if n_txt:
             parts.append(load_sharegpt(text_opts, rng))
         if n_img:
-            parts.append(load_llava_instruct(replace(opts, path=None, num_requests=n_img), rng))
+            parts.append(_images_for_mix(replace(opts, path=None, num_requests=n_img), rng))
         if n_vid:
             parts.append(_video_for_mix(replace(opts, path=None, num_requests=n_vid), rng))
         reqs = [r for w in parts for r in w.requests]
@@ -373,20 +373,147 @@ def _mix(name: str) -> Loader:
     return load
 
 
+# -- the mixes' media footprint (RPS-Serve authors' harness; ../shared/research/rps-serve-testbed.md) --
+
+COMPLEX_REASONING_FILES = ("llava/complex_reasoning_77k.json", "complex_reasoning_77k.json")
+LLAVA_BENCH_QA = "llava/llava_bench_coco_gpt4_qa_30x3.jsonl"
+
+COCO_IMAGE_SIZES = {(640, 480): 0.40, (640, 427): 0.24, (480, 640): 0.10, (427, 640): 0.06, (500, 375): 0.09,
+                    (375, 500): 0.03, (640, 640): 0.03, (640, 360): 0.05}
+"""(width, height) px → share, drawn for an image whose file is absent (COCO train2017
+images are not here, PROVENANCE.md). The sizes are common COCO sizes (longer side ≤ 640 px);
+the shares are OURS, chosen so that LLaVA-OneVision's AnyRes rule gives what the authors'
+isolated records show (testbed note, Request footprint): 1,728 (500×375) … 3,699 (640×640)
+tokens, mode 2,929 (640×480), mean 2,701 here vs ≈ 2,705 recorded."""
+
+VIDEO_DURATION_BUCKETS_S = ((1.0, 30.0), (30.0, 60.0), (60.0, 120.0), (120.0, 180.0))
+"""LLaVA-Video-178K caption split's duration buckets (0–30 s, 30–60 s, 1–2 min, 2–3 min;
+the authors drew equal shares of each; testbed note). 0–30 s starts at 1 s, the frame rule's
+lower end."""
+
+VIDEO_CAPTION_TOKENS = {"mean": 700.0, "min": 153, "max": 2726, "log_sigma": 0.6}
+"""Caption reply lengths (tokens) of the authors' isolated LLaVA-Video records (testbed
+note: 153–2,726, mean ≈ 700). Only min / mean / max are recorded: drawn lognormal with
+σ = 0.6 (OURS) and mean 700, redrawn outside [min, max] (truncated mean ≈ 695)."""
+
+
+def frames_for_duration(duration_s: float, max_frames: int = 32, min_frames: int = 8) -> int:
+    """Frames the authors' harness samples from a video: 8…32 scaled linearly with the
+    duration over 1–180 s (testbed note), at most `max_frames` (`--max-frames`)."""
+    d = min(max(duration_s, 1.0), 180.0)
+    return max(1, min(max_frames, int(round(min_frames + (32 - min_frames) * (d - 1.0) / 179.0))))
+
+
+def _complex_reasoning_lengths(opts: WorkloadOptions) -> tuple[list[int], str]:
+    """Reply lengths (tokens, `opts.counter`) of LLaVA-Instruct's complex-reasoning split:
+    the first answers of `complex_reasoning_77k.json` when found in the data folder, else the
+    30 "complex" GPT-4 answers of LLaVA-Bench (COCO) (the same question type and generator,
+    on COCO images; `../shared/data/llava/`). ([], reason) when neither is here."""
+    d = data_dir()
+    if d is not None:
+        for rel in COMPLEX_REASONING_FILES:
+            if (d / rel).is_file():
+                out = []
+                for e in _read_json_records(d / rel):
+                    got = _first_pair(e.get("conversations") or [])
+                    if not isinstance(got, str):
+                        out.append(max(1, opts.counter(got[1])))
+                return out, f"complex_reasoning_77k replies ({d / rel})"
+        qa = d / LLAVA_BENCH_QA
+        if qa.is_file():
+            import json
+
+            rows = [json.loads(x) for x in qa.read_text().splitlines() if x.strip()]
+            out = [max(1, opts.counter(r["output"])) for r in rows if r.get("type") == "complex"]
+            if out:
+                return out, f"{len(out)} LLaVA-Bench (COCO) complex-reasoning GPT-4 answers ({qa})"
+    return [], "no complex-reasoning replies found"
+
+
+def _image_size(path: Path | None, rng: np.random.Generator) -> tuple[int, int, bool]:
+    """(width, height, drawn): the real file's size when Pillow reads it, else a draw from
+    `COCO_IMAGE_SIZES`."""
+    if path is not None:
+        try:
+            from PIL import Image
+
+            with Image.open(path) as im:
+                return int(im.width), int(im.height), False
+        except Exception:  # noqa: BLE001 - unreadable or no Pillow: draw instead (counted)
+            pass
+    sizes = list(COCO_IMAGE_SIZES)
+    w = np.array(list(COCO_IMAGE_SIZES.values()))
+    k = int(rng.choice(len(sizes), p=w / w.sum()))
+    return sizes[k][0], sizes[k][1], True
+
+
+def _images_for_mix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """The mixes' image requests: LLaVA-Instruct prompts and images (as `llava-instruct`),
+    each image's size (its file's, else drawn from `COCO_IMAGE_SIZES`, counted in
+    `notes["image_size_drawn"]`) for the profile's vision-token rule, and the reply length
+    drawn from the complex-reasoning split's (`_complex_reasoning_lengths`; the authors' image
+    requests, testbed note) — the record's own reply when none is here (said loudly)."""
+    base = load_llava_instruct(opts, rng)
+    lens, src = _complex_reasoning_lengths(opts)
+    notes = Counter(base.notes)
+    warnings = list(base.warnings)
+    reqs = []
+    for r in base.requests:
+        media = []
+        for m in r.media:
+            w, h, drawn = _image_size(m.path, rng)
+            notes["image_size_drawn"] += drawn
+            media.append(replace(m, width_px=w, height_px=h))
+        o = int(lens[int(rng.integers(len(lens)))]) if lens else r.output_tokens
+        reqs.append(replace(r, output_tokens=o, media=tuple(media)))
+    if lens:
+        notes["reply_from_complex_reasoning"] += len(reqs)
+    else:
+        warnings.append("NO complex-reasoning replies found: image requests keep their own LLaVA-Instruct "
+                        "reply lengths (shorter than the authors' ≈ 140 tokens)")
+    if notes["image_size_drawn"]:
+        warnings.append(f"{notes['image_size_drawn']} image size(s) DRAWN from COCO_IMAGE_SIZES (COCO images "
+                        "absent); vision tokens follow the profile's rule for that size")
+    return Workload("llava-instruct", reqs, f"{base.source}; image replies: {src}", base.skipped, dict(notes),
+                    warnings)
+
+
+def _draw_caption_tokens(rng: np.random.Generator) -> int:
+    s = VIDEO_CAPTION_TOKENS
+    mu = float(np.log(s["mean"]) - s["log_sigma"] ** 2 / 2)
+    while True:
+        x = int(round(rng.lognormal(mu, s["log_sigma"])))
+        if s["min"] <= x <= s["max"]:
+            return x
+
+
 def _video_for_mix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
-    """LLaVA-Video records when a file is found, else stand-in video requests that reuse
-    LLaVA-Instruct's real prompts and reply lengths with a stand-in 0–30 s video."""
+    """The mixes' video requests. With LLaVA-Video records: theirs, frames by their
+    duration bucket (`frames_for_duration` of the bucket's middle). Without (as here):
+    LLaVA-Instruct prompts with a DRAWN video — bucket uniform over
+    `VIDEO_DURATION_BUCKETS_S`, duration uniform in it, frames by `frames_for_duration`,
+    caption reply from `VIDEO_CAPTION_TOKENS` — a stand-in MJPEG of that many frames for
+    live runs; said loudly."""
     path, _ = _resolve(opts, LLAVA_VIDEO_FILES, "LLaVA-Video JSON")
     if path is not None:
-        return load_llava_video(opts, rng)
+        wl = load_llava_video(opts, rng)
+        wl.requests = [replace(r, media=tuple(replace(m, num_frames=frames_for_duration(m.duration_s, opts.max_frames))
+                                              for m in r.media)) for r in wl.requests]
+        return wl
     base = load_llava_instruct(opts, rng)
-    reqs = [replace(r, request_id=f"video-{k}", modality="video",
-                    media=(MediaItem("video", None, True,
-                                     opts.max_frames, 15.0),)) for k, r in enumerate(base.requests)]
-    return Workload("llava-video", reqs, f"STAND-IN videos on LLaVA-Instruct prompts ({base.source})",
-                    base.skipped, {"video_stand_in": len(reqs)},
-                    ["NO LLaVA-Video records found: video requests are LLaVA-Instruct prompts with STAND-IN "
-                     f"MJPEG videos ({opts.max_frames} frames, 0–30 s bucket)"])
+    reqs = []
+    for k, r in enumerate(base.requests):
+        lo, hi = VIDEO_DURATION_BUCKETS_S[int(rng.integers(len(VIDEO_DURATION_BUCKETS_S)))]
+        dur = float(rng.uniform(lo, hi))
+        frames = frames_for_duration(dur, opts.max_frames)
+        reqs.append(replace(r, request_id=f"video-{k}", modality="video", output_tokens=_draw_caption_tokens(rng),
+                            media=(MediaItem("video", None, True, frames, round(dur, 1)),)))
+    return Workload("llava-video", reqs, f"DRAWN videos on LLaVA-Instruct prompts ({base.source})",
+                    base.skipped, {"video_stand_in": len(reqs), "video_drawn": len(reqs)},
+                    ["NO LLaVA-Video records found: video requests are LLaVA-Instruct prompts with DRAWN videos "
+                     "(duration bucket 0–30 s … 2–3 min in equal shares, 8–32 frames by duration, caption "
+                     "replies lognormal with mean 700 tokens in [153, 2726]: the RPS-Serve authors' footprint, "
+                     "../shared/research/rps-serve-testbed.md) and STAND-IN MJPEG videos for live runs"])
 
 
 for _name in MIXES:

@@ -52,9 +52,11 @@ def bench(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Per-request read timeout (s).")] = 600.0,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
-    instances: Annotated[int, typer.Option("--instances", help="Virtual: number of instances.")] = 4,
+    recipe: Annotated[str | None, typer.Option("--recipe", help="Virtual: an astro serve recipe (name under recipes/ or YAML path): profile, engine limits, instance policy, instances, dispatch policy; flags given win.")] = None,
+    instances: Annotated[int | None, typer.Option("--instances", help="Virtual: number of instances (default: the recipe's, else 4).")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
-    instance_policy: Annotated[str, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...).")] = "fcfs",
+    instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...; default: the recipe's, else fcfs).")] = None,
+    instance_policies: Annotated[str | None, typer.Option("--instance-policies", help="Virtual: compare in-instance policies, one run each, e.g. fcfs,rps.")] = None,
     instance_param: InstanceParamOpt = None,
     policies: Annotated[str | None, typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
@@ -101,6 +103,7 @@ def bench(
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
+    from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.params import parse_assignments
 
     # Parse-time checks: bad numbers fail before anything starts.
@@ -112,6 +115,14 @@ def bench(
     if burstiness is not None and arrival == "poisson":
         arrival = "gamma"
     rate_list = parse_rates(rates) if rates is not None else None
+    rdef: dict = {}
+    if recipe is not None:
+        if not virtual:
+            raise AstroUserError("--recipe describes the virtual cluster; a live cluster has its own "
+                                 "(astro serve --recipe)", field="--recipe", fix="add --virtual")
+        from rps_astro_cli.bench.virtual import recipe_flag_defaults
+
+        rdef = recipe_flag_defaults(recipe)
     out_dir = None if no_report else (out or f"{_DEFAULT_OUT}/{workload}-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg = BenchConfig.flat(
         workload=workload, path=path, num_requests=num_requests, seed=seed, tokenizer=tokenizer,
@@ -119,8 +130,11 @@ def bench(
         max_prompt_tokens=max_prompt_tokens, max_total_tokens=max_total_tokens, arrival=arrival,
         request_rate=rate, burstiness=b, time_scale=ts, max_concurrency=max_concurrency, rates=rate_list,
         cluster=cluster, base_url=base_url, model=model, endpoint=endpoint, send_true_lengths=send_true_lengths,
-        max_tokens=max_tokens, ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual, instances=instances,
-        profile=profile, instance_policy=instance_policy, policies=_split(policies), ks=_split(k),
+        max_tokens=max_tokens, ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual,
+        profile=profile, instance_policy=instance_policy or rdef.get("instance_policy", "fcfs"),
+        instances=instances if instances is not None else rdef.get("instances", 4),
+        instance_policies=_split(instance_policies), recipe=recipe,
+        policies=_split(policies) or rdef.get("policies"), ks=_split(k),
         objective=objective, policy_params=parse_assignments(param) or None,
         instance_policy_params=parse_assignments(instance_param, "--instance-param") or None, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
         prediction_noise_fraction=prediction_noise_fraction, length_model=length_model, remaining_length=remaining_length,

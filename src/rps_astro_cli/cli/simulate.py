@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.dispatch import make_dispatch
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.params import parse_assignments
-        from rps_astro_cli.policies import make_policy
+        from rps_astro_cli.policies import build_instance_policy
         from rps_astro_cli.sim.instance import InstanceConfig
         from rps_astro_cli.sim.profile import load_profile
 
@@ -74,7 +74,7 @@ def register(app: typer.Typer) -> None:
         cfg = InstanceConfig.from_profile(prof)
         iparams = parse_assignments(instance_param, "--instance-param")
         ifields = {n: f"--instance-param {n}" for n in iparams}
-        make_policy(instance_policy, fields=ifields, **iparams)  # bad name/parameter -> one line naming it
+        build_instance_policy(instance_policy, iparams, prof, fields=ifields)  # bad name/parameter -> one line naming it
         params = parse_assignments(param)
         fields = {n: f"--param {n}" for n in params}
         if k is not None:
@@ -82,7 +82,7 @@ def register(app: typer.Typer) -> None:
         dispatch = make_dispatch(policy, fields=fields, **params)
         rng = np.random.default_rng(seed)
         reqs = poisson_workload(read_length_trace(trace), num_requests, rate, cfg.max_model_len, rng)
-        res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: make_policy(instance_policy, **iparams), rng)
+        res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: build_instance_policy(instance_policy, iparams, prof), rng)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
             for r in res.records:

@@ -94,11 +94,9 @@ def build_sim_engine(opts: EngineOptions):
     from rps_astro_cli.sim.profile import load_profile
 
     profile = load_profile(opts.profile)
-    policy: Any = opts.instance_policy
-    if opts.instance_policy_params:
-        from rps_astro_cli.policies.rps import make_policy_for_profile
+    from rps_astro_cli.policies.build import build_instance_policy
 
-        policy = make_policy_for_profile(opts.instance_policy, profile, **opts.instance_policy_params)
+    policy: Any = build_instance_policy(opts.instance_policy, opts.instance_policy_params, profile)
     return SimEngine(
         profile, policy=policy, seed=opts.seed, time_scale=opts.time_scale,
         instance_id=opts.instance_id, num_gpu_blocks=opts.num_gpu_blocks,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
@@ -136,10 +136,13 @@ class SimEngine:
         from rps_astro_cli.errors import AstroUserError
 
         if not (time_scale > 0 and math.isfinite(time_scale)):
-            raise AstroUserError(f"must be > 0, got {time_scale}", field="time_scale")
+            raise AstroUserError(f"must be a finite number > 0 (wall seconds per engine second), got {time_scale}",
+                                 field="--time-scale",
+                                 fix="pass e.g. 1 for real time or 0.01 to run 100x faster (for instant answers, "
+                                     "a virtual run: astro bench --virtual)")
         self.profile = profile
         self.config = InstanceConfig.from_profile(profile, **config_overrides)
-        self.policy = make_policy_for_profile(policy, profile) if isinstance(policy, str) else policy
+        self.policy = build_instance_policy(policy, None, profile) if isinstance(policy, str) else policy
         self._impact = ProfileImpactEstimator(profile)  # per-class prefill backlog estimates
         self.inst = InstanceSim(self.config, LatencyModel(profile), self.policy)
         self.rng = np.random.default_rng(seed)

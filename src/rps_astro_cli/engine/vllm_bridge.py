@@ -50,7 +50,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.policy import InstancePolicy
@@ -170,12 +169,13 @@ def view_of(req: Any) -> RequestView:
 
 def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
     """The instance policy named by `ASTRO_VLLM_POLICY` (default fcfs) with the JSON
-    parameters in `ASTRO_VLLM_POLICY_PARAMS`.
+    parameters in `ASTRO_VLLM_POLICY_PARAMS`, for the profile `ASTRO_VLLM_PROFILE_ID`
+    (when set), built by `policies.build.build_instance_policy` as on every other path.
 
     Raises:
         AstroUserError: a policy module that does not import, unknown policy name,
             parameters that are not a JSON object, or
-            parameters the policy rejects.
+            parameters the policy rejects, or an unknown profile.
     """
     env = os.environ if environ is None else environ
     for mod in filter(None, (m.strip() for m in env.get(ENV_POLICY_MODULES, "").split(","))):
@@ -196,8 +196,12 @@ def policy_from_env(environ: dict[str, str] | None = None) -> InstancePolicy:
     from rps_astro_cli.policies import INSTANCE_POLICIES
 
     INSTANCE_POLICIES.get(name)  # unknown name: the error lists the valid ones
+    from rps_astro_cli.policies.build import build_instance_policy, resolve_profile
+
+    # the engine's profile ties the policy to it as on every other path (rps: its classifier; edf: its E2E)
+    profile = resolve_profile(env.get(ENV_PROFILE_ID, "") or None, field=ENV_PROFILE_ID)
     try:
-        return make_policy(name, **params)  # checked against the policy's declared parameters
+        return build_instance_policy(name, params, profile)  # checked against the policy's declared parameters
     except (TypeError, AstroUserError) as exc:
         raise AstroUserError(f"policy {name!r} rejects its parameters: {exc}",
                              field=ENV_POLICY_PARAMS) from None

@@ -16,3 +16,7 @@ BUILTIN_MODULES = (
     "rps_astro_cli.policies.rps",  # static_class, naive_class, naive_aging, rps, edf
 )
 import_plugins("instance policy", BUILTIN_MODULES)
+
+from rps_astro_cli.policies.build import build_instance_policy  # noqa: E402  (after the built-ins register)
+
+__all__ += ["build_instance_policy"]

@@ -398,13 +398,12 @@ def profile_policy_params(name: str, profile: Any) -> dict[str, Any]:
 
 
 def make_policy_for_profile(name: str, profile: Any, **params: Any) -> InstancePolicy:
-    """`make_policy(name, **profile_policy_params(name, profile), **params)`; explicit
-    `params` win. What the sim engine and the virtual cluster should call so that
-    `--instance-policy rps` on a profile with a fitted classifier uses it.
+    """Kept for callers of the old name: `policies.build.build_instance_policy(name,
+    params, profile)`, the one builder every path uses.
 
     Raises:
         AstroUserError: unknown policy name or bad parameters.
     """
-    from rps_astro_cli.sim.policy import make_policy
+    from rps_astro_cli.policies.build import build_instance_policy
 
-    return make_policy(name, **{**profile_policy_params(name, profile), **params})
+    return build_instance_policy(name, params, profile)

@@ -54,7 +54,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.policies import make_policy
+from rps_astro_cli.policies import build_instance_policy, make_policy
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -260,7 +260,8 @@ class Predictor:
             spec = dict(status.policy)
             name = str(spec.pop("name", "fcfs"))
             try:
-                pol = make_policy(name, **spec)
+                # as the engine built it: its profile's defaults, its own parameters winning
+                pol = build_instance_policy(name, spec, self._fixed_profile or status.profile_id or None)
             except (TypeError, ValueError, OSError) as exc:  # AstroUserError is a ValueError
                 log.warning("engine policy %s%r not rebuilt with its parameters (%s); using its defaults",
                             name, spec, exc)

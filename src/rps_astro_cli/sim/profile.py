@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +44,12 @@ class VisionCosts:
         reaches the scheduler (seconds).
     encoder_s_per_image / encoder_s_per_frame: vision-encoder GPU time, added to the step
         holding the request's first prefill chunk (seconds).
+    image_tokens_rule: how an image's size becomes vision tokens — "fixed" (every image
+        `tokens_per_image`, the size ignored) or "anyres" (LLaVA-OneVision's AnyRes-max
+        rule, `anyres_tokens`; model-specific, so it lives here, not in the workload).
+    anyres_*: that rule's constants (LLaVA-OneVision-7B: 384-px SigLIP crops of 27 × 27
+        patches, grids up to 6 × 6 crops, features pooled down to ≤ 9 crops' worth).
+    tokens_per_video: tokens a video adds besides its frames (LLaVA-OneVision: 1 newline).
     """
 
     tokens_per_image: int
@@ -51,6 +58,80 @@ class VisionCosts:
     preprocess_s_per_frame: float
     encoder_s_per_image: float
     encoder_s_per_frame: float
+    image_tokens_rule: str = "fixed"
+    anyres_crop_px: int = 384
+    anyres_patches_per_side: int = 27
+    anyres_max_grid: int = 6
+    anyres_max_crops: int = 9
+    tokens_per_video: int = 0
+
+    def __post_init__(self) -> None:
+        if self.image_tokens_rule not in ("fixed", "anyres"):
+            raise AstroUserError(f"unknown image_tokens_rule {self.image_tokens_rule!r}",
+                                 field="vision.image_tokens_rule", fix="use fixed or anyres")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The profile JSON's "vision" object; the size-rule fields only when they differ
+        from the defaults (a fixed-rule profile's file keeps its six fields)."""
+        d = dict(self.__dict__)
+        for name in ("image_tokens_rule", "anyres_crop_px", "anyres_patches_per_side", "anyres_max_grid",
+                     "anyres_max_crops", "tokens_per_video"):
+            if d[name] == VisionCosts.__dataclass_fields__[name].default and self.image_tokens_rule == "fixed":
+                del d[name]
+        return d
+
+    def image_tokens(self, width_px: int = 0, height_px: int = 0) -> int:
+        """Vision tokens of one image of `width_px` × `height_px` (0 × 0 = size unknown:
+        `tokens_per_image`)."""
+        if self.image_tokens_rule == "fixed" or width_px <= 0 or height_px <= 0:
+            return self.tokens_per_image
+        return anyres_tokens(width_px, height_px, self.anyres_crop_px, self.anyres_patches_per_side,
+                             self.anyres_max_grid, self.anyres_max_crops)
+
+    def video_tokens(self, num_frames: int) -> int:
+        """Vision tokens of one video sampled at `num_frames` frames."""
+        return num_frames * self.tokens_per_frame + (self.tokens_per_video if num_frames > 0 else 0)
+
+
+def anyres_tokens(width_px: int, height_px: int, crop_px: int = 384, patches: int = 27, max_grid: int = 6,
+                  max_crops: int = 9) -> int:
+    """LLaVA-OneVision's AnyRes-max image tokens (the rule of its image processor; facts
+    from the LLaVA-OneVision paper §3 and the Hugging Face processor's feature count):
+
+    1. the grid (rows × cols of `crop_px` crops, 1…`max_grid` each) whose scaled-down
+       image keeps the most pixels (ties: the least padding) is chosen;
+    2. the grid's feature map (rows·patches × cols·patches) is cropped to the image's
+       aspect ratio (padding removed);
+    3. if that exceeds `max_crops` crops' worth of patches by more than 10 %, both sides
+       are divided by the ratio (pooling);
+    4. tokens = that map + one newline token per row + one base crop (patches²).
+
+    640 × 480 (the most common COCO size) → 2,929 tokens.
+    """
+    best: tuple[int, int] | None = None
+    best_eff, best_waste = -1, 0
+    for rows in range(1, max_grid + 1):
+        for cols in range(1, max_grid + 1):
+            h, w = rows * crop_px, cols * crop_px
+            scale = min(w / width_px, h / height_px)
+            eff = min(int(width_px * scale) * int(height_px * scale), width_px * height_px)
+            waste = w * h - eff
+            if eff > best_eff or (eff == best_eff and waste < best_waste):
+                best, best_eff, best_waste = (rows, cols), eff, waste
+    assert best is not None
+    cur_h, cur_w = best[0] * patches, best[1] * patches
+    if width_px / height_px > cur_w / cur_h:
+        new_h = int(round(height_px * (cur_w / width_px), 7))
+        cur_h -= 2 * ((cur_h - new_h) // 2)
+    else:
+        new_w = int(round(width_px * (cur_h / height_px), 7))
+        cur_w -= 2 * ((cur_w - new_w) // 2)
+    feats, newlines = cur_h * cur_w, cur_h
+    ratio = math.sqrt(cur_h * cur_w / (max_crops * patches * patches))
+    if ratio > 1.1:
+        feats = int(cur_h // ratio) * int(cur_w // ratio)
+        newlines = int(cur_h // ratio)
+    return feats + newlines + patches * patches
 
 
 @dataclass(frozen=True)
@@ -192,7 +273,7 @@ class ExecutionProfile:
             "fit": self.fit,
         }
         if self.vision:
-            d["vision"] = self.vision.__dict__
+            d["vision"] = self.vision.to_dict()
         return d
 
 
