@@ -46,9 +46,9 @@ from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.base import LENGTH_MODELS, LengthModel, LengthModelMeta, ProgressFn
 from rps_astro_cli.length.classic import (
     N_DENSE,
-    _vectorizers,
     dense_matrix,
     design_matrix,
+    init_text_weights,
     ngram_window,
     tf_matrix,
 )
@@ -186,13 +186,7 @@ class ChatGBMLengthModel(LengthModel):
 
     def __init__(self, n_hash: int = N_HASH):
         super().__init__()
-        self.n_hash = n_hash
-        self._word, self._char = _vectorizers(n_hash)
-        self.idf = np.ones(2 * n_hash)
-        self.coef = np.zeros(2 * n_hash)
-        self.dense_mean = np.zeros(N_DENSE)
-        self.dense_std = np.ones(N_DENSE)
-        self.dense_coef = np.zeros(N_DENSE)
+        init_text_weights(self, n_hash)
         self.text_intercept = 0.0
         self.shift = 0.0
         self.trees: TreeEnsemble | None = None

@@ -78,6 +78,18 @@ def dense_cues(text: str) -> list[float]:
     ]
 
 
+def init_text_weights(model: Any, n_hash: int) -> None:
+    """The untrained text part both hashed-n-gram models share: the two vectorizers, idf and
+    ridge weights over [word | char] columns, and the dense cues' standardization."""
+    model.n_hash = n_hash
+    model._word, model._char = _vectorizers(n_hash)
+    model.idf = np.ones(2 * n_hash)
+    model.coef = np.zeros(2 * n_hash)
+    model.dense_mean = np.zeros(N_DENSE)
+    model.dense_std = np.ones(N_DENSE)
+    model.dense_coef = np.zeros(N_DENSE)
+
+
 def tf_matrix(word: Any, char: Any, texts: list[str]) -> sp.csr_matrix:
     """log(1 + tf) of the word and char hashed n-grams of each text's n-gram window,
     stacked [word | char] (shape (n, 2·n_hash))."""
@@ -113,13 +125,7 @@ class ClassicLengthModel(LengthModel):
 
     def __init__(self, n_hash: int = N_HASH):
         super().__init__()
-        self.n_hash = n_hash
-        self._word, self._char = _vectorizers(n_hash)
-        self.idf = np.ones(2 * n_hash)
-        self.coef = np.zeros(2 * n_hash)
-        self.dense_mean = np.zeros(N_DENSE)
-        self.dense_std = np.ones(N_DENSE)
-        self.dense_coef = np.zeros(N_DENSE)
+        init_text_weights(self, n_hash)
         self.intercept = 0.0
         self.shift = 0.0
         self.alpha = 1.0
