@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rps_astro_cli.dispatch import DISPATCH_POLICIES, DispatchPolicy, InstanceLoad, decide, make_dispatch
-from rps_astro_cli.dispatch.stages import HealthFilter, KvRoomFilter, OutstandingScorer, Scorer
+from rps_astro_cli.dispatch.stages import HealthFilter, KvHeadroomFilter, KvRoomFilter, OutstandingScorer, Scorer
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param, ParamError, check_params, parse_assignments
 from rps_astro_cli.policies import INSTANCE_POLICIES
@@ -79,6 +79,46 @@ def test_kv_room_filter_drops_instances_whose_queue_already_needs_the_free_block
           2: InstanceLoad(2)}
     assert KvRoomFilter()(by, [0, 1, 2]) == [0, 2]
     assert KvRoomFilter(min_free_blocks=6)(by, [0, 1]) == [0, 1]  # nobody has > 6: all pass
+
+
+def _hl(i, free, need, hit=None, total=100):
+    # 100 blocks of 16 tokens; the request's prompt is 33 tokens = 3 blocks (1 when 32 are cached)
+    return InstanceLoad(i, kv_blocks_free=free, kv_blocks_total=total, waiting_blocks_needed=need,
+                        request_prompt_tokens=33, kv_block_size=16, prefix_hit_tokens=hit)
+
+
+def test_kv_headroom_filter_counts_the_queue_and_the_request_own_prompt():
+    # reserve 10 % of 100 blocks = 10: free − waiting need − own prompt blocks ≥ 10
+    by = {0: _hl(0, 20, 5),        # 20 − 5 − 3 = 12: passes
+          1: _hl(1, 15, 3),        # 15 − 3 − 3 = 9: fails
+          2: InstanceLoad(2),      # unknown status: passes
+          3: _hl(3, 12, 0, hit=32),  # 12 − 0 − ceil(1/16) = 11: passes (9 without the hit)
+          4: _hl(4, 12, 0)}        # 12 − 0 − 3 = 9: fails
+    f = KvHeadroomFilter(0.1)
+    assert f.headroom_blocks(by[0]) == 12 and f.headroom_blocks(by[1]) == 9 and f.headroom_blocks(by[2]) is None
+    assert f(by, [0, 1, 2, 3, 4]) == [0, 2, 3]
+    assert f(by, [1, 4]) == [1, 4]  # none has headroom: all pass
+
+
+def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_with_headroom():
+    loads = [_hl(0, 20, 5), _hl(1, 15, 3), _hl(2, 40, 0)]
+    est = {0: LatencyEstimate(0.30, 9.0, 1, 1), 1: LatencyEstimate(0.10, 8.0, 1, 1), 2: LatencyEstimate(0.20, 9.5, 1, 1)}
+    asked = []
+
+    def predict(cands):
+        asked.append(sorted(cands))
+        return {i: est[i] for i in cands}
+
+    rng = np.random.default_rng(0)
+    pol = make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0.1)
+    assert pol.needs_status and pol.needs_predictions
+    dec = decide(pol, loads, rng, predict)
+    # instance 1 predicts the lowest TTFT but would keep 9 < 10 blocks free: only 0 and 2 are asked
+    assert asked == [[0, 2]] and dec.choice == 2
+    off = decide(make_dispatch("power_of_k", k="all", objective="ttft"), loads, rng, predict)
+    assert off.choice == 1  # the reserve off: the plain lowest prediction
+    with pytest.raises(AstroUserError):
+        make_dispatch("power_of_k", kv_reserve_frac=1.0)
 
 
 class _FreeBlocks(Scorer):
@@ -157,5 +197,5 @@ def test_astro_policies_lists_declared_parameters():
     rows = {(row["family"], row["name"]): row for row in json.loads(r.output)}
     assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
         "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
-    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective"]
+    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective", None]
     assert ("instance", "rps") in rows and ("instance", "fcfs") in rows

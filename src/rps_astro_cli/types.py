@@ -654,6 +654,12 @@ class InstanceLoad:
     request_prompt_tokens: int | None = None
     # the instance served the previous turn of this request's session
     served_session: bool = False
+    # tokens per KV block on the instance (None if unknown)
+    kv_block_size: int | None = None
+    # KV blocks the prompts of requests forwarded there after its latest status still
+    # need (the live scheduler's pending list; None: none known, as in the virtual
+    # cluster, whose status never lags)
+    pending_blocks_needed: int | None = None
 
     @staticmethod
     def status_fields(st: InstanceStatus) -> dict[str, int]:
@@ -670,6 +676,7 @@ class InstanceLoad:
             "num_running": len(st.running),
             "num_waiting": len(st.waiting),
             "waiting_blocks_needed": need,
+            "kv_block_size": bs,
         }
 
 

@@ -352,7 +352,7 @@ def simulate_cluster(
                     hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
-                                      req.prompt_tokens, home == i))
+                                      req.prompt_tokens, home == i, bs))
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values

@@ -18,7 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, FEWEST_OUTSTANDING, DispatchPolicy, Fallback, InstanceLoad
-from rps_astro_cli.dispatch.stages import LlumnixLoadScorer, PowerOfKSampler, PredictedLatencyScorer
+from rps_astro_cli.dispatch.stages import (
+    HealthFilter,
+    KvHeadroomFilter,
+    LlumnixLoadScorer,
+    PowerOfKSampler,
+    PredictedLatencyScorer,
+)
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param
 
@@ -84,6 +90,10 @@ K = Param("k", int, 2, "instances sampled per request (power-of-k choices), or '
           keywords=("all",), alias="k")
 OBJECTIVE = Param("objective", str, "e2e", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
                   alias="objective")
+KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.0,
+                        "consider only instances that keep this fraction of their KV blocks free after the "
+                        "waiting queue's and this request's prompts (all when none does; 0 = off)",
+                        ge=0.0, lt=1.0)
 
 
 def parse_k(k: int | str) -> int | None:
@@ -101,30 +111,39 @@ class PowerOfK(DispatchPolicy):
     """Astrolabe's randomized one-shot dispatch (ARCHITECTURE.md §2).
 
     The sampler picks k distinct healthy instances uniformly (`k="all"` or k ≥ the
-    healthy count = full fanout); the caller asks those instances' Predictors for a
+    healthy count = full fanout) — among the instances with KV headroom when
+    `kv_reserve_frac` > 0 (`stages.KvHeadroomFilter`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
     `objective` (``"e2e"`` default, or ``"ttft"``) and the lowest wins; ties (within
     TIE_RESOLUTION_S = 1 µs) are broken uniformly at random.
     Predictors that were late or failed are unscored; if none answered, the decision
     falls back to least outstanding requests over every healthy instance.
-    Pipeline: health → power-of-k → predicted latency → min (random ties).
+    Pipeline: health [→ KV headroom] → power-of-k → predicted latency → min (random ties).
 
     Raises (constructor):
-        AstroUserError: k < 1 or not an int/"all"; unknown objective.
+        AstroUserError: k < 1 or not an int/"all"; unknown objective; kv_reserve_frac
+            outside [0, 1).
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE)
+    params = (K, OBJECTIVE, KV_RESERVE_FRAC)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
-    def __init__(self, k: int | str = 2, objective: str = "e2e") -> None:
+    def __init__(self, k: int | str = 2, objective: str = "e2e", kv_reserve_frac: float = 0.0) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
+        self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
+        if self.kv_reserve_frac > 0:
+            self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
         self.sampler = PowerOfKSampler(self.k)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective}
+        out: dict[str, Any] = {"name": self.name, "k": "all" if self.k is None else self.k,
+                               "objective": self.objective}
+        if self.kv_reserve_frac > 0:
+            out["kv_reserve_frac"] = self.kv_reserve_frac
+        return out
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

@@ -79,6 +79,49 @@ class KvRoomFilter(Filter):
         return kept or pool
 
 
+class KvHeadroomFilter(Filter):
+    """KV headroom: instances that would keep at least `reserve_frac` of their KV pool free
+    after this request's prompt is placed — free blocks − the waiting queue's prompt
+    blocks − the prompt blocks of requests sent there since that status
+    (`pending_blocks_needed`) − ceil(request prompt / block size) ≥ reserve_frac × total
+    blocks (the
+    request's prompt counts when `InstanceLoad.request_prompt_tokens` and the block size
+    are known). Instances with unknown status pass; if none has headroom, all pass.
+
+    Why: at high load the TTFT tail comes from instances running out of KV blocks (the
+    queue then waits for running requests to finish); a predicted-latency scorer sees
+    that only as well as the running requests' predicted lengths, a memory check sees it
+    exactly. Weakness: a fixed reserve; memory only, so it cannot tell a long prefill
+    queue that fits from a short one."""
+
+    name = "kv_headroom"
+    needs_status = True
+
+    def __init__(self, reserve_frac: float) -> None:
+        self.reserve_frac = reserve_frac
+
+    def headroom_blocks(self, ld: InstanceLoad) -> int | None:
+        """Blocks left free after the waiting queue's and this request's prompts (None
+        when the status is unknown)."""
+        if ld.kv_blocks_free is None:
+            return None
+        own = 0
+        if ld.request_prompt_tokens and ld.kv_block_size:
+            cached = ld.prefix_hit_tokens or 0
+            own = -(-max(0, ld.request_prompt_tokens - cached) // ld.kv_block_size)
+        return ld.kv_blocks_free - (ld.waiting_blocks_needed or 0) - (ld.pending_blocks_needed or 0) - own
+
+    def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
+        def ok(ld: InstanceLoad) -> bool:
+            room = self.headroom_blocks(ld)
+            if room is None or ld.kv_blocks_total is None:
+                return True
+            return room >= self.reserve_frac * ld.kv_blocks_total
+
+        kept = [i for i in pool if ok(by_index[i])]
+        return kept or pool
+
+
 # -- samplers ------------------------------------------------------------------------------
 class Sampler:
     """Picks the candidates from the filtered pool: every one by default."""

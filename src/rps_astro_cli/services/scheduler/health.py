@@ -45,12 +45,14 @@ class HealthMonitor:
         c = self.clients.http(st.ep.engine_url)
         try:
             if self.needs_status:  # polled every status_interval_s: the lean client
+                asked_s = time.monotonic()
                 async with asyncio.timeout(1.0):
                     resp = await self.clients.pool(st.ep.engine_url).request("GET", "/status")
                     body = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"/status answered {resp.status}")
                 st.load_fields = InstanceLoad.status_fields(InstanceStatus.from_dict(json.loads(body)))
+                st.status_s = asked_s
             else:
                 r = await c.get("/health", timeout=1.0)
                 r.raise_for_status()

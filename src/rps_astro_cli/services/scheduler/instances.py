@@ -54,6 +54,7 @@ class InstanceState:
     """One instance's live state (mutable, event-loop only)."""
 
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
+                 "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
                  "pending")
 
@@ -67,6 +68,7 @@ class InstanceState:
         self.outstanding = 0  # requests forwarded there that have not ended
         self.dispatched = 0  # requests forwarded there in all
         self.load_fields: dict[str, int] = {}  # `InstanceLoad.status_fields` of its latest /status
+        self.status_s = 0.0  # time.monotonic() when that /status was asked for
         self.predictor_failures = 0  # consecutive late/failed predict RPCs
         self.predictor_skip_until = 0.0  # time.monotonic() until which its Predictor is not asked
         self.pending: list[Pending] = []  # forwarded requests its /status may not show yet (oldest first)
@@ -85,8 +87,12 @@ class InstanceState:
     def load(self, position: int, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
         `excluded` holds its index (a retry's failed one)."""
-        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
-                            **self.load_fields)
+        fields: dict[str, int] = self.load_fields
+        bs = fields.get("kv_block_size")
+        if bs and self.pending:  # forwarded since that status was asked for: not in it yet
+            need = sum(-(-p.prompt_tokens // bs) for p in self.pending if p.sent_s >= self.status_s)
+            fields = {**fields, "pending_blocks_needed": need}
+        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
 
 
 class Instances:
