@@ -9,8 +9,9 @@ drained fleet with a freshly started router. Arms (`--arms`, default all):
 
 | arm | front door | lengths it dispatches on |
 | --- | --- | --- |
-| `astro/power_of_k` | `astro serve scheduler --policy power_of_k --k 2` + default tagger | predicted |
+| `astro/power_of_k` | `astro serve scheduler --policy power_of_k` (its defaults: k all, objective ttft, KV headroom gate 0.1, tie tolerance 0.02 s) + default tagger | predicted |
 | `astro/power_of_k-oracle` | same with `--oracle-lengths` (true length from `vllm_xargs`) | oracle |
+| `astro/po2` | the Astrolabe paper's Po2: `… --k 2 --objective e2e --param kv_reserve_frac=0 --param tie_tolerance_s=0` | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -101,11 +102,16 @@ class Arm:
     policy: str
     oracle: bool = False
     lengths: str = "none"
+    args: tuple[str, ...] = ()  # extra `astro serve scheduler` flags (astro arms)
 
 
+# the Astrolabe paper's Po2 (astro's defaults since issue 13 are k all, objective ttft,
+# kv_reserve_frac 0.1, tie_tolerance_s 0.02)
+PO2_ARGS = ("--k", "2", "--objective", "e2e", "--param", "kv_reserve_frac=0", "--param", "tie_tolerance_s=0")
 ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/power_of_k", "astro", "power_of_k", lengths="predicted"),
     Arm("astro/power_of_k-oracle", "astro", "power_of_k", oracle=True, lengths="oracle"),
+    Arm("astro/po2", "astro", "power_of_k", lengths="predicted", args=PO2_ARGS),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
@@ -160,8 +166,7 @@ class Router:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
                     "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
-            if arm.policy == "power_of_k":
-                cmd += ["--k", "2"]
+            cmd += list(arm.args)
             if arm.oracle:
                 cmd.append("--oracle-lengths")
         else:

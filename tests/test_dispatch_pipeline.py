@@ -81,10 +81,10 @@ def test_kv_room_filter_drops_instances_whose_queue_already_needs_the_free_block
     assert KvRoomFilter(min_free_blocks=6)(by, [0, 1]) == [0, 1]  # nobody has > 6: all pass
 
 
-def _hl(i, free, need, hit=None, total=100):
+def _hl(i, free, need, hit=None, total=100, running=1):
     # 100 blocks of 16 tokens; the request's prompt is 33 tokens = 3 blocks (1 when 32 are cached)
     return InstanceLoad(i, kv_blocks_free=free, kv_blocks_total=total, waiting_blocks_needed=need,
-                        request_prompt_tokens=33, kv_block_size=16, prefix_hit_tokens=hit)
+                        request_prompt_tokens=33, kv_block_size=16, prefix_hit_tokens=hit, num_running=running)
 
 
 def test_kv_headroom_filter_counts_the_queue_and_the_request_own_prompt():
@@ -117,6 +117,14 @@ def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_wi
     assert asked == [[0, 2]] and dec.choice == 2
     off = decide(make_dispatch("power_of_k", k="all", objective="ttft"), loads, rng, predict)
     assert off.choice == 1  # the reserve off: the plain lowest prediction
+    # ties within 0.15 s: 0.30 and 0.20 s both count; Llumnix- load −(free − need) / running:
+    # instance 0: −(20 − 5) / 1 = −15, instance 2 (4 running): −(40 − 0) / 4 = −10 → instance 0
+    loads[2] = _hl(2, 40, 0, running=4)
+    tie = make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0.1, tie_tolerance_s=0.15)
+    dec = decide(tie, loads, rng, predict)
+    assert dec.choice == 0 and "Llumnix" in dec.reason
+    narrow = make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0.1, tie_tolerance_s=0.05)
+    assert decide(narrow, loads, rng, predict).choice == 2  # 0.30 is not within 0.05 s of 0.20
     with pytest.raises(AstroUserError):
         make_dispatch("power_of_k", kv_reserve_frac=1.0)
 
@@ -197,5 +205,5 @@ def test_astro_policies_lists_declared_parameters():
     rows = {(row["family"], row["name"]): row for row in json.loads(r.output)}
     assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
         "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
-    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective", None]
+    assert [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]] == ["k", "objective", None, None]
     assert ("instance", "rps") in rows and ("instance", "fcfs") in rows

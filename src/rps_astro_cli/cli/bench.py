@@ -60,7 +60,7 @@ def bench(
     instance_param: InstanceParamOpt = None,
     policies: Annotated[str | None, typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
-    objective: Annotated[str | None, typer.Option("--objective", help="Virtual: power_of_k objective, e2e (default) or ttft (live: astro serve --objective).")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="Virtual: power_of_k objective, ttft (default) or e2e (live: astro serve --objective).")] = None,
     param: ParamOpt = None,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Virtual: dispatch on true output lengths.")] = False,
     prediction_noise: Annotated[float, typer.Option("--prediction-noise", help="Virtual: Gaussian noise σ on each latency prediction (1 = ±100%).")] = 0.0,

@@ -175,9 +175,9 @@ def scheduler(
     discover_namespace: Annotated[str | None, typer.Option("--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the scheduler pod's own).")] = None,
     tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
     policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
-    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all'; default 2, "
-                                          "or 1 with one engine.")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="e2e | ttft.")] = "e2e",
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all' "
+                                          "(the default: every engine's Predictor is asked).")] = None,
+    objective: Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")] = "ttft",
     llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
     param: ParamOpt = None,
     predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,

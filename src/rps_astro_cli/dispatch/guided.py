@@ -15,12 +15,21 @@ Known weaknesses (each policy's docstring says more):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, FEWEST_OUTSTANDING, DispatchPolicy, Fallback, InstanceLoad
+from rps_astro_cli.dispatch.base import (
+    DISPATCH_POLICIES,
+    FEWEST_OUTSTANDING,
+    DispatchPolicy,
+    Fallback,
+    InstanceLoad,
+    LatencyEstimate,
+)
 from rps_astro_cli.dispatch.stages import (
     HealthFilter,
     KvHeadroomFilter,
+    TIE_RESOLUTION_S,
     LlumnixLoadScorer,
     PowerOfKSampler,
     PredictedLatencyScorer,
@@ -86,14 +95,17 @@ class LlumnixDispatch(DispatchPolicy):
         return self._load.load(ld)
 
 
-K = Param("k", int, 2, "instances sampled per request (power-of-k choices), or 'all' for full fanout", ge=1,
+K = Param("k", int, "all", "instances sampled per request (power-of-k choices), or 'all' for full fanout", ge=1,
           keywords=("all",), alias="k")
-OBJECTIVE = Param("objective", str, "e2e", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
+OBJECTIVE = Param("objective", str, "ttft", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
                   alias="objective")
-KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.0,
+KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.1,
                         "consider only instances that keep this fraction of their KV blocks free after the "
                         "waiting queue's and this request's prompts (all when none does; 0 = off)",
                         ge=0.0, lt=1.0)
+TIE_TOLERANCE_S = Param("tie_tolerance_s", float, 0.02,
+                        "predictions within this many seconds of the best are ties, broken by the lowest "
+                        "Llumnix- load (engine status), then at random (0 = exact ties only)", ge=0.0, le=60.0)
 
 
 def parse_k(k: int | str) -> int | None:
@@ -115,7 +127,14 @@ class PowerOfK(DispatchPolicy):
     `kv_reserve_frac` > 0 (`stages.KvHeadroomFilter`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
     `objective` (``"e2e"`` default, or ``"ttft"``) and the lowest wins; ties (within
-    TIE_RESOLUTION_S = 1 µs) are broken uniformly at random.
+    TIE_RESOLUTION_S = 1 µs, or `tie_tolerance_s`, then compared by Llumnix- load) are
+    broken uniformly at random.
+
+    Predicted lengths (issue 13, BENCHMARKS.md "Dispatch with predicted lengths"): with
+    `k="all", objective="ttft", kv_reserve_frac=0.1, tie_tolerance_s=0.02` the
+    Predictors decide where a prefill starts soonest — a timing question they answer
+    well whatever the lengths — and the KV gate keeps requests off instances about to run
+    out of blocks, where a look-ahead's view depends on the running requests' lengths.
     Predictors that were late or failed are unscored; if none answered, the decision
     falls back to least outstanding requests over every healthy instance.
     Pipeline: health [→ KV headroom] → power-of-k → predicted latency → min (random ties).
@@ -126,24 +145,46 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE, KV_RESERVE_FRAC)
+    params = (K, OBJECTIVE, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
-    def __init__(self, k: int | str = 2, objective: str = "e2e", kv_reserve_frac: float = 0.0) -> None:
+    def __init__(self, k: int | str = "all", objective: str = "ttft", kv_reserve_frac: float = 0.1,
+                 tie_tolerance_s: float = 0.02) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
         self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
+        self.tie_tolerance_s = TIE_TOLERANCE_S.check(tie_tolerance_s)
+        self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
             self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
         self.sampler = PowerOfKSampler(self.k)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
+    @property
+    def needs_status(self) -> bool:
+        return super().needs_status or self.tie_tolerance_s > 0
+
+    def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> tuple[dict[int, float] | None, str]:
+        """The predicted objective; with `tie_tolerance_s`, the candidates predicted within
+        it of the best are scored by their Llumnix- load instead (unless none of them has
+        a status)."""
+        values, reason = super().score(loads, candidates, predictions)
+        if not values or self.tie_tolerance_s <= 0 or not reason.startswith("lowest"):
+            return values, reason
+        best = min(values.values())
+        near = [i for i, v in values.items() if v <= best + self.tie_tolerance_s / TIE_RESOLUTION_S]
+        if len(near) < 2:
+            return values, reason
+        by_index = {ld.index: ld for ld in loads}
+        tied = self._tie_load.score(by_index, near, predictions)
+        if not tied:
+            return values, reason
+        return tied, f"{reason} within {self.tie_tolerance_s:g} s, then lowest Llumnix- load"
+
     def describe(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "k": "all" if self.k is None else self.k,
-                               "objective": self.objective}
-        if self.kv_reserve_frac > 0:
-            out["kv_reserve_frac"] = self.kv_reserve_frac
-        return out
+        return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
+                "kv_reserve_frac": self.kv_reserve_frac, "tie_tolerance_s": self.tie_tolerance_s}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

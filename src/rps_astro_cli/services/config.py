@@ -88,8 +88,8 @@ class SchedulerSection(_Strict):
     policy: str = "power_of_k"
     params: dict[str, Any] = Field(default_factory=dict, description="dispatch-policy parameters by name "
                                    "(`astro serve --param NAME=VALUE`), checked against the policy's declaration")
-    k: int | Literal["all"] = Field(2, description="power_of_k sample size, or 'all' (full fanout)")
-    objective: str = Field("e2e", description="power_of_k objective: e2e | ttft")
+    k: int | Literal["all"] = Field("all", description="power_of_k sample size, or 'all' (full fanout)")
+    objective: str = Field("ttft", description="power_of_k objective: ttft | e2e")
     llumnix_variant: str = Field("astrolabe", description="llumnix load formula: astrolabe (Llumnix-) | code")
     predict_deadline_ms: float = Field(50.0, gt=0)
     tag_deadline_ms: float = Field(50.0, gt=0)
