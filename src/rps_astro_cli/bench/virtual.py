@@ -159,6 +159,23 @@ class VirtualTarget:
 
         self._token_ids = load_token_ids(cfg.workload.tokenizer)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For a worker process or Ray task (`bench.executors`): everything but the loaded
+        callables — the length model (its predictions are in `_predicted` already) and
+        the token counter / ids (reloaded from `cfg.workload.tokenizer`)."""
+        state = dict(self.__dict__)
+        for name in ("_predict_len", "counter", "_token_ids"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from rps_astro_cli.tokens import load_counter, load_token_ids
+
+        self.__dict__.update(state)
+        self._predict_len = None
+        self.counter = load_counter(self.cfg.workload.tokenizer)
+        self._token_ids = load_token_ids(self.cfg.workload.tokenizer)
+
     def _load_length_model(self):
         self.length_model_name, fn = load_bench_length_model(self.cfg.cluster.length_model)
         return fn
