@@ -102,3 +102,28 @@ def test_power_of_k_under_herding_is_deterministic_and_bad_input_is_named():
     with pytest.raises(AstroUserError, match="finite"):
         simulate_cluster(reqs, 3, make_dispatch("round_robin"), HAND, CFG, None, np.random.default_rng(1),
                          status_interval_s=float("inf"))
+
+
+def test_bench_flags_reach_the_virtual_cluster(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from conftest import write_profile
+    from rps_astro_cli.cli.main import app
+
+    prof = write_profile(tmp_path, HAND)
+    base = ["bench", "--virtual", "--instances", "2", "--profile", prof, "-w", "synthetic", "-n", "30",
+            "--oracle-lengths", "--policies", "power_of_k", "--k", "all", "--request-rate", "20", "--no-report",
+            "--json"]
+    res = CliRunner().invoke(app, base + ["--schedulers", "3", "--status-interval", "0.25"])
+    assert res.exit_code == 0, res.output
+    rep = json.loads(next(x for x in res.output.splitlines() if x.startswith("{")))
+    h = rep["runs"][0]["extras"]["herding"]
+    assert h["schedulers"] == 3 and h["requests_per_scheduler"] == [10, 10, 10] and h["status_interval_s"] == 0.25
+    assert rep["config"]["schedulers"] == 3 and rep["target"]["schedulers"] == 3
+    res = CliRunner().invoke(app, base)  # the defaults: the single live dispatcher, report unchanged
+    rep = json.loads(next(x for x in res.output.splitlines() if x.startswith("{")))
+    assert "herding" not in rep["runs"][0]["extras"] and "schedulers" not in rep["config"]
+    res = CliRunner().invoke(app, base + ["--status-interval", "-1"])
+    assert res.exit_code == 2 and "--status-interval" in res.output and res.output.count("error:") == 1

@@ -119,8 +119,16 @@ class ClusterSection:
     length_model: str | None = None     # the tagger's length model (length.resolve spec)
     remaining_length: str = "none"      # look-ahead length rule (sim.remaining): none, default or a table JSON
     max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
+    schedulers: int = 1                 # stateless scheduler replicas, each dispatching on its own (virtual)
+    status_interval_s: float = 0.0      # instance status copied every this many s (virtual; 0: live state)
 
     def __post_init__(self) -> None:
+        if isinstance(self.schedulers, bool) or not isinstance(self.schedulers, int) or self.schedulers < 1:
+            raise AstroUserError(f"must be a whole number ≥ 1, got {self.schedulers!r}", field="--schedulers")
+        if not (math.isfinite(self.status_interval_s) and self.status_interval_s >= 0):
+            raise AstroUserError(f"must be a finite number ≥ 0, got {self.status_interval_s!r}",
+                                 field="--status-interval", fix="pass seconds, e.g. 0.25 (a Predictor's "
+                                 "status_max_age_s), or 0 for the live state")
         if self.instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {self.instances}", field="--instances")
         if self.prediction_noise < 0:
@@ -257,11 +265,12 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
     # parallel sweeps (issue 16): likewise only when not the default
     "capacity_width": ("capacity", "width"), "executor": ("execution", "executor"),
+    "schedulers": ("cluster", "schedulers"), "status_interval_s": ("cluster", "status_interval_s"),
     "ray_address": ("execution", "ray_address"), "workers": ("execution", "workers"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
                  "think_time", "ray_address", "workers")
-DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial"}
+DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0}
 """Flat names left out of report.json while they hold these defaults (the schema of a
 serial run is unchanged)."""
 
@@ -301,7 +310,9 @@ class BenchConfig:
                                      ("--instance-policies", bool(c.instance_policies)),
                                      ("--recipe", c.recipe is not None),
                                      ("--length-model", c.length_model is not None),
-                                     ("--max-num-seqs", c.max_num_seqs is not None)) if on]
+                                     ("--max-num-seqs", c.max_num_seqs is not None),
+                                     ("--schedulers", c.schedulers != 1),
+                                     ("--status-interval", c.status_interval_s != 0)) if on]
             if flags:
                 raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")

@@ -68,6 +68,8 @@ def bench(
     length_model: Annotated[str | None, typer.Option("--length-model", help="Virtual: length model (default: the tagger's baseline).")] = None,
     remaining_length: Annotated[str, typer.Option("--remaining-length", help="Virtual: look-ahead's length of queued/running requests: none (predicted + 10-token auto-extension, the default), default (E[L | L > generated] from artifacts/dispatch/remaining_classic.json) or a table JSON.")] = "none",
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="Virtual: batch-size limit override.")] = None,
+    schedulers: Annotated[int, typer.Option("--schedulers", help="Virtual: stateless scheduler replicas dispatching independently (a round-robin Service in front); see --status-interval.")] = 1,
+    status_interval: Annotated[float, typer.Option("--status-interval", help="Virtual: instance status copied every this many s; between copies a scheduler knows only its own sends (0: live state).")] = 0.0,
     slo: Annotated[list[str] | None, typer.Option("--slo", help="SLO metric:seconds (ttft, tpot, e2el, nlat), repeatable; e.g. ttft:10.")] = None,
     slo_scale: Annotated[float | None, typer.Option("--slo-scale", help="Relative SLO: E2E ≤ scale × isolated E2E (RPS-Serve).")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Search the SLO capacity (highest rate meeting the goal).")] = False,
@@ -146,6 +148,7 @@ def bench(
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
+        schedulers=schedulers, status_interval_s=status_interval,
         capacity_width=capacity_width, executor=executor, ray_address=ray_address, workers=workers,
         out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time)
     result = _run_with_progress(cfg, run_bench)
