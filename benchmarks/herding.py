@@ -56,6 +56,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=7.5, help="req/s (4 × A30: ~8.5 req/s SLO capacity for k=2)")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--intervals", default="0.25", help="status refresh Δ (s), comma-separated")
+    ap.add_argument("--ks", default="2,all", help="power_of_k k values, comma-separated")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     root = data_dir()
@@ -63,7 +64,7 @@ def main() -> None:
         raise SystemExit("no data folder: set ASTRO_DATA_DIR (the Astrolabe length trace)")
     lengths = read_length_trace(root / "traces" / "astrolabe_sharegpt_val_10k_llama2.csv")
     arms = []
-    for k in ("2", "all"):
+    for k in args.ks.split(","):
         arms.append((k, 1, 0.0, True))
         for iv in (float(x) for x in args.intervals.split(",")):
             arms += [(k, s, iv, True) for s in (1, 2, 4)] + [(k, 4, iv, False)]
