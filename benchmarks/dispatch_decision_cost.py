@@ -23,7 +23,8 @@ try:
 except ImportError:  # before the value types moved (issue 12)
     from rps_astro_cli.sim.lookahead import LatencyEstimate  # type: ignore[no-redef]
 
-POLICIES = (("round_robin", {}), ("least_requests", {}), ("llumnix", {}), ("power_of_k", {"k": 2}))
+POLICIES = (("round_robin", {}), ("least_requests", {}), ("llumnix", {}), ("power_of_k", {"k": 2, "objective": "e2e", "kv_reserve_frac": 0.0,
+                                                                         "tie_tolerance_s": 0.0}))
 
 
 def decision_cost_us(name: str, params: dict, n: int = 2000, repeats: int = 7) -> float:

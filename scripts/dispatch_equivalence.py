@@ -68,6 +68,9 @@ SCENARIOS = [
 ]
 
 
+PO2_BEFORE = {"objective": "e2e", "kv_reserve_frac": 0.0, "tie_tolerance_s": 0.0}
+
+
 def scenario_lines(n_req: int, rate: float = 14.0, instances: int = 6) -> list[str]:
     """One line per scenario: policy, parameters, instance policy, noise, digest, requests
     per instance."""
@@ -77,7 +80,9 @@ def scenario_lines(n_req: int, rate: float = 14.0, instances: int = 6) -> list[s
     lines = []
     for name, params, ipol, noise in SCENARIOS:
         rng = np.random.default_rng(7)
-        pol = make_dispatch(name, **params)
+        # power_of_k as recorded before its defaults changed (issue 13): the paper's Po2
+        # unless the scenario says otherwise
+        pol = make_dispatch(name, **({**PO2_BEFORE, **params} if name == "power_of_k" else params))
         if noise is not None:
             from rps_astro_cli.bench.virtual import NoisyDispatch
 

@@ -106,7 +106,7 @@ def test_power_of_k_picks_lowest_objective():
     loads = [InstanceLoad(i) for i in range(3)]
     preds = {0: est(0.5, 3.0), 1: est(0.1, 4.0), 2: est(0.9, 2.0)}
     rng = np.random.default_rng(0)
-    d = make_dispatch("power_of_k", k="all").choose(loads, [0, 1, 2], preds, rng)
+    d = make_dispatch("power_of_k", k="all", objective="e2e").choose(loads, [0, 1, 2], preds, rng)
     assert d.choice == 2 and d.reason == "lowest e2e"
     assert d.predictions[1] == (0.1, 4.0)
     d = make_dispatch("power_of_k", k="all", objective="ttft").choose(loads, [0, 1, 2], preds, rng)
@@ -115,7 +115,7 @@ def test_power_of_k_picks_lowest_objective():
 
 def test_power_of_k_tie_break_is_random():
     loads = [InstanceLoad(i) for i in range(2)]
-    p = make_dispatch("power_of_k")
+    p = make_dispatch("power_of_k", objective="e2e", tie_tolerance_s=0.0)
     rng = np.random.default_rng(3)
     picks = Counter(p.choose(loads, [0, 1], {0: est(1, 2), 1: est(1, 2)}, rng).choice for _ in range(200))
     assert set(picks) == {0, 1}
@@ -130,7 +130,7 @@ def test_power_of_k_unanswered_candidate_competes_on_load():
     """A candidate whose Predictor did not answer is not starved (issue 11): it and the
     best predicted candidate are compared by outstanding requests."""
     rng = np.random.default_rng(0)
-    p = make_dispatch("power_of_k", k="all")
+    p = make_dispatch("power_of_k", k="all", objective="e2e")
     preds = {0: est(0.1, 1.0), 2: est(0.1, 0.5)}  # 2 is the best predicted; 1 did not answer
     loads = [InstanceLoad(0, True, 0), InstanceLoad(1, True, 0), InstanceLoad(2, True, 9)]
     d = p.choose(loads, [0, 1, 2], preds, rng)

@@ -65,7 +65,7 @@ def test_recipe_params_reach_the_policy():
     assert ei.value.field == "scheduler.params.tie_blocks" and str(ei.value).startswith("r.yaml: ")
     # params win over a flat key: `astro serve --recipe R --param k=3` overrides R's `k: 2`
     cfg = parse_config({"instances": 4, "scheduler": {"policy": "power_of_k", "k": 2, "params": {"k": "3"}}})
-    assert cfg.scheduler.policy_params() == {"k": 3, "objective": "e2e"}
+    assert cfg.scheduler.policy_params() == {"k": 3, "objective": "ttft"}  # objective: the default
 
 
 def test_serve_flags_are_checked_by_the_declaration(tmp_path):

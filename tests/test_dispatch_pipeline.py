@@ -115,7 +115,8 @@ def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_wi
     dec = decide(pol, loads, rng, predict)
     # instance 1 predicts the lowest TTFT but would keep 9 < 10 blocks free: only 0 and 2 are asked
     assert asked == [[0, 2]] and dec.choice == 2
-    off = decide(make_dispatch("power_of_k", k="all", objective="ttft"), loads, rng, predict)
+    off = decide(make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0, tie_tolerance_s=0),
+                 loads, rng, predict)
     assert off.choice == 1  # the reserve off: the plain lowest prediction
     # ties within 0.15 s: 0.30 and 0.20 s both count; Llumnix- load −(free − need) / running:
     # instance 0: −(20 − 5) / 1 = −15, instance 2 (4 running): −(40 − 0) / 4 = −10 → instance 0
@@ -166,14 +167,15 @@ def test_decide_times_each_stage_and_asks_predictions_only_when_needed():
     assert d.choice == 0 and asked == []
     assert set(d.stage_us) == {"filter", "sample", "predict", "score", "pick"}
     assert d.decide_us >= sum(d.stage_us.values()) * 0.999 and d.to_dict()["stage_us"] == dict(d.stage_us)
-    d = decide(make_dispatch("power_of_k", k="all"), loads, np.random.default_rng(0), predict)
+    d = decide(make_dispatch("power_of_k", k="all", objective="e2e"), loads, np.random.default_rng(0), predict)
     assert asked == [[0, 1, 2]] and d.choice == 0 and d.predictions[2] == (0.1, 3.0)
 
 
 def test_needs_predictions_is_the_policies_property_not_its_name():
     assert [n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_predictions] == ["power_of_k"]
     assert {n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_status} == {
-        "llumnix", "least_kv", "cache_aware"}
+        "llumnix", "least_kv", "cache_aware", "power_of_k"}  # power_of_k: its KV gate (default on)
+    assert not make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0).needs_status
 
 
 # -- registration ---------------------------------------------------------------------------

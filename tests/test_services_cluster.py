@@ -39,7 +39,7 @@ def cluster(tmp_path_factory):
     out = open(d / "serve.out", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", "4", "--time-scale", "0.05",
-         "--run-dir", str(d / "run"), "--cluster-json", str(cj), "--restart-crashed", "2"],
+         "--run-dir", str(d / "run"), "--cluster-json", str(cj), "--restart-crashed", "2", "--k", "2"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while not cj.exists():
@@ -58,7 +58,8 @@ def test_cluster_json_schema(cluster):
     info, _, _ = cluster
     assert info["schema"] == "astro.cluster/1"
     assert len(info["instances"]) == 4
-    assert info["policy"] == {"name": "power_of_k", "k": 2, "objective": "e2e"}
+    assert info["policy"] == {"name": "power_of_k", "k": 2, "objective": "ttft", "kv_reserve_frac": 0.1,
+                              "tie_tolerance_s": 0.02}
     assert info["scheduler"]["openai_base_url"].startswith("http://127.0.0.1:")
     assert all(i["engine_url"].startswith("http://127.0.0.1:") and i["predictor_url"] for i in info["instances"])
     assert info["model"] and info["time_scale"] == 0.05

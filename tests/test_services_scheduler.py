@@ -109,10 +109,11 @@ def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):
         preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
                  for e in engs]
         urls, purls = [e.url for e in engs], [p.url for p in preds]
-        s2 = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": 2}, length_model=length_model,
+        po2 = {"objective": "e2e", "kv_reserve_frac": 0.0, "tie_tolerance_s": 0.0}  # the paper's Po2 rule
+        s2 = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": 2, **po2}, length_model=length_model,
                        predict_deadline_s=2.0)
-        sall = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": "all"}, length_model=length_model,
-                         predict_deadline_s=2.0)
+        sall = scheduler(st, urls, purls, policy="power_of_k", policy_params={"k": "all", **po2},
+                         length_model=length_model, predict_deadline_s=2.0)
         n = 6
         for s, k in ((s2, 2), (sall, 4)):
             with httpx.Client(base_url=s.url, timeout=10) as c:

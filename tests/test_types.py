@@ -110,7 +110,8 @@ def test_instance_load_status_fields_by_hand():
                           waiting=(t.RequestStatus("w1", 1.0, 33, kv_blocks=1), t.RequestStatus("w2", 1.0, 10),
                                    t.RequestStatus("w3", 1.0, 16, kv_blocks=1)))
     assert t.InstanceLoad.status_fields(st) == {"kv_blocks_free": 20, "kv_blocks_total": 64, "num_running": 1,
-                                                "num_waiting": 3, "waiting_blocks_needed": 3}
+                                                "num_waiting": 3, "waiting_blocks_needed": 3,
+                                                "kv_block_size": LIMITS.block_size, "max_num_seqs": LIMITS.max_num_seqs}
 
 
 def test_decision_record_splices_the_decision_and_leaves_out_unset_fields():

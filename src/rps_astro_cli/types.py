@@ -660,6 +660,10 @@ class InstanceLoad:
     # need (the live scheduler's pending list; None: none known, as in the virtual
     # cluster, whose status never lags)
     pending_blocks_needed: int | None = None
+    # requests forwarded there after its latest status (count; None: none known)
+    pending_requests: int | None = None
+    # the instance's batch limit, vLLM's max_num_seqs (None if unknown)
+    max_num_seqs: int | None = None
 
     @staticmethod
     def status_fields(st: InstanceStatus) -> dict[str, int]:
@@ -677,6 +681,7 @@ class InstanceLoad:
             "num_waiting": len(st.waiting),
             "waiting_blocks_needed": need,
             "kv_block_size": bs,
+            "max_num_seqs": st.limits.max_num_seqs,
         }
 
 

@@ -393,7 +393,7 @@ def simulate_cluster(
                     hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, seen_out[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
-                                      req.prompt_tokens, home == i, bs))
+                                      req.prompt_tokens, home == i, bs, max_num_seqs=cfg.max_num_seqs))
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values

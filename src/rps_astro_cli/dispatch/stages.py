@@ -86,7 +86,9 @@ class KvHeadroomFilter(Filter):
     (`pending_blocks_needed`) − ceil(request prompt / block size) ≥ reserve_frac × total
     blocks (the
     request's prompt counts when `InstanceLoad.request_prompt_tokens` and the block size
-    are known). Instances with unknown status pass; if none has headroom, all pass.
+    are known), and the same fraction of its batch slots (`max_num_seqs` − running −
+    waiting − in flight − this one). Instances with unknown status pass; if none has
+    headroom, all pass.
 
     Why: at high load the TTFT tail comes from instances running out of KV blocks (the
     queue then waits for running requests to finish); a predicted-latency scorer sees
@@ -111,8 +113,18 @@ class KvHeadroomFilter(Filter):
             own = -(-max(0, ld.request_prompt_tokens - cached) // ld.kv_block_size)
         return ld.kv_blocks_free - (ld.waiting_blocks_needed or 0) - (ld.pending_blocks_needed or 0) - own
 
+    def free_slots(self, ld: InstanceLoad) -> int | None:
+        """Batch slots left after the running, waiting and in-flight requests and this one
+        (max_num_seqs − running − waiting − pending − 1; None when unknown)."""
+        if ld.max_num_seqs is None or ld.num_running is None:
+            return None
+        return ld.max_num_seqs - ld.num_running - (ld.num_waiting or 0) - (ld.pending_requests or 0) - 1
+
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
         def ok(ld: InstanceLoad) -> bool:
+            slots = self.free_slots(ld)
+            if slots is not None and ld.max_num_seqs is not None and slots < self.reserve_frac * ld.max_num_seqs:
+                return False  # a full batch queues the request as surely as a full KV pool
             room = self.headroom_blocks(ld)
             if room is None or ld.kv_blocks_total is None:
                 return True

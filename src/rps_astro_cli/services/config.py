@@ -162,8 +162,7 @@ def parse_config(data: dict[str, Any], source: str = "recipe", names: dict[str, 
         names: dotted path → command-line flag for fields set by flags; errors in those
             fields name the flag instead of the path.
 
-    `scheduler.k` must be ≤ `instances` (or 'all'); when k was not given it defaults to
-    min(2, instances).
+    `scheduler.k` must be ≤ `instances` (or 'all', the default).
 
     Raises:
         AstroUserError: the first invalid field, named by its dotted path (or flag).

@@ -90,8 +90,9 @@ class InstanceState:
         fields: dict[str, int] = self.load_fields
         bs = fields.get("kv_block_size")
         if bs and self.pending:  # forwarded since that status was asked for: not in it yet
-            need = sum(-(-p.prompt_tokens // bs) for p in self.pending if p.sent_s >= self.status_s)
-            fields = {**fields, "pending_blocks_needed": need}
+            unseen = [p for p in self.pending if p.sent_s >= self.status_s]
+            need = sum(-(-p.prompt_tokens // bs) for p in unseen)
+            fields = {**fields, "pending_blocks_needed": need, "pending_requests": len(unseen)}
         return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
 
 
