@@ -210,6 +210,7 @@ def simulate_cluster(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
+    waiting_hits: bool = True,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -224,6 +225,8 @@ def simulate_cluster(
     remaining: the look-ahead's conditional remaining-length rule for queued/running
         requests (`sim.remaining`; None = the auto-extension rule). An
         `OnlineRemaining` also observes every finished request's true length.
+    waiting_hits: the look-ahead credits queued requests' own prefix-cache hits
+        (`sim.lookahead.predict_instance`); False = only the candidate's.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -250,6 +253,7 @@ def simulate_cluster(
     dispatched = [0] * num_instances
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = dispatch.needs_status
+    needs_hits = needs_status or dispatch.needs_prefix_hits
 
     n = len(requests)
     records: list[RequestRecord | None] = [None] * n
@@ -348,8 +352,8 @@ def simulate_cluster(
                     nb = -(-w.prompt_tokens // bs) - w.kv_blocks
                     if nb > 0:
                         need += nb
-                if sim.cache is not None:
-                    hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
+            if needs_hits and sim.cache is not None:
+                hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
                                       req.prompt_tokens, home == i))
@@ -372,7 +376,8 @@ def simulate_cluster(
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
-                                       default_output_tokens=default_output_tokens, remaining=remaining)
+                                       default_output_tokens=default_output_tokens, remaining=remaining,
+                                       waiting_hits=waiting_hits)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)
