@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -184,7 +185,9 @@ class LiveTarget:
         ts = self.time_scale
         if ts == 1.0:
             return asyncio.run(self._run(requests, times, on_done))
-        records, extras = asyncio.run(self._run(requests, [t * ts for t in times], on_done))
+        # send times and multi-turn think times are engine seconds: wall = engine × time_scale
+        scaled = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
+        records, extras = asyncio.run(self._run(scaled, [t * ts for t in times], on_done))
         for r in records:
             to_engine_seconds(r, ts)
         extras["time_scale"] = ts
@@ -287,6 +290,12 @@ class LiveTarget:
             "preemptions_total": int(sum(p for p in pre if p is not None)) if any(p is not None for p in pre) else None,
             "preemptions_per_instance": pre,
         }
+        # prefix caching (vLLM's counters, tokens): the run's hit rate = hits / queries
+        q = [scrape.delta(b, a, "vllm:prefix_cache_queries_total") for b, a in zip(before["engines"], after["engines"])]
+        h = [scrape.delta(b, a, "vllm:prefix_cache_hits_total") for b, a in zip(before["engines"], after["engines"])]
+        if any(x is not None for x in q):
+            out["prefix_cache_queries_tokens"] = int(sum(x for x in q if x is not None))
+            out["prefix_cache_hits_tokens"] = int(sum(x for x in h if x is not None))
         cpu, reqs, pct = [], [], []
         for b, a in zip(before["predictors"], after["predictors"]):
             dc = scrape.delta(b, a, "astro_predictor_cpu_seconds_total")

@@ -299,7 +299,7 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 pre = extras.get("preemptions_total")
                 mets = all_metrics(records, slo, pre)
                 q = extras.get("prefix_cache_queries_tokens")
-                if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
+                if q:  # vLLM's hit rate, hit tokens / queried tokens (virtual, or scraped from live engines)
                     mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
                 run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(), mets, records, extras,
                                 time.perf_counter() - t0,
