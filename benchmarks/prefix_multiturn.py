@@ -14,8 +14,8 @@ for power_of_k (say so beside the figure), or oracle with --oracle.
 Arms of power_of_k, to measure each change alone: `power_of_k` (both on, the default),
 `power_of_k/nopin` (`pin_cached=false`: k drawn uniformly), `power_of_k/nowait` (the
 look-ahead credits only the candidate's own hit, not queued requests'), `power_of_k/base`
-(both off: the build before them), or `power_of_k/NAME=VALUE+...` (policy parameters,
-`+nowait` allowed), e.g.
+(both off: the build before them), or `power_of_k/NAME=VALUE+...` (policy parameters;
+`nowait`; `rl=default`: the look-ahead's conditional remaining length), e.g.
 `--policies round_robin,cache_aware,power_of_k,power_of_k/nopin,power_of_k/nowait,power_of_k/base`.
 
 Virtual time is deterministic for a seed, so the figures do not depend on machine load.
@@ -41,11 +41,12 @@ def run_arm(arm: str, base_cfg: dict) -> list:
     name, _, variant = arm.partition("/")
     if variant in ARMS or not variant:
         params, waiting_hits = ARMS[variant] if variant else ({}, True)
-    else:  # "NAME=VALUE+NAME=VALUE" policy parameters (and "nowait")
+    else:  # "NAME=VALUE+NAME=VALUE" policy parameters ("nowait"; "rl=X": --remaining-length X)
         parts = variant.split("+")
         waiting_hits = "nowait" not in parts
         params = dict(p.split("=", 1) for p in parts if p != "nowait")
-    cfg = BenchConfig.flat(**base_cfg, policies=[name], **({"policy_params": params} if params else {}))
+    extra = {"remaining_length": params.pop("rl")} if "rl" in params else {}
+    cfg = BenchConfig.flat(**base_cfg, **extra, policies=[name], **({"policy_params": params} if params else {}))
     orig = cluster_virtual.simulate_cluster
     if not waiting_hits:
         cluster_virtual.simulate_cluster = functools.partial(orig, waiting_hits=False)  # type: ignore[assignment]
