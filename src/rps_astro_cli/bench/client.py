@@ -7,9 +7,16 @@ Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: tr
   only for complete lines, so a multi-byte character split across network chunks is
   never mangled.
 - `StreamTimer` stamps each event with the arrival time of the network chunk that
-  completed it. Only an event that carries content (non-empty `delta.content` /
-  `delta.reasoning_content` for chat, non-empty `text` for completions) moves timing:
-  a role-only first delta or a usage-only last chunk moves neither TTFT nor the end.
+  completed it, and keeps two timelines (`ClientOptions.ttft_definition` picks one,
+  docs/metrics.md "TTFT and ITL definitions"):
+  - "astro" (the default): only an event that carries content (non-empty
+    `delta.content` / `delta.reasoning_content` for chat, non-empty `text` for
+    completions) moves timing: a role-only first delta or a usage-only last chunk moves
+    neither TTFT nor the end, and ITL is the gaps between content events;
+  - "vllm" (`vllm bench serve` 0.32's `endpoint_request_func`): every event with a
+    non-empty `choices` list counts, whatever its text (a role-only delta, an empty
+    text, a finish-only chunk): the first starts TTFT, every later one adds an ITL gap,
+    the last ends E2E; a usage-only chunk (empty `choices`) and `[DONE]` do not count.
 - Output tokens: `usage.completion_tokens` when the server reports it, else the shared
   token counter over the received text (`output_tokens_source` says which).
 - A non-200 status, an `{"error": ...}` event, a transport error or a stream that ends
@@ -92,6 +99,8 @@ class StreamTimer:
 
     first_content_s / last_content_s: arrival of the first / last content event.
     chunk_times_s: arrival of every content event. text: the content received.
+    choice_times_s: arrival of every event with a non-empty `choices` list (vLLM's
+        timeline: its first is vLLM's TTFT, its last vLLM's E2E end).
     usage: the last `usage` object seen. response_id: the first event's `id` (astro's
     engines use it as the request id in `/status`). done: `[DONE]` seen. finished: a
     `finish_reason` seen (finish_reason: the last one, e.g. "stop" or "length"). error:
@@ -102,6 +111,7 @@ class StreamTimer:
     first_content_s: float | None = None
     last_content_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
+    choice_times_s: list[float] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     response_id: str | None = None
@@ -144,7 +154,10 @@ class StreamTimer:
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         content = ""
-        for ch in obj.get("choices") or []:
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices:
+            self.choice_times_s.append(t)
+        for ch in choices or []:
             if not isinstance(ch, dict):
                 continue
             if self.chat:
@@ -173,6 +186,7 @@ class ClientOptions:
     max_tokens_mode: "reference", "none" or a number (see module docstring).
     ignore_eos: send `ignore_eos: true`. timeout_s: per-request read timeout.
     api_key: sent as a Bearer token when set. counter: token counter (no-usage fallback).
+    ttft_definition: "astro" or "vllm": which timeline of `StreamTimer` times the request.
     """
 
     base_url: str
@@ -184,6 +198,7 @@ class ClientOptions:
     api_key: str | None = None
     counter: TokenCounter = count_tokens_fallback
     max_tokens_mode: str = "reference"
+    ttft_definition: str = "astro"
 
 
 def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
@@ -251,21 +266,24 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
         rec.error = f"transport: {type(exc).__name__}: {exc}"[:300]
         return rec
     end = clock()
-    _finish(rec, timer, end, opts.counter)
+    _finish(rec, timer, end, opts.counter, opts.ttft_definition)
     return rec
 
 
-def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: TokenCounter) -> None:
-    """Fill `rec` from a closed stream (shared with tests)."""
+def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: TokenCounter,
+            ttft_definition: str = "astro") -> None:
+    """Fill `rec` from a closed stream (shared with tests); `ttft_definition` picks the
+    timeline (module docstring)."""
     if timer.error:
         rec.error = timer.error
     elif not (timer.done or timer.finished):
         rec.error = "stream ended early: no [DONE] and no finish_reason"
     rec.finish_reason = timer.finish_reason
     rec.server_request_id = timer.response_id
-    rec.first_token_s = timer.first_content_s
-    rec.finish_s = timer.last_content_s if timer.last_content_s is not None else end_s
-    rec.itl_s = [b - a for a, b in zip(timer.chunk_times_s, timer.chunk_times_s[1:])]
+    times = timer.choice_times_s if ttft_definition == "vllm" else timer.chunk_times_s
+    rec.first_token_s = times[0] if times else None
+    rec.finish_s = times[-1] if times else end_s
+    rec.itl_s = [b - a for a, b in zip(times, times[1:])]
     usage = timer.usage or {}
     if isinstance(usage.get("completion_tokens"), int):
         rec.output_tokens, rec.output_tokens_source = usage["completion_tokens"], "usage"

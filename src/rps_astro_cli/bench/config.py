@@ -31,6 +31,8 @@ from rps_astro_cli.errors import AstroUserError
 
 CAPACITY_METRICS = ("ttft", "tpot", "e2el", "nlat")
 ENDPOINTS = ("chat", "completions")
+TTFT_DEFINITIONS = ("astro", "vllm")  # --ttft-definition (docs/metrics.md "TTFT and ITL definitions")
+SAMPLINGS = ("astro", "vllm")  # --sampling: whose dataset draw
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,14 @@ class WorkloadSection:
     max_total_tokens: int = 2048        # drop records whose prompt + reply is longer (tokens)
     multi_turn: bool | None = None      # replay conversations turn by turn (--multi-turn); None: off
     think_time_s: float | None = None   # mean think time between a reply and the next turn (s); None: 2 s
+    sampling: str = "astro"             # astro: astro's draw; vllm: vllm bench serve's (filter, order, arrivals)
+    input_len: int = 1024               # the random workload's prompt length (tokens; --input-len)
+    output_len: int = 128               # the random workload's reply length; custom rows without one (--output-len)
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise AstroUserError(f"unknown sampling {self.sampling!r}", field="--sampling",
+                                 fix="use astro or vllm")
 
 
 @dataclass(frozen=True)
@@ -81,6 +91,7 @@ class TargetSection:
     ignore_eos: bool = False            # ask the server to ignore end-of-sequence
     timeout_s: float = 600.0            # per-request timeout (s)
     api_key: str | None = None          # bearer key; never written to the report
+    ttft_definition: str = "astro"      # astro: first non-empty text, text chunks as ITL; vllm: any chunk
 
     def __post_init__(self) -> None:
         if self.cluster and self.base_url:
@@ -89,6 +100,9 @@ class TargetSection:
         if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
             raise AstroUserError(f"got {mt!r}", field="--max-tokens",
                                  fix="use auto, reference, none or a positive integer")
+        if self.ttft_definition not in TTFT_DEFINITIONS:
+            raise AstroUserError(f"unknown definition {self.ttft_definition!r}", field="--ttft-definition",
+                                 fix="use astro or vllm")
         if self.endpoint not in ENDPOINTS:
             raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint",
                                  fix="use chat or completions")
@@ -217,6 +231,9 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "policy_params": ("cluster", "policy_params"), "instance_policy_params": ("cluster", "instance_policy_params"),
     # multi-turn sessions (issue 14): likewise only when given
     "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
+    # vLLM comparability (issue 17): the TTFT/ITL definition is in every report; the sampling always
+    "ttft_definition": ("target", "ttft_definition"), "sampling": ("workload", "sampling"),
+    "input_len": ("workload", "input_len"), "output_len": ("workload", "output_len"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
                  "think_time")

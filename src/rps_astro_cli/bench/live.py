@@ -57,6 +57,19 @@ def read_cluster_json(path: str | Path) -> dict[str, Any]:
     return d
 
 
+def reply_length_source(send_true_lengths: bool, ignore_eos: bool, max_tokens_mode: str) -> str:
+    """Where a sim engine's reply length comes from under these client settings, in words
+    (the engine's rule: `engine.sim_engine`, `target_output_tokens`)."""
+    if ignore_eos and max_tokens_mode != "none":
+        what = "the dataset's reply length" if max_tokens_mode == "reference" else f"{max_tokens_mode} tokens"
+        return f"max_tokens with ignore_eos: {what} (sim and real engines alike)"
+    if send_true_lengths:
+        return ("the dataset's reply length (vllm_xargs.astro_output_tokens): a sim engine stops there; "
+                "a real engine ignores it and stops at EOS or max_tokens")
+    return ("the server's own: a sim engine draws from its profile's length distribution, NOT the dataset's "
+            "(send --ignore-eos --max-tokens reference, or keep --send-true-lengths, to reproduce the dataset)")
+
+
 class LiveTarget:
     """Sends the workload over HTTP (see module docstring)."""
 
@@ -110,7 +123,10 @@ class LiveTarget:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
                              "endpoint": self.cfg.target.endpoint,
                              "send_true_lengths": self.cfg.target.send_true_lengths,
-                             "max_tokens": self.max_tokens_mode}
+                             "max_tokens": self.max_tokens_mode,
+                             "ttft_definition": self.cfg.target.ttft_definition,
+                             "reply_lengths": reply_length_source(self.cfg.target.send_true_lengths,
+                                                                  self.cfg.target.ignore_eos, self.max_tokens_mode)}
         if self.cluster:
             d.update(cluster=str(self.cfg.target.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
@@ -157,7 +173,7 @@ class LiveTarget:
         return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.target.endpoint,
                              send_true_lengths=self.cfg.target.send_true_lengths, ignore_eos=self.cfg.target.ignore_eos,
                              timeout_s=self.cfg.target.timeout_s, api_key=self.cfg.target.api_key, counter=self.counter,
-                             max_tokens_mode=self.max_tokens_mode)
+                             max_tokens_mode=self.max_tokens_mode, ttft_definition=self.cfg.target.ttft_definition)
 
     @property
     def max_tokens_mode(self) -> str:
