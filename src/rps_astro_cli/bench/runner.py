@@ -298,10 +298,14 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             def run_at(rate: float, _p=policy, _k=k, _ip=ipol) -> RunResult:
                 spec = spec0.with_rate(rate) if config.arrivals.process != "trace" else spec0
                 times = _arrivals(config, wl, spec, len(wl.requests))
+                reqs = wl.requests
+                if config.arrivals.max_seconds is not None:  # the duration limit: later requests are not sent
+                    keep = int(np.searchsorted(times, config.arrivals.max_seconds, side="right"))
+                    reqs, times = reqs[:keep], times[:keep]
                 label = _label(_p, _k, spec, result.target)
                 if _ip is not None:
                     label = f"{_ip} · {label}"
-                prog("run_start", label=label, total=len(wl.requests))
+                prog("run_start", label=label, total=len(reqs))
                 t0 = time.perf_counter()
                 done_so_far: list[RequestRecord] = []
                 current.update(label=label, policy=_p, k=_k, spec=spec, t0=t0, records=done_so_far)
@@ -310,7 +314,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     done_so_far.append(r)
                     prog("request", record=r)
 
-                records, extras = target.run(wl.requests, list(times), on_record)
+                records, extras = target.run(reqs, list(times), on_record)
+                if len(reqs) < len(wl.requests):
+                    extras["not_sent_after_max_seconds"] = len(wl.requests) - len(reqs)
                 current.clear()
                 _lag_extras(records, extras)
                 if slo.e2e_scale is not None:

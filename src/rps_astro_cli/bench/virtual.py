@@ -242,7 +242,10 @@ class VirtualTarget:
                 prev_of[f"{r.session_id}#{r.turn}"] = r.request_id
         for r, pred in zip(self.wl.requests, self._predicted):
             follows = prev_of.get(f"{r.session_id}#{r.turn - 1}") if r.session_id and r.turn > 0 else None
-            t = 0.0 if follows is not None else float(next(starts))
+            nxt = 0.0 if follows is not None else next(starts, None)
+            if nxt is None:  # past --max-seconds: not sent
+                continue
+            t = float(nxt)
             if follows is not None and follows not in kept:
                 failed.append(RequestRecord(r.request_id, r.modality, MODALITY_CLASS.get(r.modality, "sand"),
                                             prompt_tokens=r.prompt_tokens, expected_output_tokens=r.output_tokens,

@@ -44,6 +44,8 @@ def bench(
     burstiness: Annotated[str | None, typer.Option("--burstiness", help="Gamma shape (> 0; 1 = Poisson, inf = constant); implies --arrival gamma.")] = None,
     time_scale: Annotated[str, typer.Option("--time-scale", help="Trace replay: multiply timestamps by this (> 0).")] = "1",
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Live: send this many requests (the workload's first, all at once) before each run and leave them out of every metric.")] = 0,
+    max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="Send no request planned later than this many seconds after the start (the run ends when the sent ones finish).")] = None,
     rates: Annotated[str | None, typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
@@ -147,7 +149,8 @@ def bench(
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
         out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time,
-        ttft_definition=ttft_definition, sampling=sampling, input_len=input_len, output_len=output_len)
+        ttft_definition=ttft_definition, sampling=sampling, input_len=input_len, output_len=output_len,
+        warmup=warmup, max_seconds=max_seconds)
     result = _run_with_progress(cfg, run_bench)
     if as_json:
         import json
@@ -160,7 +163,8 @@ def bench(
     for w in result.warnings[len(result.workload.get("warnings") or []):]:
         err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False, soft_wrap=True)
     if result.out_dir:
-        err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl",
+        err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl, "
+                          "summary.csv, requests.csv",
                           highlight=False, soft_wrap=True)
     for reason in result.exit_reasons:
         err_console.print(f"[bold red]fail:[/] {reason}", highlight=False, soft_wrap=True)
