@@ -73,3 +73,18 @@ def test_max_seconds_sends_only_requests_planned_before_it(tmp_path):
         BenchConfig.flat(virtual=True, max_seconds=0.0)
     with pytest.raises(AstroUserError, match="--warmup: the virtual cluster starts cold"):
         BenchConfig.flat(virtual=True, warmup=2)
+
+
+def test_prometheus_text_is_summed_over_label_sets():
+    from rps_astro_cli.bench.scrape import parse_prometheus
+
+    text = ("# HELP vllm:num_preemptions_total Preemptions.\n# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0\n'
+            'vllm:num_preemptions_total{engine="1",model_name="m"} 4.0\n'
+            "# TYPE astro_overhead_seconds histogram\n"
+            'astro_overhead_seconds_bucket{le="0.1"} 2.0\nastro_overhead_seconds_bucket{le="+Inf"} 5.0\n'
+            "astro_overhead_seconds_sum 0.75\nastro_overhead_seconds_count 5.0\n")
+    got = parse_prometheus(text)
+    assert got["vllm:num_preemptions_total"] == 7.0
+    assert got["astro_overhead_seconds_sum"] == 0.75 and got["astro_overhead_seconds_count"] == 5.0
+    assert parse_prometheus("<html>not metrics</html>") == {}
