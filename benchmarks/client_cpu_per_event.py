@@ -127,6 +127,18 @@ def astro_cmd(a, url: str, out_len: int, out_dir: Path) -> list[str]:
             "--ttft-definition", "vllm", "--out", str(out_dir)]
 
 
+def baseline_cmd(a, url: str, out_len: int, out_dir: Path) -> list[str]:
+    """An older astro (`--baseline-python`: e.g. the venv of a checkout before the lean
+    client, whose load generator is httpx) on a lengths-only trace of the same lengths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    trace = out_dir / "lengths.csv"
+    trace.write_text("num_prefill_tokens,num_decode_tokens\n" + f"16,{out_len}\n" * a.num_prompts)
+    return [a.baseline_python, "-m", "rps_astro_cli.cli.main", "bench", "--base-url", url, "--model", "fake",
+            "-w", "length-trace", "--path", str(trace), "-n", str(a.num_prompts), "--request-rate", "inf",
+            "--max-concurrency", str(a.max_concurrency), "--ignore-eos", "--max-tokens", "reference",
+            "--out", str(out_dir / "rep")]
+
+
 def vllm_cmd(a, url: str, out_len: int, out_file: Path) -> list[str]:
     return [str(Path(a.vllm).with_name("python")), "-c", VLLM_SHIM, "--backend", "openai-chat", "--endpoint",
             "/v1/chat/completions", "--base-url", url, "--model", "fake", "--tokenizer", a.tokenizer,
@@ -141,6 +153,8 @@ def measured(tool: str, path: Path) -> tuple[float, float]:
     if tool == "vllm":
         d = json.loads(path.read_text())
         return d["mean_ttft_ms"] / 1e3, d["mean_itl_ms"] / 1e3
+    if tool == "baseline":
+        path = path / "rep"
     m = json.loads((path / "report.json").read_text())["runs"][0]["metrics"]["overall"]
     return m["ttft_s"]["mean"], m["itl_s"]["mean"]
 
@@ -156,7 +170,9 @@ def main() -> None:
     ap.add_argument("--ttft-ms", type=float, default=20.0)
     ap.add_argument("--itl-ms", type=float, default=5.0)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--tools", default="astro,vllm")
+    ap.add_argument("--tools", default="astro,vllm", help="astro, vllm, baseline (see --baseline-python)")
+    ap.add_argument("--baseline-python", default="/work/main/.venv/bin/python",
+                    help="the interpreter of an older astro install, for the baseline tool")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
     port = _free_port()
@@ -180,7 +196,7 @@ def main() -> None:
                 for n in (a.short, a.long):
                     out = work / f"{tool}-{rep}-{n}" / ("r.json" if tool == "vllm" else "")
                     out.parent.mkdir(parents=True, exist_ok=True)
-                    cmd = vllm_cmd(a, url, n, out) if tool == "vllm" else astro_cmd(a, url, n, out)
+                    cmd = {"vllm": vllm_cmd, "baseline": baseline_cmd, "astro": astro_cmd}[tool](a, url, n, out)
                     cpu[n], _ = run_tool(cmd, a.timeout)
                     if n == a.long:
                         seen[tool].append(measured(tool, out))
@@ -198,9 +214,11 @@ def main() -> None:
             ttft = statistics.median(x[0] for x in seen[t]) * 1e3
             itl = statistics.median(x[1] for x in seen[t]) * 1e3
             print(f"| {t} | {statistics.median(v):.3f} | {min(v):.3f}–{max(v):.3f} | {ttft:.1f} | {itl:.2f} |")
-        if len(tools) == 2:
-            r = [x / y for x, y in zip(per_event[tools[0]], per_event[tools[1]])]
-            print(f"\n{tools[0]} / {tools[1]}: median {statistics.median(r):.2f}× (range {min(r):.2f}–{max(r):.2f})")
+        if "vllm" in tools:
+            for t in tools:
+                if t != "vllm":
+                    r = [x / y for x, y in zip(per_event[t], per_event["vllm"])]
+                    print(f"\n{t} / vllm: median {statistics.median(r):.2f}× (range {min(r):.2f}–{max(r):.2f})")
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
         srv.wait(timeout=10)

@@ -16,8 +16,8 @@ astro's `--sampling vllm` against the file this writes.
 from __future__ import annotations
 
 import argparse
-import json
 import importlib
+import json
 from pathlib import Path
 
 
@@ -59,9 +59,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from vllm.benchmarks.datasets import get_samples
-    from vllm.tokenizers import get_tokenizer
-
     from vllm.benchmarks.serve import add_cli_args
+    from vllm.tokenizers import get_tokenizer
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     tok = get_tokenizer(a.tokenizer)

@@ -40,13 +40,22 @@ def test_sse_decoder_keeps_multibyte_char_split_across_chunks():
     rest = d.feed(payload[cut:])
     assert first == []
     assert json.loads(rest[0])["choices"][0]["delta"]["content"] == "héllo 🙂"
-    assert rest[1] == "[DONE]"
+    assert rest[1] == b"[DONE]"
 
 
 def test_sse_decoder_handles_crlf_comments_and_multiline_data():
     d = SSEDecoder()
     out = d.feed(b": keep-alive\r\n\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n")
-    assert out == ['{"a":\n1}']
+    assert out == [b'{"a":\n1}']
+    # the fast path (whole LF events, several per network chunk) gives what the line parser gives
+    burst = b'data: {"x":1}\n\ndata: [DONE]\n\n'
+    crlf = SSEDecoder()  # CRLF takes the line-by-line path
+    assert SSEDecoder().feed(burst) == crlf.feed(burst.replace(b"\n", b"\r\n")) == [b'{"x":1}', b"[DONE]"]
+    mixed = b'event: e\ndata: {"y":2}\n\n: ping\n\ndata:{"z":3}\n\n'
+    assert SSEDecoder().feed(mixed) == SSEDecoder().feed(mixed.replace(b"\n", b"\r\n")) == [b'{"y":2}', b'{"z":3}']
+    d = SSEDecoder()  # an event cut anywhere waits for its end
+    cuts = [d.feed(burst[i:i + 5]) for i in range(0, len(burst), 5)]
+    assert [e for c in cuts for e in c] == [b'{"x":1}', b"[DONE]"]
 
 
 def _run(chunks: list[tuple[float, bytes]], sent_s: float = 0.0, chat: bool = True) -> RequestRecord:
