@@ -57,8 +57,8 @@ from rps_astro_cli.protocol.openai import (
     http_error_body,
     parse_chat_request,
     parse_completion_request,
-    refuse_unsimulated,
     prompt_token_ids,
+    refuse_unsimulated,
     vision_charge,
 )
 from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
