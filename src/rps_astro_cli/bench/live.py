@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,30 @@ def read_cluster_json(path: str | Path) -> dict[str, Any]:
         raise AstroUserError(f"{p} has no scheduler.url", field="--cluster",
                              fix="pass the cluster.json written by `astro serve`")
     return d
+
+
+def run_loop(coro: Any) -> Any:
+    """Run `coro` on uvloop when installed (a core dependency off Windows; less client CPU
+    per streamed event, benchmarks/client_cpu_per_event.py), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def reply_length_source(send_true_lengths: bool, ignore_eos: bool, max_tokens_mode: str) -> str:
+    """Where a sim engine's reply length comes from under these client settings, in words
+    (the engine's rule: `engine.sim_engine`, `target_output_tokens`)."""
+    if ignore_eos and max_tokens_mode != "none":
+        what = "the dataset's reply length" if max_tokens_mode == "reference" else f"{max_tokens_mode} tokens"
+        return f"max_tokens with ignore_eos: {what} (sim and real engines alike)"
+    if send_true_lengths:
+        return ("the dataset's reply length (vllm_xargs.astro_output_tokens): a sim engine stops there; "
+                "a real engine ignores it and stops at EOS or max_tokens")
+    return ("the server's own: a sim engine draws from its profile's length distribution, NOT the dataset's "
+            "(send --ignore-eos --max-tokens reference, or keep --send-true-lengths, to reproduce the dataset)")
 
 
 class LiveTarget:
@@ -110,7 +135,10 @@ class LiveTarget:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
                              "endpoint": self.cfg.target.endpoint,
                              "send_true_lengths": self.cfg.target.send_true_lengths,
-                             "max_tokens": self.max_tokens_mode}
+                             "max_tokens": self.max_tokens_mode,
+                             "ttft_definition": self.cfg.target.ttft_definition,
+                             "reply_lengths": reply_length_source(self.cfg.target.send_true_lengths,
+                                                                  self.cfg.target.ignore_eos, self.max_tokens_mode)}
         if self.cluster:
             d.update(cluster=str(self.cfg.target.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
@@ -157,7 +185,7 @@ class LiveTarget:
         return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.target.endpoint,
                              send_true_lengths=self.cfg.target.send_true_lengths, ignore_eos=self.cfg.target.ignore_eos,
                              timeout_s=self.cfg.target.timeout_s, api_key=self.cfg.target.api_key, counter=self.counter,
-                             max_tokens_mode=self.max_tokens_mode)
+                             max_tokens_mode=self.max_tokens_mode, ttft_definition=self.cfg.target.ttft_definition)
 
     @property
     def max_tokens_mode(self) -> str:
@@ -183,8 +211,10 @@ class LiveTarget:
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
         ts = self.time_scale
         if ts == 1.0:
-            return asyncio.run(self._run(requests, times, on_done))
-        records, extras = asyncio.run(self._run(requests, [t * ts for t in times], on_done))
+            return run_loop(self._run(requests, times, on_done))
+        # send times and multi-turn think times are engine seconds: wall = engine × time_scale
+        scaled = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
+        records, extras = run_loop(self._run(scaled, [t * ts for t in times], on_done))
         for r in records:
             to_engine_seconds(r, ts)
         extras["time_scale"] = ts
@@ -206,6 +236,12 @@ class LiveTarget:
                 "scheduler": res[-1], "t": time.perf_counter()}
 
     async def _run(self, requests, times, on_done):
+        n_warm = self.cfg.arrivals.warmup_requests
+        if n_warm:  # sent and awaited before the "before" scrape: in no metric, no engine-metric delta
+            # independent requests (no session: a multi-turn workload's warm-up is not closed loop)
+            warm = [replace(requests[i % len(requests)], request_id=f"warmup-{i}", session_id="", turn=0)
+                    for i in range(n_warm)]
+            await run_requests(warm, [0.0] * n_warm, self._client_opts(), self.cfg.arrivals.max_concurrency)
         async with httpx.AsyncClient(timeout=10.0) as c:
             before = await self._scrape_all(c)
         classes: dict[str, str] = {}
@@ -287,6 +323,12 @@ class LiveTarget:
             "preemptions_total": int(sum(p for p in pre if p is not None)) if any(p is not None for p in pre) else None,
             "preemptions_per_instance": pre,
         }
+        # prefix caching (vLLM's counters, tokens): the run's hit rate = hits / queries
+        q = [scrape.delta(b, a, "vllm:prefix_cache_queries_total") for b, a in zip(before["engines"], after["engines"])]
+        h = [scrape.delta(b, a, "vllm:prefix_cache_hits_total") for b, a in zip(before["engines"], after["engines"])]
+        if any(x is not None for x in q):
+            out["prefix_cache_queries_tokens"] = int(sum(x for x in q if x is not None))
+            out["prefix_cache_hits_tokens"] = int(sum(x for x in h if x is not None))
         cpu, reqs, pct = [], [], []
         for b, a in zip(before["predictors"], after["predictors"]):
             dc = scrape.delta(b, a, "astro_predictor_cpu_seconds_total")

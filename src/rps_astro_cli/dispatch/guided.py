@@ -97,6 +97,8 @@ class LlumnixDispatch(DispatchPolicy):
 
 K = Param("k", int, "all", "instances sampled per request (power-of-k choices), or 'all' for full fanout", ge=1,
           keywords=("all",), alias="k")
+PIN_CACHED = Param("pin_cached", bool, True, "always sample the instance holding the longest cached prefix of the "
+                   "request (plus k − 1 at random); no effect on traffic without prefix-cache hits")
 OBJECTIVE = Param("objective", str, "ttft", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
                   alias="objective")
 KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.1,
@@ -124,7 +126,9 @@ class PowerOfK(DispatchPolicy):
 
     The sampler picks k distinct healthy instances uniformly (`k="all"` or k ≥ the
     healthy count = full fanout) — among the instances with KV headroom when
-    `kv_reserve_frac` > 0 (`stages.KvHeadroomFilter`); the caller asks those instances' Predictors for a
+    `kv_reserve_frac` > 0 (`stages.KvHeadroomFilter`); with `pin_cached` (default) one
+    of them is the instance holding the longest cached prefix of the request, when any
+    holds one (`PowerOfKSampler`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
     `objective` (``"e2e"`` default, or ``"ttft"``) and the lowest wins; ties (within
     TIE_RESOLUTION_S = 1 µs, or `tie_tolerance_s`, then compared by Llumnix- load) are
@@ -145,19 +149,20 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
+    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
-    def __init__(self, k: int | str = "all", objective: str = "ttft", kv_reserve_frac: float = 0.1,
-                 tie_tolerance_s: float = 0.02) -> None:
+    def __init__(self, k: int | str = "all", objective: str = "ttft", pin_cached: bool = True,
+                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
+        self.pin_cached = PIN_CACHED.check(pin_cached)
         self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
         self.tie_tolerance_s = TIE_TOLERANCE_S.check(tie_tolerance_s)
         self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
             self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
-        self.sampler = PowerOfKSampler(self.k)
+        self.sampler = PowerOfKSampler(self.k, self.pin_cached)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
     @property
@@ -184,7 +189,8 @@ class PowerOfK(DispatchPolicy):
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
-                "kv_reserve_frac": self.kv_reserve_frac, "tie_tolerance_s": self.tie_tolerance_s}
+                "pin_cached": self.pin_cached, "kv_reserve_frac": self.kv_reserve_frac,
+                "tie_tolerance_s": self.tie_tolerance_s}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

@@ -9,7 +9,10 @@ Routes:
   vLLM does), so a client's first chunk marks the first token.
 - `GET /v1/models`, `GET /health` (liveness), `GET /ready` (readiness: 503 before the
   engine loop runs and while draining), `GET /status` (the `InstanceStatus` snapshot; requests
-  still in multimodal preprocessing are not in it yet: they are not schedulable),
+  still in multimodal preprocessing are not in it yet: they are not schedulable; waiting
+  requests carry their prefix-cache hit `cached_tokens`; `?prefix_since=N` adds
+  `prefix_cache`, the change of the set of cached block hashes since cache event N, or
+  the whole set for N = 0: `sim.prefix_cache.PrefixCache.delta`),
   `GET /metrics` (Prometheus text, vLLM's metric names, one CollectorRegistry per app):
   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (used blocks / total, 0–1); counters
@@ -58,6 +61,7 @@ from rps_astro_cli.protocol.openai import (
     parse_chat_request,
     parse_completion_request,
     prompt_token_ids,
+    refuse_unsimulated,
     vision_charge,
 )
 from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
@@ -253,11 +257,30 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             "id": ctx.model, "object": "model", "created": 0, "owned_by": "astro",
             "root": ctx.model, "max_model_len": engine.config.max_model_len}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        _check_key(request)
+        if model_id != ctx.model:
+            raise ApiError(404, f"model: the model {model_id!r} does not exist; this engine serves {ctx.model!r}",
+                           param="model")
+        return {"id": ctx.model, "object": "model", "created": 0, "owned_by": "astro", "root": ctx.model,
+                "max_model_len": engine.config.max_model_len}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from rps_astro_cli import __version__
+
+        return {"version": __version__, "engine": "astro-sim"}
+
     @app.get("/status")
-    async def status() -> JSONResponse:
+    async def status(prefix_since: int | None = None) -> JSONResponse:
         # the codec's dict rendered directly (the same bytes as returning the dict, without
         # FastAPI's response-model validation and jsonable_encoder pass over every request)
-        return JSONResponse(engine.status().to_dict())
+        body = engine.status().to_dict()
+        cache = engine.inst.cache
+        if prefix_since is not None and cache is not None:
+            body["prefix_cache"] = cache.delta(prefix_since)
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -269,6 +292,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             raise ApiError(503, "engine is shutting down (draining); send the request to another instance",
                            param=None)
         body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
+        if isinstance(body, dict):
+            refuse_unsimulated(body, endpoint)
         if endpoint == "completions":
             req = parse_completion_request(body, ctx.counter)
         else:

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
+from rps_astro_cli.sim.prefix_cache import PrefixMirror
 from rps_astro_cli.types import CandidateRequest, InstanceLoad, PendingRequest
 
 log = logging.getLogger("astro.scheduler")
@@ -56,7 +57,7 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending")
+                 "pending", "prefix", "block_size")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -74,6 +75,8 @@ class InstanceState:
         self.pending: list[Pending] = []  # forwarded requests its /status may not show yet (oldest first)
         self.engine_error: str | None = None  # why its breaker opened (None while healthy)
         self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
+        self.prefix = PrefixMirror()  # its engine's cached block hashes (`/status?prefix_since=`)
+        self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
 
     def problems(self) -> list[str]:
         """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
@@ -84,16 +87,31 @@ class InstanceState:
             out.append(f"predictor: {self.predictor_error} (dispatch falls back to load for it)")
         return out
 
-    def load(self, position: int, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
+    def load(self, position: int, excluded: frozenset[int] = frozenset(),
+             prefix: tuple[tuple[int, ...], int, int] | None = None) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
-        `excluded` holds its index (a retry's failed one)."""
+        `excluded` holds its index (a retry's failed one). `prefix` = (the request's
+        block hashes, their block size, its prompt tokens): the load then carries the
+        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`)."""
         fields: dict[str, int] = self.load_fields
         bs = fields.get("kv_block_size")
         if bs and self.pending:  # forwarded since that status was asked for: not in it yet
             unseen = [p for p in self.pending if p.sent_s >= self.status_s]
             need = sum(-(-p.prompt_tokens // bs) for p in unseen)
             fields = {**fields, "pending_blocks_needed": need, "pending_requests": len(unseen)}
-        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
+        if prefix is None:
+            return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
+        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
+                            **fields, prefix_hit_tokens=self.hit_tokens(*prefix),
+                            request_prompt_tokens=prefix[2])
+
+    def hit_tokens(self, hashes: tuple[int, ...], block_size: int, prompt_tokens: int) -> int:
+        """Tokens of a request's prompt (`hashes` of its full blocks of `block_size`)
+        cached on this instance as of its latest `/status` (at least one prompt token is
+        left to compute, as the engine caps a hit); 0 when its block size differs."""
+        if not hashes or self.block_size != block_size:
+            return 0
+        return self.prefix.hit_blocks(hashes, (prompt_tokens - 1) // block_size) * block_size
 
 
 class Instances:
