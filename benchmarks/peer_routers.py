@@ -252,7 +252,11 @@ class Fleet:
     scheduler is stopped at once: every run brings its own front door)."""
 
     def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path):
-        self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale},
+        # no prefix caching: every arm of a repeat sends the same prompts, and a cache left
+        # by the previous arm would favour whoever routes to it next (astro reads the engines'
+        # cached blocks; the peers keep their own per-run view)
+        self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale,
+                                                                    "enable_prefix_caching": False},
                                  "scheduler": {"policy": "round_robin"}}, "peer harness")
         self.run_dir = run_dir
         self.sup: ClusterSupervisor | None = None

@@ -376,3 +376,21 @@ def test_serve_cli_errors_are_one_line_and_name_the_field(tmp_path):
     for role in ("predictor", "tagger", "scheduler"):
         assert runner.invoke(app, ["serve", role, "--help"]).exit_code == 0
     assert "--instances" in runner.invoke(app, ["serve", "--help"]).output
+
+
+def test_prefix_caching_can_be_turned_off_on_every_engine_path(tmp_path):
+    """`engine.enable_prefix_caching: false` → `astro serve engine --no-enable-prefix-caching`
+    → a sim engine without a prefix cache, and vLLM's own flag for the vllm backend."""
+    from rps_astro_cli.engine.backends import EngineOptions, build_sim_engine
+    from rps_astro_cli.engine.vllm_backend import vllm_args_from_options
+    from rps_astro_cli.services.cluster import ClusterSupervisor
+
+    cfg = parse_config({"instances": 1, "engine": {"enable_prefix_caching": False}})
+    assert "--no-enable-prefix-caching" in ClusterSupervisor(cfg, tmp_path)._engine_argv(0)
+    assert "--no-enable-prefix-caching" not in ClusterSupervisor(parse_config({"instances": 1}), tmp_path)._engine_argv(0)
+    off = build_sim_engine(EngineOptions(profile="llama-2-7b-a30", enable_prefix_caching=False))
+    on = build_sim_engine(EngineOptions(profile="llama-2-7b-a30"))
+    assert off.inst.cache is None and not off.config.enable_prefix_caching and on.inst.cache is not None
+    _, args = vllm_args_from_options(EngineOptions(profile="llama-2-7b-a30", enable_prefix_caching=False),
+                                     ["--model", "m"])
+    assert "--no-enable-prefix-caching" in args

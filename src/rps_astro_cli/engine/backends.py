@@ -52,6 +52,7 @@ class EngineOptions:
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None
     chunked_prefill: bool = True
+    enable_prefix_caching: bool = True  # vLLM V1's automatic prefix caching (False: --no-enable-prefix-caching)
     api_key: str | None = None
     max_body_bytes: int = 16 * 1024 * 1024
     allow_remote_media: bool = False
@@ -102,6 +103,7 @@ def build_sim_engine(opts: EngineOptions):
         instance_id=opts.instance_id, num_gpu_blocks=opts.num_gpu_blocks,
         max_num_seqs=opts.max_num_seqs, max_num_batched_tokens=opts.max_num_batched_tokens,
         max_model_len=opts.max_model_len, chunked_prefill=None if opts.chunked_prefill else False,
+        enable_prefix_caching=None if opts.enable_prefix_caching else False,
     )
 
 

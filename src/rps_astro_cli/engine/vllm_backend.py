@@ -83,6 +83,9 @@ def vllm_args_from_options(opts: EngineOptions, extra_args: list[str]) -> tuple[
     if not opts.chunked_prefill and not _flag_present(args, "--enable-chunked-prefill") \
             and not _flag_present(args, "--no-enable-chunked-prefill"):
         args.append("--no-enable-chunked-prefill")
+    if not opts.enable_prefix_caching and not _flag_present(args, "--enable-prefix-caching") \
+            and not _flag_present(args, "--no-enable-prefix-caching"):
+        args.append("--no-enable-prefix-caching")
     return model, args
 
 

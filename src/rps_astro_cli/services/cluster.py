@@ -182,6 +182,8 @@ class ClusterSupervisor:
                 argv += [flag, str(val)]
         if not e.chunked_prefill:
             argv.append("--no-chunked-prefill")
+        if not e.enable_prefix_caching:
+            argv.append("--no-enable-prefix-caching")
         for name, value in e.instance_policy_params.items():  # declared by the policy, checked by the recipe
             argv += ["--instance-param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
         return argv + list(e.extra_args)

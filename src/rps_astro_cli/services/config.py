@@ -10,7 +10,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     api_key: str | null            # front-door bearer key (scheduler /v1/*)
     restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
     engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
-                max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill,
+                max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill, enable_prefix_caching,
                 served_model_name, extra_args}
     predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
                 default_output_tokens}
@@ -52,6 +52,7 @@ class EngineSection(_Strict):
     max_num_batched_tokens: int | None = Field(None, gt=0)
     max_model_len: int | None = Field(None, gt=0)
     chunked_prefill: bool = True
+    enable_prefix_caching: bool = Field(True, description="automatic prefix caching (vLLM V1's default: on)")
     served_model_name: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="passed through to the backend")
 
