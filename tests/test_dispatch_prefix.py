@@ -66,8 +66,9 @@ def _cands(pol, loads, seed: int) -> list[int]:
 
 
 def test_power_of_k_always_samples_the_longest_cached_prefix() -> None:
-    pol = make_dispatch("power_of_k", k=2)
-    assert pol.needs_prefix_hits and not pol.needs_status
+    pol = make_dispatch("power_of_k", k=2, kv_reserve_frac=0, tie_tolerance_s=0)
+    assert pol.needs_prefix_hits and not pol.needs_status  # the pin alone needs no engine status
+    assert make_dispatch("power_of_k", k=2).needs_status  # the default KV gate does
     loads = [load(0, 0, 0), load(1, 9, 0), load(2, 7, 48), load(3, 0, 16), load(4, 0, 0), load(5, 0, 0)]
     for seed in range(20):
         c = _cands(pol, loads, seed)

@@ -160,7 +160,8 @@ def test_power_of_k_pin_keeps_a_session_on_its_cached_instance() -> None:
         t0 = TimedRequest("t0", 0.0, 10, 3, 3, token_ids=tuple(range(1, 14)), session_id="s")
         t1 = TimedRequest("t1", 0.0, 20, 1, 1, token_ids=tuple(range(1, 21)), session_id="s", follows="t0",
                           think_s=0.5)
-        res = simulate_cluster([t0, t1], 4, make_dispatch("power_of_k", k=2), HAND, CFG, None,
+        res = simulate_cluster([t0, t1], 4, make_dispatch("power_of_k", k=2, objective="e2e", kv_reserve_frac=0,
+                                                                 tie_tolerance_s=0), HAND, CFG, None,
                                np.random.default_rng(seed))
         r0, r1 = res.records
         assert r1.instance == r0.instance and r1.cached_tokens == 12, seed
