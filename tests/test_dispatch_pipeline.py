@@ -102,7 +102,8 @@ def test_kv_headroom_filter_counts_the_queue_and_the_request_own_prompt():
 
 def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_with_headroom():
     loads = [_hl(0, 20, 5), _hl(1, 15, 3), _hl(2, 40, 0)]
-    est = {0: LatencyEstimate(0.30, 9.0, 1, 1), 1: LatencyEstimate(0.10, 8.0, 1, 1), 2: LatencyEstimate(0.20, 9.5, 1, 1)}
+    est = {0: LatencyEstimate(0.30, 9.0, 1, 1), 1: LatencyEstimate(0.10, 8.0, 1, 1),
+           2: LatencyEstimate(0.20, 9.5, 1, 1)}
     asked = []
 
     def predict(cands):

@@ -66,8 +66,8 @@ def to_requests(rows: list[list[float | int]]) -> list[TimedRequest]:
 
 def run_cluster(rows: list[list[float | int]], policy: str, seed: int) -> dict[str, list]:
     prof = load_profile(PROFILE)
-    res = simulate_cluster(to_requests(rows), INSTANCES, make_dispatch("power_of_k", k=2, objective="e2e", kv_reserve_frac=0.0,
-                                                                          tie_tolerance_s=0.0), prof, CFG,
+    po2 = make_dispatch("power_of_k", k=2, objective="e2e", kv_reserve_frac=0.0, tie_tolerance_s=0.0)  # the paper's
+    res = simulate_cluster(to_requests(rows), INSTANCES, po2, prof, CFG,
                            lambda: make_policy(policy), np.random.default_rng(seed))
     return {
         "records": [[getattr(r, f) for f in RECORD_FIELDS] for r in res.records],

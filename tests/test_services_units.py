@@ -387,7 +387,8 @@ def test_prefix_caching_can_be_turned_off_on_every_engine_path(tmp_path):
 
     cfg = parse_config({"instances": 1, "engine": {"enable_prefix_caching": False}})
     assert "--no-enable-prefix-caching" in ClusterSupervisor(cfg, tmp_path)._engine_argv(0)
-    assert "--no-enable-prefix-caching" not in ClusterSupervisor(parse_config({"instances": 1}), tmp_path)._engine_argv(0)
+    default = ClusterSupervisor(parse_config({"instances": 1}), tmp_path)._engine_argv(0)
+    assert "--no-enable-prefix-caching" not in default
     off = build_sim_engine(EngineOptions(profile="llama-2-7b-a30", enable_prefix_caching=False))
     on = build_sim_engine(EngineOptions(profile="llama-2-7b-a30"))
     assert off.inst.cache is None and not off.config.enable_prefix_caching and on.inst.cache is not None

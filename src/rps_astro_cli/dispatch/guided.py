@@ -24,18 +24,18 @@ from rps_astro_cli.dispatch.base import (
     DispatchPolicy,
     Fallback,
     InstanceLoad,
-    LatencyEstimate,
 )
 from rps_astro_cli.dispatch.stages import (
+    TIE_RESOLUTION_S,
     HealthFilter,
     KvHeadroomFilter,
-    TIE_RESOLUTION_S,
     LlumnixLoadScorer,
     PowerOfKSampler,
     PredictedLatencyScorer,
 )
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param
+from rps_astro_cli.types import LatencyEstimate
 
 OBJECTIVES = ("e2e", "ttft")
 
