@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import build_instance_policy, make_policy
+from rps_astro_cli.protocol.internal_auth import guard, token_headers
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -107,6 +108,8 @@ class PredictorSettings:
         assumed to run; Astrolabe §4: 10). default_output_tokens: length assumed for
         requests with no predicted length (tokens).
     api_key: required bearer token when set. max_body_bytes: body limit (bytes).
+    internal_token: the cluster's internal token: sent to the engine, and required on
+    every route but /health and /ready (`protocol.internal_auth`); None = neither.
     """
 
     engine_url: str
@@ -118,6 +121,7 @@ class PredictorSettings:
     default_output_tokens: int = 256
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    internal_token: str | None = None
 
 
 def parse_predict(body: dict[str, Any]) -> PredictRequest:
@@ -178,7 +182,8 @@ class Predictor:
     def __init__(self, settings: PredictorSettings, on_fetch: Callable[[str], None] = lambda outcome: None):
         self.settings = settings
         self.on_fetch = on_fetch  # called with "ok" / "error" after each /status fetch
-        self.pool = HostPool(settings.engine_url)  # lean keep-alive client (see services/rpc.py)
+        # lean keep-alive client (see services/rpc.py), sending the cluster's internal token
+        self.pool = HostPool(settings.engine_url, headers=token_headers(settings.internal_token))
         self._status: InstanceStatus | None = None
         self._status_at = 0.0  # time.monotonic() of the fetch
         self._inflight: asyncio.Future | None = None
@@ -364,7 +369,9 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
 
 def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning",
                   ready_file: str | None = None) -> None:
-    """Serve a Predictor until SIGINT/SIGTERM (blocking)."""
-    from rps_astro_cli.services.http_common import run_app
+    """Serve a Predictor until SIGINT/SIGTERM (blocking); with `settings.internal_token`
+    only callers that send it get past /health and /ready."""
+    from rps_astro_cli.services.http_common import run_app, warn_exposed
 
-    run_app(create_app(settings), host, port, log_level, ready_file)
+    warn_exposed(host, "predictor", settings.internal_token or settings.api_key)
+    run_app(guard(create_app(settings), settings.internal_token), host, port, log_level, ready_file)

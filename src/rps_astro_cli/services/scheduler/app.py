@@ -36,7 +36,7 @@ class Scheduler:
         self.m = SchedulerMetrics()
         self.models: set[str] = set(settings.served_models)
         self.instances = Instances(settings.instances, self.m)
-        self.clients = Clients(settings.upstream_timeout_s)
+        self.clients = Clients(settings.upstream_timeout_s, settings.internal_token)
         self.tags = TagClient(settings, self.clients, self.m)
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
@@ -180,8 +180,9 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
 def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",
                   ready_file: str | None = None) -> None:
     """Serve the scheduler until SIGINT/SIGTERM (blocking)."""
-    from rps_astro_cli.services.http_common import run_app
+    from rps_astro_cli.services.http_common import run_app, warn_exposed
 
+    warn_exposed(host, "scheduler", settings.api_key)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings)
