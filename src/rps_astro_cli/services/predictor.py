@@ -204,6 +204,18 @@ class Predictor:
             return f"engine {self.settings.engine_url} /status: {type(exc).__name__}: {exc}"[:200]
         return None
 
+    def problem(self) -> str | None:
+        """What /health reports (the last `/status` fetch's failure, or None). While there
+        is one, each call also starts one background re-fetch (never awaited: liveness
+        must answer at once), so a restarted engine clears it without /predict traffic."""
+        if self.last_error is not None and self._inflight is None:
+            try:
+                self._inflight = asyncio.ensure_future(self._fetch())
+                self._inflight.add_done_callback(_swallow)
+            except RuntimeError:  # no running loop (called outside the server)
+                pass
+        return self.last_error
+
     # -- engine status -----------------------------------------------------------------
     async def status(self) -> tuple[InstanceStatus, float]:
         """The engine's status and its age in seconds.
@@ -327,7 +339,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
     app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
     add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url},
-                           problem=lambda: app.state.predictor.last_error,
+                           problem=lambda: app.state.predictor.problem(),
                            ready=lambda: app.state.predictor.ready())
 
     async def predict(request: Request):

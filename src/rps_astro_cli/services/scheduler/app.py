@@ -41,7 +41,7 @@ class Scheduler:
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
-                                    self.models)
+                                    self.models, self.tags)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models)
         self.discovered: InstanceSet | None = None
@@ -126,10 +126,13 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     @app.get("/health")
     async def health():
         """Liveness (always 200 while the process serves): `status` ok | degraded (some
-        engine breaker open or some Predictor failing: `problems` says which and why) |
+        engine breaker open, some Predictor or the tagger failing: `problems` says which
+        and why) |
         unavailable (no instance can take a request)."""
         n = sum(st.healthy and st.dispatchable for st in sched.instances)
         problems = {st.ep.name: p for st in sched.instances if (p := st.problems())}
+        if sched.tags.error is not None:
+            problems["tagger"] = [f"tagger: {sched.tags.error} (requests get the default length meanwhile)"]
         status = "unavailable" if not n else "degraded" if problems else "ok"
         body = {"status": status, "role": "scheduler", "healthy_instances": n,
                 "instances": len(sched.instances), "policy": sched.dispatcher.describe()}

@@ -32,8 +32,9 @@ class HealthMonitor:
     engine's `/v1/models` when the settings name none."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
-                 needs_status: bool, models: set[str]):
+                 needs_status: bool, models: set[str], tags=None):
         self.s = settings
+        self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
         self.needs_status = needs_status
@@ -89,7 +90,8 @@ class HealthMonitor:
             st.predictor_error = None
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(st) for st in self.instances))
+        await asyncio.gather(*(self.check(st) for st in self.instances),
+                             *([self.tags.check()] if self.tags is not None else []))
 
     async def start(self) -> None:
         """Build every engine's httpx client up front (one costs ~10 ms), check every
@@ -119,7 +121,8 @@ class HealthMonitor:
                     await self.check_all()
                 else:
                     broken = [st for st in self.instances if not st.healthy or st.predictor_error is not None]
-                    if broken:
-                        await asyncio.gather(*(self.check(st) for st in broken))
+                    tagger = [self.tags.check()] if self.tags is not None and self.tags.error else []
+                    if broken or tagger:
+                        await asyncio.gather(*(self.check(st) for st in broken), *tagger)
             except Exception:  # pragma: no cover - keep the loop alive whatever happens
                 log.exception("health loop")
