@@ -110,7 +110,9 @@ def test_scheduler_without_the_token_cannot_use_the_engine(length_model):
         eng = start(st, ia.guard(engine_app(0), TOKEN))
         s = scheduler(st, [eng.url], policy="round_robin", length_model=length_model, served_models=(MODEL,))
         r = httpx.post(s.url + "/v1/chat/completions", json=chat(), timeout=10)
-        assert r.status_code == 401 and ia.TOKEN_HEADER in r.json()["error"]["message"]
+        # not the client's 401 (its key is fine): the scheduler's misconfiguration, named
+        msg = r.json()["error"]["message"]
+        assert r.status_code == 502 and "refused the scheduler" in msg and ia.TOKEN_ENV in msg, msg
 
 
 def test_bench_without_the_key_says_401_and_how_to_fix(length_model):

@@ -200,7 +200,11 @@ class FrontDoor:
                 raise
             t1 = time.perf_counter()
             self.instances.release(st)
-            if resp.status >= 500 and attempt == 0:
+            if resp.status == 401:  # the engine refused the scheduler, not the client: say so, as a 502
+                data, status = _refused(st.ep.name, data), 502
+            else:
+                status = resp.status
+            if status >= 500 and attempt == 0:
                 # the engine failed the request before the client saw a byte: try another
                 # instance once; a run of them opens its breaker (a healthy /health does
                 # not make an engine that fails every request worth sending to)
@@ -212,15 +216,15 @@ class FrontDoor:
                 excluded = excluded | {st.index}
                 self.m.retries.inc()
                 rec.retries = 1
-                first_5xx = (data, resp.status, relay_headers(resp, st.ep.name))
+                first_5xx = (data, status, _relay_headers(resp, st.ep.name, status))
                 t0 = time.perf_counter()
                 continue
-            if resp.status < 500:
+            if status < 500:
                 st.engine_5xx = 0
             rec.observed_e2e_s = t1 - t_send
-            outcome = "ok" if resp.status < 400 else "client_error" if resp.status < 500 else "engine_error"
+            outcome = "ok" if status < 400 else "client_error" if status < 500 else "engine_error"
             self.m.requests.labels(endpoint, outcome).inc()
-            out = Response(data, status_code=resp.status, headers=relay_headers(resp, st.ep.name))
+            out = Response(data, status_code=status, headers=_relay_headers(resp, st.ep.name, status))
             overhead += time.perf_counter() - t1
             self._finish(rec, overhead, outcome)
             return out
@@ -256,3 +260,21 @@ def _error_text(data: bytes) -> str:
     except (ValueError, AttributeError):
         pass
     return data[:120].decode("utf-8", "replace")
+
+
+def _refused(instance: str, data: bytes) -> bytes:
+    """The client's 502 body for an engine that answered the scheduler 401 (a missing or
+    wrong internal token, or an engine started with its own --api-key)."""
+    return json.dumps({"error": {
+        "message": f"engine {instance} refused the scheduler (HTTP 401: {_error_text(data)}); the scheduler needs "
+                   "the cluster's internal token ($ASTRO_INTERNAL_TOKEN or $ASTRO_INTERNAL_TOKEN_FILE)",
+        "type": "engine_unavailable", "param": None, "code": 502}}).encode()
+
+
+def _relay_headers(resp, instance: str, status: int) -> dict[str, str]:
+    """`relay_headers`, minus the engine's content-length and auth challenge when the body
+    was replaced (a refused request's 502)."""
+    h = relay_headers(resp, instance)
+    if status != resp.status:
+        h = {k: v for k, v in h.items() if k.lower() not in ("content-length", "www-authenticate")}
+    return h
