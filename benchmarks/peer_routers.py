@@ -247,8 +247,9 @@ class Fleet:
     scheduler is stopped at once: every run brings its own front door)."""
 
     def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path):
+        # internal_token off: the peer routers forward to the engines and cannot send astro's token
         self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale},
-                                 "scheduler": {"policy": "round_robin"}}, "peer harness")
+                                 "scheduler": {"policy": "round_robin"}, "internal_token": False}, "peer harness")
         self.run_dir = run_dir
         self.sup: ClusterSupervisor | None = None
         self.info: dict[str, Any] = {}

@@ -153,3 +153,17 @@ def test_kubernetes_roles_read_the_token_from_a_secret():
     assert sorted(seen) == ["engine", "predictor", "scheduler", "tagger"]
     sim = yaml.safe_load((root / "overlays" / "sim" / "kustomization.yaml").read_text())
     assert "astro-internal-token" in [g["name"] for g in sim["secretGenerator"]]
+
+
+def test_supervisor_token_per_cluster_or_off(tmp_path):
+    from rps_astro_cli.services.cluster import ClusterSupervisor
+    from rps_astro_cli.services.config import parse_config
+
+    on = [ClusterSupervisor(parse_config({"instances": 1}), tmp_path / f"r{i}") for i in range(2)]
+    assert on[0].internal_token != on[1].internal_token  # a fresh token per cluster
+    child = on[0]._child("engine-0", "engine", [])
+    assert child.env[ia.TOKEN_ENV] == on[0].internal_token and on[0].internal_token not in child.argv
+    assert on[0].describe()["internal_token_file"] == str(tmp_path / "r0" / "internal-token")
+    off = ClusterSupervisor(parse_config({"instances": 1, "internal_token": False}), tmp_path / "off")
+    assert off.internal_token is None and ia.TOKEN_ENV not in off._child("engine-0", "engine", []).env
+    assert off.describe()["internal_token_file"] is None

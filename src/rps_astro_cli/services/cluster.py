@@ -37,7 +37,7 @@ and (on Linux) get SIGTERM if the supervisor itself dies, so no orphan outlives 
      "time_scale": float,               # wall s per engine s
      "instance_policy": str,            # in-instance policy of every engine
      "api_key_required": bool,          # the key itself is never written
-     "internal_token_file": str,        # the internal token's file (mode 0600; engines,
+     "internal_token_file": str | null, # the internal token's file (mode 0600; engines,
                                         # Predictors and the tagger need it, protocol.internal_auth)
      "log_dir": str,
      "recipe": {...}}                   # the validated recipe (api_key removed)
@@ -167,7 +167,7 @@ class ClusterSupervisor:
 
         # the cluster's internal token (protocol.internal_auth): in every child's
         # environment and in <run_dir>/internal-token (mode 0600), never on a command line
-        self.internal_token = new_token()
+        self.internal_token: str | None = new_token() if cfg.internal_token else None
         self.token_file = self.run_dir / "internal-token"
 
     # -- children ----------------------------------------------------------------------
@@ -175,8 +175,9 @@ class ClusterSupervisor:
                env: dict[str, str] | None = None) -> Child:
         from rps_astro_cli.protocol.internal_auth import TOKEN_ENV
 
+        token = {TOKEN_ENV: self.internal_token} if self.internal_token else {}
         return Child(name, role, argv, host, self.run_dir / f"{name}.log", self.run_dir / f"{name}.url",
-                     {TOKEN_ENV: self.internal_token, **(env or {})})
+                     {**token, **(env or {})})
 
     @property
     def children(self) -> list[Child]:
@@ -215,9 +216,10 @@ class ClusterSupervisor:
                 (every started child is stopped first).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.internal_token + "\n")
+        if self.internal_token:
+            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.internal_token + "\n")
         cfg = self.cfg
         if cfg.host and not _loopback(cfg.host) and not cfg.api_key:
             self.report(f"warning: the scheduler will listen on {cfg.host} without an API key: anyone who can "
@@ -357,7 +359,7 @@ class ClusterSupervisor:
             "time_scale": cfg.engine.time_scale,
             "instance_policy": cfg.engine.instance_policy,
             "api_key_required": bool(cfg.api_key),
-            "internal_token_file": str(self.token_file),
+            "internal_token_file": str(self.token_file) if self.internal_token else None,
             "log_dir": str(self.run_dir),
             "recipe": recipe,
         }
