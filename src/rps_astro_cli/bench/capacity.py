@@ -62,6 +62,8 @@ class CapacityResult:
     interpolated_rps: float | None
     probes: list[tuple[float, float | None, bool]] = field(default_factory=list)
     note: str = ""
+    width: int = 1  # rates probed per round (`CapacitySearch`); 1: one after another
+    rounds: int | None = None  # rounds of probes (width > 1 only; with width 1 it is the probe count)
 
     def to_dict(self) -> dict[str, Any]:
         return {"label": self.label, "goal": self.goal.describe(), "metric": self.goal.metric,
@@ -69,7 +71,8 @@ class CapacityResult:
                 "capacity_rps": self.capacity_rps, "interpolated_rps": self.interpolated_rps,
                 "probes": [{"rate_rps": r, "value_s": (None if v is None else (v if math.isfinite(v) else "inf")),
                             "meets": ok} for r, v, ok in self.probes],
-                "note": self.note}
+                "note": self.note,
+                **({"width": self.width, "rounds": self.rounds} if self.width > 1 else {})}
 
 
 STEADY_MIN_RATIO = 0.8
@@ -125,73 +128,157 @@ def steady_state(records: Sequence[Any], min_ratio: float = STEADY_MIN_RATIO) ->
 def search_capacity(probe: Callable[[float], Any], goal: CapacityGoal, *,
                     rates: Sequence[float] | None = None, start_rps: float = 4.0, min_rps: float = 0.5,
                     max_rps: float = 256.0, tolerance: float = 0.02, max_probes: int = 24,
-                    label: str = "") -> CapacityResult:
+                    label: str = "", width: int = 1) -> CapacityResult:
     """Search the SLO capacity with `probe(rate) → percentile value (s)` or
-    `→ (value, steady)` (module docstring).
+    `→ (value, steady)` (module docstring), one round of `width` rates after another
+    (`CapacitySearch`; the rates of a round are probed in ascending order).
 
     A probe returning None (no value at all, e.g. every output empty) counts as failing;
     so does one whose `steady` is False, whatever its value (listed in the note).
     """
-    probes: list[tuple[float, float | None, bool]] = []
-    seen: dict[float, bool] = {}
-    unsteady: list[float] = []
+    search = CapacitySearch(goal, rates=rates, start_rps=start_rps, min_rps=min_rps, max_rps=max_rps,
+                            tolerance=tolerance, max_probes=max_probes, label=label, width=width)
+    while batch := search.next_rates():
+        for r in batch:
+            search.record(r, probe(r))
+    return search.result()
 
-    def test(rate: float) -> bool:
-        got = probe(rate)
+
+class CapacitySearch:
+    """The capacity search as a state machine, so that an executor can probe the rates of
+    a round in parallel: `next_rates()` gives the round's rates (ascending; [] when the
+    search is over), `record(rate, got)` takes each one's probe result (value or
+    (value, steady)), `result()` the outcome.
+
+    The bracket after any round: hi = the lowest failing rate probed, lo = the highest
+    passing rate below hi. A round of width W (`width`):
+    - first round: start × 2^j for j = −⌊(W−1)/2⌋ … ⌈(W−1)/2⌉ (W = 1: the start alone);
+    - no failing rate yet: the next W doublings above lo (up to `max_rps`);
+    - no passing rate yet: the next W halvings below hi (down to `min_rps`);
+    - a bracket: n = min(W, the fewest that reach the tolerance) evenly spaced rates
+      (lo·(n+1−i) + hi·i)/(n+1), i = 1…n, so the bracket shrinks (n+1)× per round;
+    - a grid (`rates`): the next W grid rates ascending, until a round holds a failure;
+      capacity = the highest passing rate below the lowest failing one.
+    Width 1 is today's search exactly (doubling, halving, bisection at (lo + hi)/2): the
+    same rates in the same order. Same answer rule for W > 1: it stops, as W = 1 does,
+    with lo passing, hi failing and (hi − lo)/lo ≤ `tolerance`; when v(λ) is
+    non-decreasing both brackets hold the true capacity c, so both answers lie in
+    [c/(1 + tolerance), c] and differ by less than a factor (1 + tolerance). A round is
+    cut to the probes left of `max_probes` (a grid is not).
+    """
+
+    def __init__(self, goal: CapacityGoal, *, rates: Sequence[float] | None = None, start_rps: float = 4.0,
+                 min_rps: float = 0.5, max_rps: float = 256.0, tolerance: float = 0.02, max_probes: int = 24,
+                 label: str = "", width: int = 1):
+        if width < 1:
+            raise ValueError(f"width must be ≥ 1, got {width}")
+        self.goal, self.label, self.width = goal, label, width
+        self.grid = sorted(rates) if rates else None
+        self.start = min(max(start_rps, min_rps), max_rps)
+        self.min_rps, self.max_rps, self.tolerance, self.max_probes = min_rps, max_rps, tolerance, max_probes
+        self.probes: list[tuple[float, float | None, bool]] = []  # (rate, value, meets) in probe order
+        self.unsteady: list[float] = []  # rates whose latency met the goal but not steady state
+        self.rounds = 0  # rounds asked for so far
+        self.note = ""
+        self._pending: list[float] = []  # rates of the current round not yet recorded
+        self._done = False
+
+    # -- the bracket -----------------------------------------------------------------------
+    def bracket(self) -> tuple[float | None, float | None]:
+        """(lo, hi) as the class docstring defines them (None: no such rate yet)."""
+        fails = [r for r, _, ok in self.probes if not ok]
+        hi = min(fails) if fails else None
+        passes = [r for r, _, ok in self.probes if ok and (hi is None or r < hi)]
+        return (max(passes) if passes else None), hi
+
+    def _left(self) -> int:
+        return self.max_probes - len(self.probes)
+
+    def next_rates(self) -> list[float]:
+        """The next round's rates, ascending ([] when the search is over). Every rate of a
+        round has to be `record`ed before the next call."""
+        if self._pending:
+            raise RuntimeError(f"rates {self._pending} of the last round were not recorded")
+        if self._done:
+            return []
+        batch = self._plan()
+        if not batch:
+            self._done = True
+            self._finish_note()
+            return []
+        self.rounds += 1
+        self._pending = list(batch)
+        return batch
+
+    def _plan(self) -> list[float]:
+        seen = {r for r, _, _ in self.probes}
+        if self.grid is not None:  # every grid rate up to the first failing one (max_probes does not apply)
+            if any(not ok for _, _, ok in self.probes):
+                return []
+            return [r for r in self.grid if r not in seen][:self.width]
+        w = min(self.width, self._left())
+        if not self.probes:
+            lo_j = -((self.width - 1) // 2)
+            ladder = [min(max(self.start * 2.0 ** j, self.min_rps), self.max_rps)
+                      for j in range(lo_j, lo_j + self.width)]
+            return sorted(dict.fromkeys(ladder))[:max(w, 0)] if w > 0 else []
+        if w <= 0:
+            return []
+        lo, hi = self.bracket()
+        if hi is None:  # every rate met the goal: double up to max_rps
+            assert lo is not None
+            out, r = [], lo
+            while r < self.max_rps and len(out) < w:
+                r = min(r * 2, self.max_rps)
+                out.append(r)
+            return [x for x in out if x not in seen]
+        if lo is None:  # every rate missed: halve down to min_rps
+            out, r = [], hi
+            while r > self.min_rps and len(out) < w:
+                r = max(r / 2, self.min_rps)
+                out.append(r)
+            return sorted(x for x in out if x not in seen)
+        if (hi - lo) / lo <= self.tolerance:
+            return []
+        n = 1
+        while n < w and (hi - lo) / (n + 1) > self.tolerance * lo:
+            n += 1
+        return [(lo * (n + 1 - i) + hi * i) / (n + 1) for i in range(1, n + 1)]
+
+    def record(self, rate: float, got: Any) -> bool:
+        """Take the probe result of `rate` (a value, or (value, steady)); → it meets the goal."""
+        if rate not in self._pending:
+            raise RuntimeError(f"rate {rate} was not asked for in this round")
+        self._pending.remove(rate)
         v, steady = got if isinstance(got, tuple) else (got, True)
-        ok = v is not None and v <= goal.threshold_s
+        ok = v is not None and v <= self.goal.threshold_s
         if ok and not steady:
-            unsteady.append(rate)
+            self.unsteady.append(rate)
             ok = False
-        probes.append((rate, v, ok))
-        seen[rate] = ok
+        self.probes.append((rate, v, ok))
         return ok
 
-    note = ""
-    if rates:
-        best = None
-        for r in sorted(rates):
-            if test(r):
-                best = r
-            else:
-                break
-        if best is not None and best == max(rates):
-            note = "every rate of the grid met the goal: capacity may be higher"
-        return CapacityResult(label, goal, best, _interpolate(probes, goal), probes, _join(note, unsteady))
+    def _finish_note(self) -> None:
+        lo, hi = self.bracket()
+        if self.grid is not None:
+            if lo is not None and lo == max(self.grid):
+                self.note = "every rate of the grid met the goal: capacity may be higher"
+            return
+        if hi is None and lo is not None:
+            self.note = f"met the goal up to the search bound {self.max_rps:g} req/s: raise --capacity-max-rate"
+        elif lo is None:
+            self.note = f"missed the goal even at {self.min_rps:g} req/s, the lowest rate searched"
+        elif len(self.probes) >= self.max_probes:
+            self.note = f"stopped after {self.max_probes} probes"
 
-    lo: float | None = None
-    hi: float | None = None
-    r = min(max(start_rps, min_rps), max_rps)
-    if test(r):
-        lo = r
-        while lo < max_rps and len(probes) < max_probes:
-            nxt = min(lo * 2, max_rps)
-            if test(nxt):
-                lo = nxt
-            else:
-                hi = nxt
-                break
-        if hi is None:
-            note = f"met the goal up to the search bound {max_rps:g} req/s: raise --capacity-max-rate"
-    else:
-        hi = r
-        while hi > min_rps and len(probes) < max_probes:
-            nxt = max(hi / 2, min_rps)
-            if test(nxt):
-                lo = nxt
-                break
-            hi = nxt
-        if lo is None:
-            note = f"missed the goal even at {min_rps:g} req/s, the lowest rate searched"
-    while lo is not None and hi is not None and (hi - lo) / lo > tolerance and len(probes) < max_probes:
-        mid = (lo + hi) / 2
-        if test(mid):
-            lo = mid
-        else:
-            hi = mid
-    if len(probes) >= max_probes and not note:
-        note = f"stopped after {max_probes} probes"
-    return CapacityResult(label, goal, lo, _interpolate(probes, goal), probes, _join(note, unsteady))
+    def result(self) -> CapacityResult:
+        """The outcome (call after `next_rates()` returned [])."""
+        lo, _ = self.bracket()
+        res = CapacityResult(self.label, self.goal, lo, _interpolate(self.probes, self.goal, lo), list(self.probes),
+                             _join(self.note, self.unsteady))
+        if self.width > 1:
+            res.width, res.rounds = self.width, self.rounds
+        return res
 
 
 def _join(note: str, unsteady: list[float]) -> str:
@@ -203,8 +290,9 @@ def _join(note: str, unsteady: list[float]) -> str:
     return f"{note}; {msg}" if note else msg
 
 
-def _interpolate(probes: list[tuple[float, float | None, bool]], goal: CapacityGoal) -> float | None:
-    passing = [(r, v) for r, v, ok in probes if ok and v is not None]
+def _interpolate(probes: list[tuple[float, float | None, bool]], goal: CapacityGoal,
+                 capacity: float | None) -> float | None:
+    passing = [(r, v) for r, v, ok in probes if ok and v is not None and capacity is not None and r <= capacity]
     failing = [(r, v) for r, v, ok in probes if not ok]
     if not passing or not failing:
         return None

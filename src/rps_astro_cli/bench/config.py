@@ -11,7 +11,10 @@ Sections (each a frozen dataclass that checks its own fields when built, naming 
   (live too);
 - `slo` (`SloSection`): SLOs and the exit-code threshold (see `bench.slo`);
 - `capacity` (`CapacitySection`): the SLO-capacity search (see `bench.capacity`);
-- `output` (`OutputSection`): the report folder.
+- `output` (`OutputSection`): the report folder;
+- `execution` (`ExecutionSection`): where the runs of a virtual sweep execute (in this
+  process one after another, a pool of local processes, or Ray tasks; see
+  `bench.executors`). It never changes a result.
 
 Times in seconds, rates in requests/s. `BenchConfig.flat(**flags)` builds one from the
 flat flag names (`num_requests=`, `request_rate=`, `virtual=`...; what `astro bench`
@@ -116,8 +119,16 @@ class ClusterSection:
     length_model: str | None = None     # the tagger's length model (length.resolve spec)
     remaining_length: str = "none"      # look-ahead length rule (sim.remaining): none, default or a table JSON
     max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
+    schedulers: int = 1                 # stateless scheduler replicas, each dispatching on its own (virtual)
+    status_interval_s: float = 0.0      # instance status copied every this many s (virtual; 0: live state)
 
     def __post_init__(self) -> None:
+        if isinstance(self.schedulers, bool) or not isinstance(self.schedulers, int) or self.schedulers < 1:
+            raise AstroUserError(f"must be a whole number ≥ 1, got {self.schedulers!r}", field="--schedulers")
+        if not (math.isfinite(self.status_interval_s) and self.status_interval_s >= 0):
+            raise AstroUserError(f"must be a finite number ≥ 0, got {self.status_interval_s!r}",
+                                 field="--status-interval", fix="pass seconds, e.g. 0.25 (a Predictor's "
+                                 "status_max_age_s), or 0 for the live state")
         if self.instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {self.instances}", field="--instances")
         if self.prediction_noise < 0:
@@ -167,13 +178,48 @@ class CapacitySection:
     start_rps: float = 4.0
     max_rps: float = 256.0
     tolerance: float = 0.02             # stop when the bracket is this narrow (relative)
+    width: int = 1                      # rates probed per round (--capacity-width; 1: doubling, then bisection)
 
     def __post_init__(self) -> None:
+        if isinstance(self.width, bool) or not isinstance(self.width, int) or self.width < 1:
+            raise AstroUserError(f"must be a whole number ≥ 1, got {self.width!r}", field="--capacity-width",
+                                 fix="pass 1 (one rate at a time) or the number of rates to probe per round, "
+                                     "e.g. the executor's workers")
         if not (0 < self.percentile <= 100):
             raise AstroUserError("must be in (0, 100]", field="--capacity-percentile")
         if self.metric not in CAPACITY_METRICS:
             raise AstroUserError(f"unknown metric {self.metric!r}", field="--capacity-metric",
                                  fix="choose ttft, tpot, e2el or nlat")
+
+
+EXECUTORS = ("serial", "processes", "ray")
+
+
+@dataclass(frozen=True)
+class ExecutionSection:
+    """Where the runs (probes) of a virtual sweep execute (`bench.executors`)."""
+
+    executor: str = "serial"            # serial (this process), processes (local pool) or ray (Ray tasks)
+    ray_address: str | None = None      # --executor ray: the cluster to join (None: start a local Ray)
+    workers: int | None = None          # processes: pool size; ray: CPUs of the local Ray (None: all cores)
+
+    def __post_init__(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise AstroUserError(f"unknown executor {self.executor!r}", field="--executor",
+                                 fix="choose serial, processes or ray")
+        if self.ray_address is not None and self.executor != "ray":
+            raise AstroUserError("--ray-address names the Ray cluster of --executor ray", field="--ray-address",
+                                 fix="add --executor ray, or drop --ray-address")
+        if self.workers is not None and (isinstance(self.workers, bool) or not isinstance(self.workers, int)
+                                         or self.workers < 1):
+            raise AstroUserError(f"must be a whole number ≥ 1, got {self.workers!r}", field="--workers",
+                                 fix="pass the number of parallel runs, e.g. 2")
+        if self.workers is not None and self.executor == "serial":
+            raise AstroUserError("--workers sizes a parallel executor", field="--workers",
+                                 fix="add --executor processes or --executor ray")
+        if self.workers is not None and self.ray_address is not None:
+            raise AstroUserError("--workers sizes the local Ray; a joined cluster has its own CPUs",
+                                 field="--workers", fix="drop --workers, or drop --ray-address")
 
 
 @dataclass(frozen=True)
@@ -217,9 +263,16 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "policy_params": ("cluster", "policy_params"), "instance_policy_params": ("cluster", "instance_policy_params"),
     # multi-turn sessions (issue 14): likewise only when given
     "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
+    # parallel sweeps (issue 16): likewise only when not the default
+    "capacity_width": ("capacity", "width"), "executor": ("execution", "executor"),
+    "schedulers": ("cluster", "schedulers"), "status_interval_s": ("cluster", "status_interval_s"),
+    "ray_address": ("execution", "ray_address"), "workers": ("execution", "workers"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
-                 "think_time")
+                 "think_time", "ray_address", "workers")
+DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0}
+"""Flat names left out of report.json while they hold these defaults (the schema of a
+serial run is unchanged)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +286,7 @@ class BenchConfig:
     slo: SloSection = field(default_factory=SloSection)
     capacity: CapacitySection = field(default_factory=CapacitySection)
     output: OutputSection = field(default_factory=OutputSection)
+    execution: ExecutionSection = field(default_factory=ExecutionSection)
 
     def __post_init__(self) -> None:
         """Rules that span sections.
@@ -256,10 +310,15 @@ class BenchConfig:
                                      ("--instance-policies", bool(c.instance_policies)),
                                      ("--recipe", c.recipe is not None),
                                      ("--length-model", c.length_model is not None),
-                                     ("--max-num-seqs", c.max_num_seqs is not None)) if on]
+                                     ("--max-num-seqs", c.max_num_seqs is not None),
+                                     ("--schedulers", c.schedulers != 1),
+                                     ("--status-interval", c.status_interval_s != 0)) if on]
             if flags:
                 raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")
+        if self.execution.executor != "serial" and not virtual:
+            raise AstroUserError("a live cluster serves one run at a time; parallel runs are for the virtual "
+                                 "cluster", field="--executor", fix="add --virtual, or drop --executor")
         if self.arrivals.process == "trace" and (self.arrivals.rates_rps or self.capacity.enabled):
             raise AstroUserError("trace replay has no rate to sweep", field="--arrival",
                                  fix="use --time-scale, or a poisson/gamma arrival for --rates/--capacity")
@@ -291,6 +350,8 @@ class BenchConfig:
                 continue
             v = getattr(getattr(self, section), attr)
             if v is None and name in OPTIONAL_FLAT:
+                continue
+            if name in DEFAULT_FLAT and v == DEFAULT_FLAT[name]:
                 continue
             d[name] = list(v) if isinstance(v, list) else v
         for k in ("request_rate", "burstiness"):

@@ -271,17 +271,18 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         target.open()
         result.target = target.describe()
         ipols: list[str | None] = list(config.cluster.instance_policies or [None])
-        for ipol, policy, k in [(ip, p, k) for ip in ipols for p, k in _variants(config)]:
+        variants = [(ip, p, k) for ip in ipols for p, k in _variants(config)]
+        sweep = _Sweep(config, wl, spec0, slo, target, result, prog)
+        if config.execution.executor != "serial":
+            _run_parallel(sweep, variants)
+        serial = variants if config.execution.executor == "serial" else []
+        for ipol, policy, k in serial:
             target.use_policy(policy, k)
             if config.cluster.virtual:
                 target.use_instance_policy(ipol)
 
             def run_at(rate: float, _p=policy, _k=k, _ip=ipol) -> RunResult:
-                spec = spec0.with_rate(rate) if config.arrivals.process != "trace" else spec0
-                times = _arrivals(config, wl, spec, len(wl.requests))
-                label = _label(_p, _k, spec, result.target)
-                if _ip is not None:
-                    label = f"{_ip} · {label}"
+                spec, times, label = sweep.plan(rate, _p, _k, _ip)
                 prog("run_start", label=label, total=len(wl.requests))
                 t0 = time.perf_counter()
                 done_so_far: list[RequestRecord] = []
@@ -293,57 +294,25 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
                 records, extras = target.run(wl.requests, list(times), on_record)
                 current.clear()
-                _lag_extras(records, extras)
-                if slo.e2e_scale is not None:
-                    target.fill_isolated(records)
-                pre = extras.get("preemptions_total")
-                mets = all_metrics(records, slo, pre)
-                q = extras.get("prefix_cache_queries_tokens")
-                if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
-                    mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
-                run = RunResult(label, _p, _k, spec.rate_rps, spec.describe(), mets, records, extras,
-                                time.perf_counter() - t0,
-                                extras.get("instance_policy") if config.cluster.virtual else None)
+                run = sweep.finish(label, _p, _k, spec, records, extras, 0.0)
+                run.wall_s = time.perf_counter() - t0
                 result.runs.append(run)
                 _lag_warnings(result, run)
                 prog("run_end", run=run)
                 return run
 
             if config.capacity.enabled:
-                thr = config.capacity.threshold_s
-                if thr is None:
-                    thr = dict(slo.thresholds_s).get(config.capacity.metric, 10.0)
-                goal = cap.CapacityGoal(config.capacity.metric, config.capacity.percentile, thr)
-
+                goal = sweep.goal()
                 short: list[tuple[float, cap.SteadyState]] = []
 
                 def probe(rate: float, _goal=goal, _short=short) -> tuple[float | None, bool]:
-                    run = run_at(rate)
-                    v = slo_percentile_value(run.records, _goal.metric, _goal.percentile)
-                    st = cap.steady_state(run.records)
-                    run.extras["capacity_probe"] = {"value_s": v, "steady_state": st.to_dict(),
-                                                    "meets": v is not None and v <= _goal.threshold_s and st.steady}
-                    if st.short and st.steady and v is not None and v <= _goal.threshold_s:
-                        _short.append((rate, st))  # a passing probe too short to trust
-                    run.records = []  # probes keep metrics only
-                    return v, st.steady
+                    return sweep.probe_value(run_at(rate), _goal, _short)
 
-                res = cap.search_capacity(
-                    probe, goal,
-                    rates=config.arrivals.rates_rps, start_rps=config.capacity.start_rps,
-                    min_rps=config.capacity.min_rps, max_rps=config.capacity.max_rps,
-                    tolerance=config.capacity.tolerance,
-                    label=((f"{ipol} · " if ipol else "") + _label(policy, k, spec0, result.target).split(" @ ")[0]))
+                res = cap.search_capacity(probe, goal, **sweep.search_args(ipol, policy, k))
                 result.capacity.append(res)
-                if short:
-                    r0, st0 = min(short, key=lambda x: x[0])
-                    result.warnings.append(
-                        f"{res.label}: {len(short)} passing capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
-                        f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
-                        f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
-                        f"raise -n for a trustworthy capacity")
+                sweep.short_warning(res, short)
             else:
-                for rate in (config.arrivals.rates_rps or [config.arrivals.request_rate_rps]):
+                for rate in sweep.rates():
                     run_at(rate)
     except KeyboardInterrupt:  # Ctrl-C: keep what completed, exit 130
         result.interrupted = True
@@ -368,6 +337,135 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
         result.out_dir = write_report(result, Path(config.output.out_dir))
     return result
+
+
+class _Sweep:
+    """What every run of one `run_bench` shares, and the steps around executing a run
+    that the serial loop and `_run_parallel` both take: plan a run (arrival times,
+    label), finish it (metrics, `RunResult`), score a capacity probe."""
+
+    def __init__(self, config: BenchConfig, wl: Workload, spec0: ArrivalSpec, slo: SloSpec, target: Any,
+                 result: BenchResult, prog: Progress):
+        self.config, self.wl, self.spec0, self.slo = config, wl, spec0, slo
+        self.target, self.result, self.prog = target, result, prog
+
+    def plan(self, rate: float, policy: str | None, k: str | None,
+             ipol: str | None) -> tuple[ArrivalSpec, np.ndarray, str]:
+        """(arrival spec, arrival times, label) of the run at `rate`."""
+        cfg = self.config
+        spec = self.spec0.with_rate(rate) if cfg.arrivals.process != "trace" else self.spec0
+        times = _arrivals(cfg, self.wl, spec, len(self.wl.requests))
+        label = _label(policy, k, spec, self.result.target)
+        if ipol is not None:
+            label = f"{ipol} · {label}"
+        return spec, times, label
+
+    def finish(self, label: str, policy: str | None, k: str | None, spec: ArrivalSpec,
+               records: list[RequestRecord], extras: dict[str, Any], wall_s: float) -> RunResult:
+        """The `RunResult` of an executed run (metrics over its records)."""
+        _lag_extras(records, extras)
+        if self.slo.e2e_scale is not None:
+            self.target.fill_isolated(records)
+        mets = all_metrics(records, self.slo, extras.get("preemptions_total"))
+        q = extras.get("prefix_cache_queries_tokens")
+        if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
+            mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
+        return RunResult(label, policy, k, spec.rate_rps, spec.describe(), mets, records, extras, wall_s,
+                         extras.get("instance_policy") if self.config.cluster.virtual else None)
+
+    def goal(self) -> cap.CapacityGoal:
+        c = self.config.capacity
+        thr = c.threshold_s
+        if thr is None:
+            thr = dict(self.slo.thresholds_s).get(c.metric, 10.0)
+        return cap.CapacityGoal(c.metric, c.percentile, thr)
+
+    def search_args(self, ipol: str | None, policy: str | None, k: str | None) -> dict[str, Any]:
+        """`capacity.search_capacity` / `CapacitySearch` keyword arguments of a variant."""
+        c = self.config.capacity
+        label = (f"{ipol} · " if ipol else "") + _label(policy, k, self.spec0, self.result.target).split(" @ ")[0]
+        return {"rates": self.config.arrivals.rates_rps, "start_rps": c.start_rps, "min_rps": c.min_rps,
+                "max_rps": c.max_rps, "tolerance": c.tolerance, "label": label, "width": c.width}
+
+    @staticmethod
+    def probe_value(run: RunResult, goal: cap.CapacityGoal,
+                    short: list[tuple[float, cap.SteadyState]]) -> tuple[float | None, bool]:
+        """(percentile value, steady) of a capacity probe's run; its records are dropped."""
+        v = slo_percentile_value(run.records, goal.metric, goal.percentile)
+        st = cap.steady_state(run.records)
+        run.extras["capacity_probe"] = {"value_s": v, "steady_state": st.to_dict(),
+                                        "meets": v is not None and v <= goal.threshold_s and st.steady}
+        if st.short and st.steady and v is not None and v <= goal.threshold_s:
+            short.append((run.rate_rps, st))  # a passing probe too short to trust
+        run.records = []  # probes keep metrics only
+        return v, st.steady
+
+    def short_warning(self, res: cap.CapacityResult, short: list[tuple[float, cap.SteadyState]]) -> None:
+        if short:
+            r0, st0 = min(short, key=lambda x: x[0])
+            self.result.warnings.append(
+                f"{res.label}: {len(short)} passing capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
+                f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
+                f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
+                f"raise -n for a trustworthy capacity")
+
+    def rates(self) -> list[float]:
+        return list(self.config.arrivals.rates_rps or [self.config.arrivals.request_rate_rps])
+
+
+def _run_parallel(sweep: _Sweep, variants: list[tuple[str | None, str | None, str | None]],
+                  executor: Any = None) -> None:
+    """The sweep on a parallel executor (`bench.executors`): every probe of a round goes to
+    the executor at once — all rates × variants of a `--rates` sweep in one round, or the
+    next rates of every variant's `CapacitySearch` — and the results land in the serial
+    loop's order (variant by variant, each in probe order), so the report is the serial
+    one. Ctrl-C keeps the runs of the rounds that completed."""
+    from rps_astro_cli.bench.executors import ProbeTask, make_executor
+
+    cfg, result, prog = sweep.config, sweep.result, sweep.prog
+    ex = executor if executor is not None else make_executor(cfg.execution, sweep.target)
+    per_variant: list[list[RunResult]] = [[] for _ in variants]
+    searches: list[cap.CapacitySearch] = []
+    shorts: list[list[tuple[float, cap.SteadyState]]] = [[] for _ in variants]
+    goal = sweep.goal() if cfg.capacity.enabled else None
+    if goal is not None:
+        searches = [cap.CapacitySearch(goal, **sweep.search_args(ip, p, k)) for ip, p, k in variants]
+    done = False
+    try:
+        while not done:
+            if goal is not None:
+                batch = [(vi, r) for vi, s in enumerate(searches) for r in s.next_rates()]
+                done = not batch
+            else:
+                batch = [(vi, r) for vi in range(len(variants)) for r in sweep.rates()]
+                done = True
+            if not batch:
+                break
+            plans = [sweep.plan(r, variants[vi][1], variants[vi][2], variants[vi][0]) for vi, r in batch]
+            tasks = [ProbeTask(variants[vi][0], variants[vi][1], variants[vi][2], tuple(float(t) for t in times))
+                     for (vi, _), (_, times, _) in zip(batch, plans)]
+            outcomes = ex.run(tasks)
+            for (vi, rate), (spec, _, label), out in zip(batch, plans, outcomes):
+                _, p, k = variants[vi]
+                prog("run_start", label=label, total=len(out.records))
+                for r in out.records:
+                    prog("request", record=r)
+                run = sweep.finish(label, p, k, spec, out.records, out.extras, out.wall_s)
+                prog("run_end", run=run)
+                if goal is not None:
+                    searches[vi].record(rate, sweep.probe_value(run, goal, shorts[vi]))
+                per_variant[vi].append(run)
+    finally:
+        if executor is None:
+            ex.close()
+        for vi, runs in enumerate(per_variant):
+            for run in runs:
+                result.runs.append(run)
+                _lag_warnings(result, run)
+            if done and goal is not None:
+                res = searches[vi].result()
+                result.capacity.append(res)
+                sweep.short_warning(res, shorts[vi])
 
 
 def _lag_extras(records: list[RequestRecord], extras: dict[str, Any]) -> None:

@@ -159,6 +159,23 @@ class VirtualTarget:
 
         self._token_ids = load_token_ids(cfg.workload.tokenizer)
 
+    def __getstate__(self) -> dict[str, Any]:
+        """For a worker process or Ray task (`bench.executors`): everything but the loaded
+        callables — the length model (its predictions are in `_predicted` already) and
+        the token counter / ids (reloaded from `cfg.workload.tokenizer`)."""
+        state = dict(self.__dict__)
+        for name in ("_predict_len", "counter", "_token_ids"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        from rps_astro_cli.tokens import load_counter, load_token_ids
+
+        self.__dict__.update(state)
+        self._predict_len = None
+        self.counter = load_counter(self.cfg.workload.tokenizer)
+        self._token_ids = load_token_ids(self.cfg.workload.tokenizer)
+
     def _load_length_model(self):
         self.length_model_name, fn = load_bench_length_model(self.cfg.cluster.length_model)
         return fn
@@ -187,7 +204,9 @@ class VirtualTarget:
                 "remaining_length": None if self.cfg.cluster.oracle_lengths else self.cfg.cluster.remaining_length,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
                 "prediction_noise_fraction": self.cfg.cluster.prediction_noise_fraction,
-                "max_num_seqs": self.cfg.cluster.max_num_seqs}
+                "max_num_seqs": self.cfg.cluster.max_num_seqs,
+                **({"schedulers": self.cfg.cluster.schedulers, "status_interval_s": self.cfg.cluster.status_interval_s}
+                   if self.cfg.cluster.schedulers > 1 or self.cfg.cluster.status_interval_s > 0 else {})}
 
     def use_instance_policy(self, name: str | None) -> None:
         """The in-instance policy of the next runs (None: `cfg.cluster.instance_policy`)."""
@@ -284,7 +303,10 @@ class VirtualTarget:
         if ipol != cfg.cluster.instance_policy or self.recipe is not None or cfg.cluster.instance_policies:
             cfg = replace(cfg, cluster=replace(cfg.cluster, instance_policy=ipol, chunked_prefill=self.chunked_prefill,
                                                instance_policy_params=self.instance_policy_params(ipol) or None))
-        recs, extras = sim(vreqs, cfg, self.profile, self.make_dispatch(rng), rng)
+        dispatch: Any = self.make_dispatch(rng)
+        if cfg.cluster.schedulers > 1:  # one fresh policy per scheduler replica
+            dispatch = [dispatch] + [self.make_dispatch(rng) for _ in range(cfg.cluster.schedulers - 1)]
+        recs, extras = sim(vreqs, cfg, self.profile, dispatch, rng)
         extras = {**extras, "instance_policy": ipol}
         by_id = {r.request_id: r for r in recs + failed}
         out = [by_id[r.request_id] for r in requests]
@@ -365,10 +387,12 @@ def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile
     return lambda: build_instance_policy(name, ip, profile, fields=fields)
 
 
-def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy,
+def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy | list[DispatchPolicy],
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
-    (times: virtual seconds; sent = arrival at the dispatcher)."""
+    (times: virtual seconds; sent = arrival at the dispatcher). A list of policies: one
+    per scheduler replica, on a status copied every `--status-interval` s (extras
+    "herding": `ClusterResult.herding`)."""
     from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
     from rps_astro_cli.sim.instance import InstanceConfig
 
@@ -380,9 +404,10 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
                           follows=v.follows, think_s=v.think_s) for v in vreqs]
+    first = dispatch[0] if isinstance(dispatch, list) else dispatch
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
                            make_policy, rng,
-                           remaining=bench_remaining(cfg, dispatch))
+                           remaining=bench_remaining(cfg, first), status_interval_s=cfg.cluster.status_interval_s)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None
@@ -405,6 +430,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
                             "p99": float(np.percentile(dec, 99)) if dec else None},
               "prefix_cache_queries_tokens": res.prefix_cache_queries_tokens,
               "prefix_cache_hits_tokens": res.prefix_cache_hits_tokens}
+    if res.herding is not None:
+        extras["herding"] = res.herding
     if any(v.session_id for v in vreqs):
         extras["per_turn"] = per_turn_metrics(vreqs, res.records)
     return out, extras

@@ -68,6 +68,8 @@ def bench(
     length_model: Annotated[str | None, typer.Option("--length-model", help="Virtual: length model (default: the tagger's baseline).")] = None,
     remaining_length: Annotated[str, typer.Option("--remaining-length", help="Virtual: look-ahead's length of queued/running requests: none (predicted + 10-token auto-extension, the default), default (E[L | L > generated] from artifacts/dispatch/remaining_classic.json) or a table JSON.")] = "none",
     max_num_seqs: Annotated[int | None, typer.Option("--max-num-seqs", help="Virtual: batch-size limit override.")] = None,
+    schedulers: Annotated[int, typer.Option("--schedulers", help="Virtual: stateless scheduler replicas dispatching independently (a round-robin Service in front); see --status-interval.")] = 1,
+    status_interval: Annotated[float, typer.Option("--status-interval", help="Virtual: instance status copied every this many s; between copies a scheduler knows only its own sends (0: live state).")] = 0.0,
     slo: Annotated[list[str] | None, typer.Option("--slo", help="SLO metric:seconds (ttft, tpot, e2el, nlat), repeatable; e.g. ttft:10.")] = None,
     slo_scale: Annotated[float | None, typer.Option("--slo-scale", help="Relative SLO: E2E ≤ scale × isolated E2E (RPS-Serve).")] = None,
     capacity: Annotated[bool, typer.Option("--capacity", help="Search the SLO capacity (highest rate meeting the goal).")] = False,
@@ -76,6 +78,10 @@ def bench(
     capacity_threshold: Annotated[float | None, typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
     capacity_start_rate: Annotated[float, typer.Option("--capacity-start-rate", help="First rate the search probes (req/s).")] = 4.0,
     capacity_max_rate: Annotated[float, typer.Option("--capacity-max-rate", help="Upper bound of the search (req/s).")] = 256.0,
+    capacity_width: Annotated[int, typer.Option("--capacity-width", help="Rates the capacity search probes per round (1: doubling then bisection; N: N rates at once, for a parallel --executor; same answer within the tolerance).")] = 1,
+    executor: Annotated[str, typer.Option("--executor", help="Virtual: where the runs execute: serial (here, one by one), processes (a local pool) or ray (Ray tasks; pip install 'rps_astro_cli[ray]'). Same report either way.")] = "serial",
+    ray_address: Annotated[str | None, typer.Option("--ray-address", help="--executor ray: join this Ray cluster (e.g. auto, ray://head:10001) instead of starting a local one.")] = None,
+    workers: Annotated[int | None, typer.Option("--workers", help="--executor processes/ray (local): parallel runs (default: all cores).")] = None,
     fail_under: Annotated[float | None, typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
     out: Annotated[str | None, typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
@@ -94,6 +100,7 @@ def bench(
       astro bench --virtual --instances 12 -w length-trace -n 5000 \\
           --max-total-tokens 4096 --policies round_robin,llumnix,power_of_k \\
           --k 2,all --oracle-lengths --capacity
+      astro bench --virtual ... --capacity --executor ray --capacity-width 2
 
     Exit codes: 0 every request ok; 1 every request of a run failed, or --fail-under
     not met; 2 bad input (a flag or file); 3 some requests failed (errors, zero-token
@@ -141,6 +148,8 @@ def bench(
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
         capacity_metric=capacity_metric, capacity_percentile=capacity_percentile,
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
+        schedulers=schedulers, status_interval_s=status_interval,
+        capacity_width=capacity_width, executor=executor, ray_address=ray_address, workers=workers,
         out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time)
     result = _run_with_progress(cfg, run_bench)
     if as_json:

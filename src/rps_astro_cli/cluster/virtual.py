@@ -29,6 +29,20 @@ caches can hit; the dispatcher sees each instance's cached prefix of the request
 (`InstanceLoad.prefix_hit_tokens`) and whether it served the session's previous turn
 (`InstanceLoad.served_session`) when the policy reads status.
 
+Several stateless schedulers (`dispatch` a list of S policies, one per scheduler replica,
+as behind a Kubernetes Service): the n-th arrival goes to scheduler n mod S (a
+round-robin Service). With `status_interval_s` = Δ > 0 no scheduler reads an instance's
+live state: every Δ virtual seconds (at t = kΔ, before the first event at or after it)
+each instance's status is copied — running and waiting requests, free KV blocks, the
+requests still preprocessing, outstanding count — as a Predictor's cached `/status` is
+shared by every scheduler; a decision between two refreshes reads that copy, taken as
+current, plus (with `count_pending`) the scheduler's own pending list: the requests it
+sent to that instance after the copy, queued as new (the live /predict `pending` field).
+No scheduler knows the others' sends until the next refresh — the herding a stale
+status causes. Prefix-cache hits are read live. Δ = 0 with one scheduler is the
+single-dispatcher simulation above, event for event; `ClusterResult.herding` then stays
+None.
+
 Ties at equal times: arrivals, then enqueues, then step ends; within a kind, by sequence.
 All randomness (the dispatch policy's sampling and tie-breaks) comes from the one
 `numpy.random.Generator` passed in, so a run is deterministic for a seed.
@@ -36,6 +50,7 @@ All randomness (the dispatch policy's sampling and tie-breaks) comes from the on
 
 from __future__ import annotations
 
+import copy
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -168,6 +183,7 @@ class ClusterResult:
     dispatch: dict[str, Any] = field(default_factory=dict)
     prefix_cache_queries_tokens: int = 0
     prefix_cache_hits_tokens: int = 0
+    herding: dict[str, Any] | None = None  # several schedulers / a stale status only (`_Herding.summary`)
 
     @property
     def num_preemptions(self) -> int:
@@ -201,7 +217,7 @@ def _validate(requests: Sequence[TimedRequest], cfg: InstanceConfig) -> None:
 def simulate_cluster(
     requests: Sequence[TimedRequest],
     num_instances: int,
-    dispatch: DispatchPolicy,
+    dispatch: DispatchPolicy | Sequence[DispatchPolicy],
     latency: LatencyModel | ExecutionProfile,
     config: InstanceConfig | None = None,
     instance_policy_factory: Callable[[], InstancePolicy] | None = None,
@@ -210,12 +226,15 @@ def simulate_cluster(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
+    status_interval_s: float = 0.0,
+    count_pending: bool = True,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
     requests: the workload (any order; processed by arrival time, ties by input order).
     dispatch: a `DispatchPolicy` (`dispatch.make_dispatch(name)`); it keeps its own
-        state (round-robin's turn), so pass a fresh one per run.
+        state (round-robin's turn), so pass a fresh one per run. A list: one fresh
+        policy per scheduler replica (module docstring).
     latency: step-latency model, or a profile to build one from.
     config: batching limits; default `InstanceConfig.from_profile(profile)`.
     instance_policy_factory: makes each instance's local policy (default FCFS).
@@ -224,6 +243,9 @@ def simulate_cluster(
     remaining: the look-ahead's conditional remaining-length rule for queued/running
         requests (`sim.remaining`; None = the auto-extension rule). An
         `OnlineRemaining` also observes every finished request's true length.
+    status_interval_s: 0 = decisions read the instances' live state; Δ > 0 = a status
+        copy refreshed every Δ virtual seconds (module docstring).
+    count_pending: with Δ > 0, each scheduler adds its own sends since the copy.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -232,6 +254,12 @@ def simulate_cluster(
     """
     if num_instances < 1:
         raise AstroUserError(f"must be ≥ 1, got {num_instances}", field="num_instances")
+    schedulers = [dispatch] if isinstance(dispatch, DispatchPolicy) else list(dispatch)
+    if not schedulers:
+        raise AstroUserError("needs at least one dispatch policy", field="schedulers")
+    if not (status_interval_s >= 0 and np.isfinite(status_interval_s)):
+        raise AstroUserError(f"must be a finite number ≥ 0, got {status_interval_s}", field="status_interval_s")
+    dispatch = schedulers[0]
     if rng is None:
         raise AstroUserError("simulate_cluster needs a numpy Generator", field="rng",
                              fix="pass rng=numpy.random.default_rng(seed)")
@@ -249,7 +277,10 @@ def simulate_cluster(
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
-    needs_status = dispatch.needs_status
+    needs_status = any(d.needs_status for d in schedulers)
+    herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
+                    count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
+    n_arrived = 0
 
     n = len(requests)
     records: list[RequestRecord | None] = [None] * n
@@ -297,6 +328,8 @@ def simulate_cluster(
 
     while heap:
         now, kind, _s, x = heapq.heappop(heap)
+        if herd is not None:
+            herd.refresh(now)
         if kind == _STEP_END:
             i = x
             fin = pending_finished[i]
@@ -332,14 +365,22 @@ def simulate_cluster(
             continue
         # arrival: dispatch
         req = requests[x]
+        sched = n_arrived % len(schedulers)  # a round-robin Service in front of the scheduler replicas
+        n_arrived += 1
+        dispatch = schedulers[sched]
         pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
         pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
         t0 = time.perf_counter()
         hashes = block_hashes(req.token_ids, bs) if req.token_ids else ()
         home = last_instance.get(req.session_id) if req.session_id is not None else None
         max_hit = (req.prompt_tokens - 1) // bs
+        # what this scheduler sees: the live instances, or (stale status) the copies + its pending list
+        views: Sequence[Any] = sims
+        seen_out, seen_busy, seen_stepping, seen_arriving = outstanding, busy_until, stepping, arriving
+        if herd is not None:
+            views, seen_out, seen_busy, seen_stepping, seen_arriving = herd.views(sched, now)
         loads = []
-        for i, sim in enumerate(sims):
+        for i, sim in enumerate(views):
             need = None
             hit = None
             if needs_status:
@@ -350,15 +391,16 @@ def simulate_cluster(
                         need += nb
                 if sim.cache is not None:
                     hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
-            loads.append(InstanceLoad(i, True, outstanding[i], sim.free_blocks, cfg.num_gpu_blocks,
+            loads.append(InstanceLoad(i, True, seen_out[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
                                       req.prompt_tokens, home == i))
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values
         # as defaults only says so to the linter (B023)
-        def predict(cands: list[int], req=req, pred_len=pred_len, now=now,
-                    preds=preds, hashes=hashes, max_hit=max_hit) -> dict[int, LatencyEstimate]:
+        def predict(cands: list[int], req=req, pred_len=pred_len, now=now, preds=preds, hashes=hashes,
+                    max_hit=max_hit, views=views, busy_until=seen_busy, stepping=seen_stepping,
+                    arriving=seen_arriving) -> dict[int, LatencyEstimate]:
             cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
                                     req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
             for i in cands:
@@ -371,7 +413,7 @@ def simulate_cluster(
                         c = replace(c, cached_tokens=hit)
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
-                est = predict_instance(sims[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
+                est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens, remaining=remaining)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
@@ -409,6 +451,8 @@ def simulate_cluster(
             sims[i].add(sr)
             if not stepping[i]:
                 wake(i, now)
+        if herd is not None:
+            herd.sent(sched, i, sr)
 
     out = [r for r in records if r is not None]
     assert len(out) == n
@@ -422,7 +466,111 @@ def simulate_cluster(
         dispatch=dispatch.describe(),
         prefix_cache_queries_tokens=sum(s.prefix_cache_queries_tokens for s in sims),
         prefix_cache_hits_tokens=sum(s.prefix_cache_hits_tokens for s in sims),
+        herding=herd.summary() if herd is not None else None,
     )
+
+
+class _StatusView:
+    """An instance as a status copy shows it: what `predict_instance` and the loads read."""
+
+    def __init__(self, sim: InstanceSim, running: list[SimRequest], waiting: list[SimRequest], free_blocks: int):
+        self.config, self.latency, self.policy, self.cache = sim.config, sim.latency, sim.policy, sim.cache
+        self.running, self.waiting, self.free_blocks = running, waiting, free_blocks
+
+
+class _Herding:
+    """Status copies refreshed every Δ, each scheduler's pending list, and the herding
+    figures (module docstring). Δ = 0: the schedulers read the live instances.
+
+    summary(): schedulers, status_interval_s, count_pending; requests_per_scheduler;
+    refreshes (status copies taken); queue_spread_mean — over the decisions, the mean of
+    (longest − shortest) true queue (waiting + preprocessing requests) across the
+    instances just after the request joined; unseen_sends_mean — over the decisions, the
+    mean number of requests the other schedulers had sent to the chosen instance since
+    its status copy (sends this scheduler could not know of; 0 when Δ = 0).
+    """
+
+    def __init__(self, sims: list[InstanceSim], arriving: list[list[SimRequest]], outstanding: list[int],
+                 busy_until: list[float], stepping: list[bool], s: int, interval_s: float, count_pending: bool):
+        n = len(sims)
+        self.sims, self.live_arriving, self.live_out = sims, arriving, outstanding
+        self.live_busy, self.live_stepping = busy_until, stepping
+        self.n, self.s, self.interval, self.count_pending = n, s, interval_s, count_pending
+        self.snaps: list[_StatusView] = []
+        self.snap_t: float | None = None
+        self.snap_out = list(outstanding)
+        self.snap_busy = list(busy_until)
+        self.snap_stepping = list(stepping)
+        self.snap_arriving: list[list[SimRequest]] = [[] for _ in range(n)]
+        self.pending: list[list[list[SimRequest]]] = [[[] for _ in range(n)] for _ in range(s)]  # [sched][inst]
+        self.per_sched = [0] * s
+        self.refreshes = 0
+        self._spread_sum = 0.0
+        self._unseen_sum = 0
+        self._decisions = 0
+
+    @property
+    def live(self) -> bool:
+        return self.interval <= 0
+
+    def refresh(self, now: float) -> None:
+        """Before the event at `now`: a new copy when a refresh time kΔ ≤ now has passed
+        since the last one (the state then is the state after every earlier event)."""
+        if self.live:
+            return
+        tick = float(np.floor(now / self.interval) * self.interval)
+        if self.snap_t is not None and tick <= self.snap_t:
+            return
+        self.snap_t = tick
+        self.refreshes += 1
+        self.snaps = [_StatusView(sim, [copy.copy(r) for r in sim.running], [copy.copy(r) for r in sim.waiting],
+                                  sim.free_blocks) for sim in self.sims]
+        self.snap_out = list(self.live_out)
+        self.snap_busy = list(self.live_busy)
+        self.snap_stepping = list(self.live_stepping)
+        self.snap_arriving = [[copy.copy(r) for r in a] for a in self.live_arriving]
+        for per in self.pending:  # sent before the copy: the status shows them now
+            for q in per:
+                q.clear()
+
+    def views(self, sched: int, now: float) -> tuple[list[Any], list[int], list[float], list[bool],
+                                                     list[list[SimRequest]]]:
+        """(instances, outstanding, busy_until, stepping, arriving) as scheduler `sched`
+        sees them at `now`: the status copies plus its own pending list — sent requests
+        already at the engine queue join the copy's waiting queue, those still
+        preprocessing its arriving list."""
+        if self.live:
+            return self.sims, self.live_out, self.live_busy, self.live_stepping, self.live_arriving
+        views: list[Any] = []
+        out, arr = [], []
+        for i, v in enumerate(self.snaps):
+            own = self.pending[sched][i] if self.count_pending else []
+            if own:
+                queued = [r for r in own if r.arrival_s <= now]
+                views.append(_StatusView(v, v.running, v.waiting + queued, v.free_blocks))
+                arr.append(self.snap_arriving[i] + [r for r in own if r.arrival_s > now])
+            else:
+                views.append(v)
+                arr.append(self.snap_arriving[i])
+            out.append(self.snap_out[i] + len(own))
+        return views, out, self.snap_busy, self.snap_stepping, arr
+
+    def sent(self, sched: int, i: int, sr: SimRequest) -> None:
+        """Scheduler `sched` sent `sr` to instance `i` (after the instance got it)."""
+        unseen = 0 if self.live else sum(len(self.pending[o][i]) for o in range(self.s) if o != sched)
+        if not self.live:
+            self.pending[sched][i].append(copy.copy(sr))
+        self.per_sched[sched] += 1
+        queues = [len(sim.waiting) + len(a) for sim, a in zip(self.sims, self.live_arriving)]
+        self._spread_sum += max(queues) - min(queues)
+        self._unseen_sum += unseen
+        self._decisions += 1
+
+    def summary(self) -> dict[str, Any]:
+        d = max(1, self._decisions)
+        return {"schedulers": self.s, "status_interval_s": self.interval, "count_pending": self.count_pending,
+                "requests_per_scheduler": list(self.per_sched), "refreshes": self.refreshes,
+                "queue_spread_mean": self._spread_sum / d, "unseen_sends_mean": self._unseen_sum / d}
 
 
 # -- a minimal length-trace workload (the bench issue builds richer ones) ---------------
