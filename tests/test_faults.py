@@ -315,7 +315,10 @@ def slow_predictor(delay_s: float) -> FastAPI:
     return app
 
 
-def test_predictor_slower_than_the_deadline_costs_no_request():
+def test_predictor_slower_than_the_deadline_costs_no_request(monkeypatch):
+    from rps_astro_cli.services.scheduler import health as health_mod
+
+    monkeypatch.setattr(health_mod, "PREDICT_ERROR_STALE_S", 0.3)
     with ExitStack() as st:
         engs = [start(st, engine_app(i)) for i in range(2)]
         slow = slow_predictor(0.5)
@@ -329,5 +332,10 @@ def test_predictor_slower_than_the_deadline_costs_no_request():
             decs = c.get("/decisions").json()
             assert len(decs) == 8 and all(d["reason"].startswith("fallback") for d in decs), decs
             assert slow.state.calls["n"] >= 1  # it was asked (and never waited for)
+            h = c.get("/health").json()
+            assert h["status"] == "degraded" and "deadline" in " ".join(h["problems"]["engine-0"]), h
+            # no more traffic: the missed deadlines age out once the Predictors' /health
+            # passes (before: degraded for ever, nothing left to clear it)
+            wait_for(lambda: c.get("/health").json()["status"] == "ok", 10, "/health ok again")
         wait_for(lambda: all(len(httpx.get(e.url + "/status", timeout=5).json()["running"]) == 0 for e in engs),
                  10, "engines idle")

@@ -27,6 +27,12 @@ from rps_astro_cli.types import InstanceLoad, InstanceStatus
 log = logging.getLogger("astro.scheduler")
 
 
+# a failed predict RPC's error stays on /health until a predict RPC succeeds, or until the
+# Predictor's /health passes with no predict RPC failing for this long (no traffic to
+# clear it: a transient deadline miss must not leave /health degraded for ever)
+PREDICT_ERROR_STALE_S = 5.0
+
+
 class HealthMonitor:
     """The background checks (see module docstring). `models` is filled from the first
     engine's `/v1/models` when the settings name none."""
@@ -86,7 +92,9 @@ class HealthMonitor:
             if st.predictor_error is None:
                 log.warning("predictor of %s: %s", st.ep.name, why)
             st.predictor_error = f"health check: {why}"[:200]
-        elif st.predictor_error is not None and st.predictor_error.startswith("health check"):
+        elif st.predictor_error is not None and (
+                st.predictor_error.startswith("health check")
+                or time.monotonic() - st.predictor_error_at > PREDICT_ERROR_STALE_S):
             st.predictor_error = None
 
     async def check_all(self) -> None:

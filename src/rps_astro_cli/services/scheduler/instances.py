@@ -55,7 +55,7 @@ class InstanceState:
 
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx")
+                 "pending", "engine_5xx", "predictor_error_at")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -73,6 +73,7 @@ class InstanceState:
         self.engine_error: str | None = None  # why its breaker opened (None while healthy)
         self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
         self.engine_5xx = 0  # consecutive 5xx answers to forwarded requests (its breaker opens at 3)
+        self.predictor_error_at = 0.0  # time.monotonic() of the last failed predict RPC
 
     def problems(self) -> list[str]:
         """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
