@@ -78,7 +78,7 @@ def bench(
     capacity_threshold: Annotated[float | None, typer.Option("--capacity-threshold", help="Goal (s); default the --slo of that metric, else 10.")] = None,
     capacity_start_rate: Annotated[float, typer.Option("--capacity-start-rate", help="First rate the search probes (req/s).")] = 4.0,
     capacity_max_rate: Annotated[float, typer.Option("--capacity-max-rate", help="Upper bound of the search (req/s).")] = 256.0,
-    capacity_width: Annotated[int, typer.Option("--capacity-width", help="Rates the capacity search probes per round (1: doubling then bisection; N: N rates at once, for a parallel --executor; same answer within the tolerance).")] = 1,
+    capacity_width: Annotated[int, typer.Option("--capacity-width", help="Rates the capacity search probes per round (1: doubling then bisection; N: N rates at once, for a parallel --executor; within the tolerance of width 1 when the latency rises with the rate, BENCHMARKS.md, Scale-out).")] = 1,
     executor: Annotated[str, typer.Option("--executor", help="Virtual: where the runs execute: serial (here, one by one), processes (a local pool) or ray (Ray tasks; pip install 'rps_astro_cli[ray]'). Same report either way.")] = "serial",
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="--executor ray: join this Ray cluster (e.g. auto, ray://head:10001) instead of starting a local one.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="--executor processes/ray (local): parallel runs (default: all cores).")] = None,
