@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import socket
 import threading
 
@@ -39,13 +40,22 @@ def test_sse_decoder_keeps_multibyte_char_split_across_chunks():
     rest = d.feed(payload[cut:])
     assert first == []
     assert json.loads(rest[0])["choices"][0]["delta"]["content"] == "héllo 🙂"
-    assert rest[1] == "[DONE]"
+    assert rest[1] == b"[DONE]"
 
 
 def test_sse_decoder_handles_crlf_comments_and_multiline_data():
     d = SSEDecoder()
     out = d.feed(b": keep-alive\r\n\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n")
-    assert out == ['{"a":\n1}']
+    assert out == [b'{"a":\n1}']
+    # the fast path (whole LF events, several per network chunk) gives what the line parser gives
+    burst = b'data: {"x":1}\n\ndata: [DONE]\n\n'
+    crlf = SSEDecoder()  # CRLF takes the line-by-line path
+    assert SSEDecoder().feed(burst) == crlf.feed(burst.replace(b"\n", b"\r\n")) == [b'{"x":1}', b"[DONE]"]
+    mixed = b'event: e\ndata: {"y":2}\n\n: ping\n\ndata:{"z":3}\n\n'
+    assert SSEDecoder().feed(mixed) == SSEDecoder().feed(mixed.replace(b"\n", b"\r\n")) == [b'{"y":2}', b'{"z":3}']
+    d = SSEDecoder()  # an event cut anywhere waits for its end
+    cuts = [d.feed(burst[i:i + 5]) for i in range(0, len(burst), 5)]
+    assert [e for c in cuts for e in c] == [b'{"x":1}', b"[DONE]"]
 
 
 def _run(chunks: list[tuple[float, bytes]], sent_s: float = 0.0, chat: bool = True) -> RequestRecord:
@@ -126,6 +136,7 @@ def test_body_carries_true_length_only_when_asked():
 
 FIRST_DELAY_S = 0.30   # server waits this long before the first content chunk
 GAP_S = 0.05           # then this between content chunks
+SEEN: list[str] = []   # the user text of every chat request the fake server received
 
 
 def _fake_server():
@@ -151,6 +162,7 @@ def _fake_server():
                 await writer.drain()
                 return
             req = json.loads(body)
+            SEEN.append(str(req["messages"][0]["content"]))
             if "FAIL" in json.dumps(req["messages"]):
                 data = b'{"error": {"message": "boom"}}'
                 writer.write(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
@@ -329,3 +341,31 @@ def test_failures_name_their_reasons_without_plot_warnings(fake_url, tmp_path):
     md = (tmp_path / "rep" / "report.md").read_text()
     assert "2 × HTTP 500: boom" in md and "## Failed requests" in md
     assert not [w for w in caught if "No artists with labels" in str(w.message)]
+
+
+def test_warmup_requests_are_sent_first_and_left_out_of_every_metric_csv_written(fake_url, tmp_path):
+    import csv
+
+    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
+
+    reqs = [BenchRequest("w0", "warm one", 1, 1), BenchRequest("w1", "warm two", 1, 2)]
+    workloads.WORKLOADS._items["fake-warm"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    before = len(SEEN)
+    try:
+        res = run_bench(BenchConfig.flat(workload="fake-warm", base_url=fake_url, request_rate=math.inf, warmup=3,
+                                         out_dir=str(tmp_path / "rep")))
+    finally:
+        del workloads.WORKLOADS._items["fake-warm"]
+    got = SEEN[before:]
+    # 3 warm-up requests (the workload's first, cycled) all before the 2 measured ones
+    assert sorted(got[:3]) == ["warm one", "warm one", "warm two"] and sorted(got[3:]) == ["warm one", "warm two"]
+    o = res.runs[0].metrics["overall"]
+    assert (o.num_requests, o.num_completed) == (2, 2) and o.total_output_tokens == 3
+    rows = list(csv.DictReader((tmp_path / "rep" / "summary.csv").open()))
+    assert [(r["group"], r["num_requests"], r["total_output_tokens"]) for r in rows] == [("overall", "2", "3"),
+                                                                                          ("sand", "2", "3")]
+    assert float(rows[0]["ttft_mean_s"]) == pytest.approx(o.ttft_s.mean)
+    per = list(csv.DictReader((tmp_path / "rep" / "requests.csv").open()))
+    assert sorted(r["request_id"] for r in per) == ["w0", "w1"] and {r["success"] for r in per} == {"True"}

@@ -65,7 +65,8 @@ def test_bench_config_sections_validate_and_report_json_keeps_the_flat_schema():
         "profile", "instance_policy", "policies", "ks", "objective", "oracle_lengths", "prediction_noise",
         "prediction_noise_fraction", "length_model", "max_num_seqs", "remaining_length", "slo", "slo_scale", "capacity",
         "capacity_metric", "capacity_percentile", "capacity_threshold_s", "capacity_min_rps",
-        "capacity_start_rps", "capacity_max_rps", "capacity_tolerance", "fail_under", "out_dir"]
+        "capacity_start_rps", "capacity_max_rps", "capacity_tolerance", "fail_under", "out_dir",
+        "ttft_definition", "sampling", "input_len", "output_len", "warmup"]
     assert d["request_rate"] == "inf" and d["instances"] == 3 and "api_key" not in d
     # a saved config repeats the run
     again = BenchConfig.flat(**{**d, "request_rate": math.inf, "api_key": "secret"})

@@ -113,3 +113,44 @@ def test_refused_and_broken_connections_raise_rpc_error():
 def test_only_plain_http_urls():
     with pytest.raises(ValueError, match="http://"):
         HostPool("https://example.com")
+
+
+def test_body_reads_decodes_chunked_bodies_split_anywhere_and_keeps_the_connection():
+    """`Response.body_reads` (the bench's streaming path): a chunked body whose bytes arrive
+    cut mid size-line, mid chunk and mid CRLF, with trailers, gives exactly the chunks'
+    data, and the connection is reused for the next request."""
+    import asyncio
+
+    from rps_astro_cli.services.rpc import HostPool
+
+    body = b"5\r\nhello\r\n1;ext=1\r\n \r\nb\r\nworld again\r\n0\r\nx-trailer: 1\r\n\r\n"
+    pieces = [body[:2], body[2:9], body[9:10], body[10:23], body[23:]]
+    conns = []
+
+    async def handle(reader, writer):
+        conns.append(writer)
+        for _ in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for p in pieces:
+                writer.write(p)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        writer.close()
+
+    async def main():
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = srv.sockets[0].getsockname()[1]
+        pool = HostPool(f"http://127.0.0.1:{port}")
+        got = []
+        for _ in range(2):
+            resp = await asyncio.wait_for(pool.request("GET", "/x"), 5)
+            got.append(b"".join([c async for c in resp.body_reads()]))
+            resp.aclose_sync()
+        pool.close()
+        srv.close()
+        return got
+
+    got = asyncio.run(asyncio.wait_for(main(), 20))
+    assert got == [b"hello world again"] * 2
+    assert len(conns) == 1  # one keep-alive connection served both

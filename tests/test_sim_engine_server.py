@@ -389,3 +389,30 @@ def test_step_fault_is_500_with_request_id_and_engine_keeps_serving():
         assert (st["running"], st["waiting"], st["kv_blocks_free"]) == ([], [], 512)
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_openai_client_models_version_and_explicit_refusals(text_srv):
+    """The official `openai` client: `/v1/models/{id}`, `/version`, and the fields the sim
+    cannot produce refused with a 400 naming them (never silently ignored)."""
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=text_srv.url + "/v1", api_key="none", max_retries=0, timeout=10)
+    mid = c.models.list().data[0].id
+    assert c.models.retrieve(mid).id == mid
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("no-such-model")
+    v = httpx.get(text_srv.url + "/version", timeout=5).json()
+    assert v["engine"] == "astro-sim" and v["version"]
+    msg = [{"role": "user", "content": "hi"}]
+    for kw, param in (({"response_format": {"type": "json_object"}}, "response_format"),
+                      ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+                      ({"logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+                      ({"logprobs": True}, "logprobs")):
+        with pytest.raises(openai.BadRequestError) as e:
+            c.chat.completions.create(model=mid, messages=msg, max_tokens=2, **kw)
+        assert e.value.status_code == 400 and e.value.body["param"] == param, (kw, e.value.body)
+    with pytest.raises(openai.BadRequestError) as e:
+        c.completions.create(model=mid, prompt="hi", max_tokens=2, echo=True)
+    assert e.value.body["param"] == "echo"
+    # what it does serve: text response_format, seed, a plain stream
+    r = c.chat.completions.create(model=mid, messages=msg, max_tokens=3, seed=1, response_format={"type": "text"})
+    assert r.choices[0].message.content and r.usage.completion_tokens >= 1

@@ -69,14 +69,61 @@ def load_counter(tokenizer_path: str | Path | None) -> TokenCounter:
     return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
 
 
+class _FastTokenizer:
+    """A `tokenizer.json` read by the `tokenizers` package (no transformers, no hub):
+    called like a Hugging Face tokenizer, `tok(text, add_special_tokens=...)["input_ids"]`."""
+
+    def __init__(self, path: Path) -> None:
+        from tokenizers import Tokenizer  # optional (the test and transformers extras)
+
+        self._tok = Tokenizer.from_file(str(path))
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+
+
+def _tokenizer_json(tokenizer_path: str | Path) -> Path | None:
+    p = Path(tokenizer_path).expanduser()
+    if p.is_file() and p.suffix == ".json":
+        return p
+    if p.is_dir() and (p / "tokenizer.json").is_file():
+        return p / "tokenizer.json"
+    return None
+
+
+def load_counter_with_special(tokenizer_path: str | Path | None) -> TokenCounter:
+    """Counts as `vllm bench serve` counts a dataset's prompt and reply,
+    `len(tokenizer(text).input_ids)`: special tokens (BOS) included. Without a tokenizer,
+    the fallback (which has no special tokens).
+
+    Raises:
+        AstroUserError: the path is given but no tokenizer loads from it.
+    """
+    if not tokenizer_path:
+        return count_tokens_fallback
+    tok = _load_hf(tokenizer_path)
+    return lambda text: len(tok(text)["input_ids"])
+
+
 def _load_hf(tokenizer_path: str | Path):  # type: ignore[no-untyped-def]
+    """A tokenizer for a local folder or `tokenizer.json`: through the `tokenizers`
+    package when the folder has a `tokenizer.json` and the package is installed (fast,
+    no transformers), else transformers' AutoTokenizer."""
     from rps_astro_cli.errors import AstroUserError
 
+    fast = _tokenizer_json(tokenizer_path)
+    if fast is not None:
+        try:
+            return _FastTokenizer(fast)
+        except ImportError:
+            pass
+        except Exception as exc:
+            raise AstroUserError(f"cannot load a tokenizer from {fast}: {exc}", field="tokenizer") from exc
     try:
         from transformers import AutoTokenizer  # optional extra
     except ImportError as exc:  # pragma: no cover - depends on extras
         raise AstroUserError(
-            "a tokenizer path was given but transformers is not installed",
+            "a tokenizer path was given but neither tokenizers (for a tokenizer.json) nor transformers is installed",
             field="tokenizer",
             fix="pip install 'rps_astro_cli[transformers]' or drop --tokenizer",
         ) from exc

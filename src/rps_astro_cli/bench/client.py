@@ -1,4 +1,7 @@
-"""Streaming OpenAI-compatible client (httpx) with honest timing.
+"""Streaming OpenAI-compatible client with honest timing: the lean asyncio-streams HTTP/1.1
+client (`services.rpc.HostPool`) for http:// targets, httpx for https:// ones. httpx cost
+~3× `vllm bench serve`'s client CPU per streamed event; the lean one is measured against
+it in benchmarks/client_cpu_per_event.py (BENCHMARKS.md).
 
 Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: true` and
 `stream_options.include_usage`, then read the SSE stream as raw bytes:
@@ -7,9 +10,16 @@ Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: tr
   only for complete lines, so a multi-byte character split across network chunks is
   never mangled.
 - `StreamTimer` stamps each event with the arrival time of the network chunk that
-  completed it. Only an event that carries content (non-empty `delta.content` /
-  `delta.reasoning_content` for chat, non-empty `text` for completions) moves timing:
-  a role-only first delta or a usage-only last chunk moves neither TTFT nor the end.
+  completed it, and keeps two timelines (`ClientOptions.ttft_definition` picks one,
+  docs/metrics.md "TTFT and ITL definitions"):
+  - "astro" (the default): only an event that carries content (non-empty
+    `delta.content` / `delta.reasoning_content` for chat, non-empty `text` for
+    completions) moves timing: a role-only first delta or a usage-only last chunk moves
+    neither TTFT nor the end, and ITL is the gaps between content events;
+  - "vllm" (`vllm bench serve` 0.32's `endpoint_request_func`): every event with a
+    non-empty `choices` list counts, whatever its text (a role-only delta, an empty
+    text, a finish-only chunk): the first starts TTFT, every later one adds an ITL gap,
+    the last ends E2E; a usage-only chunk (empty `choices`) and `[DONE]` do not count.
 - Output tokens: `usage.completion_tokens` when the server reports it, else the shared
   token counter over the received text (`output_tokens_source` says which).
 - A non-200 status, an `{"error": ...}` event, a transport error or a stream that ends
@@ -37,51 +47,74 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest
+from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.tokens import TokenCounter, count_tokens_fallback
+
+_JSON = json.JSONDecoder()
 
 
 class SSEDecoder:
     """Incremental Server-Sent-Events decoder over bytes.
 
-    `feed(data)` returns the `data:` payloads (str) of the events completed by `data`;
-    an event ends at a blank line. `flush()` returns a last event without its blank line.
+    `feed(data)` returns the `data:` payloads (UTF-8 bytes, undecoded: `json.loads` takes
+    them as they are) of the events completed by `data`; an event ends at a blank line.
+    `flush()` returns a last event without its blank line. Bytes are never decoded before
+    a line is complete, so a multi-byte character split across network chunks is whole.
     """
 
     def __init__(self) -> None:
         self._buf = b""
-        self._data: list[str] = []
+        self._data: list[bytes] = []
 
-    def feed(self, data: bytes) -> list[str]:
-        self._buf += data
-        out: list[str] = []
-        while True:
-            nl = self._buf.find(b"\n")
-            if nl < 0:
-                return out
-            line, self._buf = self._buf[:nl], self._buf[nl + 1:]
+    def feed(self, data: bytes) -> list[bytes]:
+        if self._buf:
+            data, self._buf = self._buf + data, b""
+        if not self._data and b"\r" not in data:
+            # fast path (what OpenAI servers send): "data: {...}\n\n" events, LF only;
+            # the bytes after the last blank line wait for the next network chunk
+            parts = data.split(b"\n\n")
+            self._buf = parts.pop()
+            out: list[bytes] = []
+            for ev in parts:
+                if ev.startswith(b"data:") and b"\n" not in ev:
+                    out.append(ev[6:] if ev.startswith(b"data: ") else ev[5:])
+                elif ev:
+                    out += self._lines([*ev.split(b"\n"), b""])
+            return out
+        lines = data.split(b"\n")
+        self._buf = lines.pop()  # an unfinished line
+        return self._lines(lines)
+
+    def _lines(self, lines: list[bytes]) -> list[bytes]:
+        """Complete lines (CR stripped); an empty line ends an event."""
+        out: list[bytes] = []
+        for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
             if not line:
                 if self._data:
-                    out.append("\n".join(self._data))
+                    out.append(b"\n".join(self._data))
                     self._data = []
                 continue
             if line.startswith(b"data:"):
                 payload = line[5:]
                 if payload.startswith(b" "):
                     payload = payload[1:]
-                self._data.append(payload.decode("utf-8", errors="replace"))
+                self._data.append(payload)
             # comments (":") and other fields (event:, id:, retry:) are ignored
+        return out
 
-    def flush(self) -> list[str]:
-        out = self.feed(b"\n\n") if self._buf else []
+    def flush(self) -> list[bytes]:
+        out = self._lines([*self._buf.split(b"\n"), b""]) if self._buf else []
+        self._buf = b""
         if self._data:
-            out.append("\n".join(self._data))
+            out.append(b"\n".join(self._data))
             self._data = []
         return out
 
@@ -92,6 +125,8 @@ class StreamTimer:
 
     first_content_s / last_content_s: arrival of the first / last content event.
     chunk_times_s: arrival of every content event. text: the content received.
+    choice_times_s: arrival of every event with a non-empty `choices` list (vLLM's
+        timeline: its first is vLLM's TTFT, its last vLLM's E2E end).
     usage: the last `usage` object seen. response_id: the first event's `id` (astro's
     engines use it as the request id in `/status`). done: `[DONE]` seen. finished: a
     `finish_reason` seen (finish_reason: the last one, e.g. "stop" or "length"). error:
@@ -102,6 +137,7 @@ class StreamTimer:
     first_content_s: float | None = None
     last_content_s: float | None = None
     chunk_times_s: list[float] = field(default_factory=list)
+    choice_times_s: list[float] = field(default_factory=list)
     text_parts: list[str] = field(default_factory=list)
     usage: dict[str, Any] | None = None
     response_id: str | None = None
@@ -124,14 +160,17 @@ class StreamTimer:
         for ev in self.decoder.flush():
             self.on_event(ev, t)
 
-    def on_event(self, payload: str, t: float) -> None:
-        if payload.strip() == "[DONE]":
+    def on_event(self, payload: bytes | str, t: float) -> None:
+        if payload.strip() in (b"[DONE]", "[DONE]"):
             self.done = True
             return
         try:
-            obj = json.loads(payload)
-        except json.JSONDecodeError:
-            self.error = self.error or f"malformed SSE event: {payload[:80]!r}"
+            # raw_decode of the decoded text: json.loads(bytes) first sniffs the encoding
+            # and then checks for trailing text, ~30 % of a small event's parse time
+            obj = _JSON.raw_decode((payload.decode() if isinstance(payload, bytes) else payload).strip())[0]
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+            self.error = self.error or f"malformed SSE event: {text[:80]!r}"
             return
         if not isinstance(obj, dict):
             return
@@ -144,7 +183,10 @@ class StreamTimer:
         if isinstance(obj.get("usage"), dict):
             self.usage = obj["usage"]
         content = ""
-        for ch in obj.get("choices") or []:
+        choices = obj.get("choices")
+        if isinstance(choices, list) and choices:
+            self.choice_times_s.append(t)
+        for ch in choices or []:
             if not isinstance(ch, dict):
                 continue
             if self.chat:
@@ -173,6 +215,7 @@ class ClientOptions:
     max_tokens_mode: "reference", "none" or a number (see module docstring).
     ignore_eos: send `ignore_eos: true`. timeout_s: per-request read timeout.
     api_key: sent as a Bearer token when set. counter: token counter (no-usage fallback).
+    ttft_definition: "astro" or "vllm": which timeline of `StreamTimer` times the request.
     """
 
     base_url: str
@@ -184,6 +227,7 @@ class ClientOptions:
     api_key: str | None = None
     counter: TokenCounter = count_tokens_fallback
     max_tokens_mode: str = "reference"
+    ttft_definition: str = "astro"
 
 
 def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
@@ -211,10 +255,9 @@ def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, A
     return ("/v1/chat/completions" if chat else "/v1/completions"), body
 
 
-async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: ClientOptions,
-                       clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
-    """Send one request and time its stream; never raises for server/transport faults
-    (they become a failed record). `clock()` returns seconds on the run's clock."""
+def _prepare(req: BenchRequest, opts: ClientOptions,
+             scheduled_s: float) -> tuple[str, bytes, dict[str, str], RequestRecord, StreamTimer]:
+    """(path, body bytes, headers, the request's record, its stream timer)."""
     path, body = build_body(req, opts)
     rec = RequestRecord(request_id=req.request_id, modality=req.modality,
                         req_class=MODALITY_CLASS.get(req.modality, "sand"),
@@ -222,22 +265,34 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                         scheduled_s=scheduled_s)
     mt = body.get("max_tokens")
     rec.max_tokens = mt if isinstance(mt, int) else None
-    timer = StreamTimer(chat=path.endswith("chat/completions"))
     headers = {"content-type": "application/json"}
     if opts.api_key:
         headers["authorization"] = f"Bearer {opts.api_key}"
-    payload = json.dumps(body).encode()
+    return path, json.dumps(body).encode(), headers, rec, StreamTimer(chat=path.endswith("chat/completions"))
+
+
+def _read_head(rec: RequestRecord, headers: Any) -> None:
+    """The astro response headers: serving instance, class, predicted length."""
+    rec.instance = headers.get("x-astro-instance")
+    cls = headers.get("x-astro-class")
+    if cls in ("sand", "pebbles", "rocks"):
+        rec.req_class, rec.class_source = cls, "engine"
+    pred = headers.get("x-astro-predicted-output-tokens", "")
+    if pred.isdigit():
+        rec.predicted_output_tokens = int(pred)
+
+
+async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: ClientOptions,
+                       clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
+    """Send one request with httpx and time its stream (https targets); never raises for
+    server/transport faults (they become a failed record). `clock()` returns seconds on
+    the run's clock."""
+    path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
     rec.sent_s = clock()
     try:
         async with client.stream("POST", opts.base_url.rstrip("/") + path, content=payload,
                                  headers=headers) as resp:
-            rec.instance = resp.headers.get("x-astro-instance")
-            cls = resp.headers.get("x-astro-class")
-            if cls in ("sand", "pebbles", "rocks"):
-                rec.req_class, rec.class_source = cls, "engine"
-            pred = resp.headers.get("x-astro-predicted-output-tokens", "")
-            if pred.isdigit():
-                rec.predicted_output_tokens = int(pred)
+            _read_head(rec, resp.headers)
             if resp.status_code != 200:
                 data = await resp.aread()
                 rec.finish_s = clock()
@@ -253,21 +308,66 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
         rec.error = f"transport: {type(exc).__name__}: {exc}"[:300]
         return rec
     end = clock()
-    _finish(rec, timer, end, opts.counter)
+    _finish(rec, timer, end, opts.counter, opts.ttft_definition)
     return rec
 
 
-def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: TokenCounter) -> None:
-    """Fill `rec` from a closed stream (shared with tests)."""
+_TIMEOUT_PUSH_S = 1.0  # the lean path's read deadline moves on at most once per this many seconds
+
+
+async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptions,
+                            clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
+    """`send_request` on the lean asyncio-streams client (`services.rpc.HostPool`), for
+    plain http:// targets: the same record, at a fraction of httpx's CPU per streamed
+    event (benchmarks/client_cpu_per_event.py). The read timeout (`opts.timeout_s`) runs
+    from the last received bytes, as httpx's does, give or take `_TIMEOUT_PUSH_S`."""
+    path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
+    loop = asyncio.get_running_loop()
+    rec.sent_s = clock()
+    try:
+        async with asyncio.timeout(opts.timeout_s) as deadline:
+            resp = await pool.request("POST", path, payload, headers)
+            try:
+                _read_head(rec, resp.headers)
+                if resp.status != 200:
+                    data = await resp.read()
+                    rec.finish_s = clock()
+                    rec.error = f"HTTP {resp.status}: {_error_text(data)}"
+                    return rec
+                pushed = rec.sent_s
+                async for chunk in resp.body_reads():
+                    t = clock()
+                    timer.feed(chunk, t)
+                    if t - pushed > _TIMEOUT_PUSH_S:
+                        deadline.reschedule(loop.time() + opts.timeout_s)
+                        pushed = t
+                timer.close(clock())
+            finally:
+                resp.aclose_sync()
+    except (RpcError, OSError) as exc:  # TimeoutError (the read deadline) is an OSError
+        rec.finish_s = clock()
+        what = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
+        rec.error = f"transport: {what}: {exc or f'no bytes for {opts.timeout_s:g} s'}"[:300]
+        return rec
+    end = clock()
+    _finish(rec, timer, end, opts.counter, opts.ttft_definition)
+    return rec
+
+
+def _finish(rec: RequestRecord, timer: StreamTimer, end_s: float, counter: TokenCounter,
+            ttft_definition: str = "astro") -> None:
+    """Fill `rec` from a closed stream (shared with tests); `ttft_definition` picks the
+    timeline (module docstring)."""
     if timer.error:
         rec.error = timer.error
     elif not (timer.done or timer.finished):
         rec.error = "stream ended early: no [DONE] and no finish_reason"
     rec.finish_reason = timer.finish_reason
     rec.server_request_id = timer.response_id
-    rec.first_token_s = timer.first_content_s
-    rec.finish_s = timer.last_content_s if timer.last_content_s is not None else end_s
-    rec.itl_s = [b - a for a, b in zip(timer.chunk_times_s, timer.chunk_times_s[1:])]
+    times = timer.choice_times_s if ttft_definition == "vllm" else timer.chunk_times_s
+    rec.first_token_s = times[0] if times else None
+    rec.finish_s = times[-1] if times else end_s
+    rec.itl_s = [b - a for a, b in zip(times, times[1:])]
     usage = timer.usage or {}
     if isinstance(usage.get("completion_tokens"), int):
         rec.output_tokens, rec.output_tokens_source = usage["completion_tokens"], "usage"
@@ -314,21 +414,33 @@ async def run_requests(requests: list[BenchRequest], send_at_s: list[float], opt
         return time.perf_counter() - t0
 
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-    limits = httpx.Limits(max_connections=max_concurrency or 10_000, max_keepalive_connections=256)
-    timeout = httpx.Timeout(connect=30.0, read=opts.timeout_s, write=60.0, pool=None)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+    send: Callable[..., Any]
+    if urlsplit(opts.base_url).scheme == "http":  # the lean client; httpx for https
+        client: Any = HostPool(opts.base_url, max_idle=max_concurrency or 10_000, connect_timeout_s=30.0)
+        send, close = send_request_lean, client.close
+    else:
+        limits = httpx.Limits(max_connections=max_concurrency or 10_000, max_keepalive_connections=256)
+        timeout = httpx.Timeout(connect=30.0, read=opts.timeout_s, write=60.0, pool=None)
+        client = httpx.AsyncClient(limits=limits, timeout=timeout)
+        send, close = send_request, None
 
-        async def one(i: int) -> RequestRecord:
-            delay = send_at_s[i] - clock()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is None:
-                rec = await send_request(client, requests[i], opts, clock, send_at_s[i])
-            else:
-                async with sem:
-                    rec = await send_request(client, requests[i], opts, clock, send_at_s[i])
-            if on_done is not None:
-                on_done(rec)
-            return rec
+    async def one(i: int) -> RequestRecord:
+        delay = send_at_s[i] - clock()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if sem is None:
+            rec = await send(client, requests[i], opts, clock, send_at_s[i])
+        else:
+            async with sem:
+                rec = await send(client, requests[i], opts, clock, send_at_s[i])
+        if on_done is not None:
+            on_done(rec)
+        return rec
 
+    try:
         return list(await asyncio.gather(*(one(i) for i in range(len(requests)))))
+    finally:
+        if close is not None:
+            close()
+        else:
+            await client.aclose()

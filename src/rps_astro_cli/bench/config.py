@@ -34,6 +34,8 @@ from rps_astro_cli.errors import AstroUserError
 
 CAPACITY_METRICS = ("ttft", "tpot", "e2el", "nlat")
 ENDPOINTS = ("chat", "completions")
+TTFT_DEFINITIONS = ("astro", "vllm")  # --ttft-definition (docs/metrics.md "TTFT and ITL definitions")
+SAMPLINGS = ("astro", "vllm")  # --sampling: whose dataset draw
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,14 @@ class WorkloadSection:
     max_total_tokens: int = 2048        # drop records whose prompt + reply is longer (tokens)
     multi_turn: bool | None = None      # replay conversations turn by turn (--multi-turn); None: off
     think_time_s: float | None = None   # mean think time between a reply and the next turn (s); None: 2 s
+    sampling: str = "astro"             # astro: astro's draw; vllm: vllm bench serve's (filter, order, arrivals)
+    input_len: int = 1024               # the random workload's prompt length (tokens; --input-len)
+    output_len: int = 128               # the random workload's reply length; custom rows without one (--output-len)
+
+    def __post_init__(self) -> None:
+        if self.sampling not in SAMPLINGS:
+            raise AstroUserError(f"unknown sampling {self.sampling!r}", field="--sampling",
+                                 fix="use astro or vllm")
 
 
 @dataclass(frozen=True)
@@ -65,10 +75,17 @@ class ArrivalSection:
     time_scale: float = 1.0             # trace replay: multiply inter-arrival times by this
     max_concurrency: int | None = None  # at most this many requests in flight (None: unbounded)
     rates_rps: list[float] | None = None  # a sweep of rates (--rates), overrides request_rate_rps
+    warmup_requests: int = 0            # live: requests sent (all at once) before each run, not measured (--warmup)
+    max_seconds: float | None = None    # requests planned later than this after the start are not sent (--max-seconds)
 
     def __post_init__(self) -> None:
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise AstroUserError(f"must be ≥ 1, got {self.max_concurrency}", field="--max-concurrency")
+        if self.warmup_requests < 0:
+            raise AstroUserError(f"must be ≥ 0, got {self.warmup_requests}", field="--warmup")
+        if self.max_seconds is not None and not (self.max_seconds > 0 and math.isfinite(self.max_seconds)):
+            raise AstroUserError(f"must be a finite number of seconds > 0, got {self.max_seconds}",
+                                 field="--max-seconds", fix="e.g. --max-seconds 60")
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,7 @@ class TargetSection:
     ignore_eos: bool = False            # ask the server to ignore end-of-sequence
     timeout_s: float = 600.0            # per-request timeout (s)
     api_key: str | None = None          # bearer key; never written to the report
+    ttft_definition: str = "astro"      # astro: first non-empty text, text chunks as ITL; vllm: any chunk
 
     def __post_init__(self) -> None:
         if self.cluster and self.base_url:
@@ -92,6 +110,9 @@ class TargetSection:
         if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
             raise AstroUserError(f"got {mt!r}", field="--max-tokens",
                                  fix="use auto, reference, none or a positive integer")
+        if self.ttft_definition not in TTFT_DEFINITIONS:
+            raise AstroUserError(f"unknown definition {self.ttft_definition!r}", field="--ttft-definition",
+                                 fix="use astro or vllm")
         if self.endpoint not in ENDPOINTS:
             raise AstroUserError(f"unknown endpoint {self.endpoint!r}", field="--endpoint",
                                  fix="use chat or completions")
@@ -267,9 +288,13 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "capacity_width": ("capacity", "width"), "executor": ("execution", "executor"),
     "schedulers": ("cluster", "schedulers"), "status_interval_s": ("cluster", "status_interval_s"),
     "ray_address": ("execution", "ray_address"), "workers": ("execution", "workers"),
+    # vLLM comparability (issue 17): the TTFT/ITL definition is in every report; the sampling always
+    "ttft_definition": ("target", "ttft_definition"), "sampling": ("workload", "sampling"),
+    "input_len": ("workload", "input_len"), "output_len": ("workload", "output_len"),
+    "warmup": ("arrivals", "warmup_requests"), "max_seconds": ("arrivals", "max_seconds"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
-                 "think_time", "ray_address", "workers")
+                 "think_time", "ray_address", "workers", "max_seconds")
 DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0}
 """Flat names left out of report.json while they hold these defaults (the schema of a
 serial run is unchanged)."""
@@ -316,6 +341,12 @@ class BenchConfig:
             if flags:
                 raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")
+        if self.arrivals.max_seconds is not None and self.workload.multi_turn:
+            raise AstroUserError("a duration limit cuts sessions mid-conversation", field="--max-seconds",
+                                 fix="use -n to size a --multi-turn run")
+        if virtual and self.arrivals.warmup_requests:
+            raise AstroUserError("the virtual cluster starts cold by design; warm-up requests apply to live targets",
+                                 field="--warmup", fix="drop --warmup, or run against --cluster/--base-url")
         if self.execution.executor != "serial" and not virtual:
             raise AstroUserError("a live cluster serves one run at a time; parallel runs are for the virtual "
                                  "cluster", field="--executor", fix="add --virtual, or drop --executor")

@@ -23,6 +23,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +66,30 @@ def unauthorized_message(base_url: str, key_given: bool) -> str:
     if key_given:
         return f"{base_url} answered HTTP 401: the API key given is not the server's"
     return f"{base_url} answered HTTP 401: the server requires an API key and none was given"
+
+
+def run_loop(coro: Any) -> Any:
+    """Run `coro` on uvloop when installed (a core dependency off Windows; less client CPU
+    per streamed event, benchmarks/client_cpu_per_event.py), else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - Windows
+        return asyncio.run(coro)
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
+
+
+def reply_length_source(send_true_lengths: bool, ignore_eos: bool, max_tokens_mode: str) -> str:
+    """Where a sim engine's reply length comes from under these client settings, in words
+    (the engine's rule: `engine.sim_engine`, `target_output_tokens`)."""
+    if ignore_eos and max_tokens_mode != "none":
+        what = "the dataset's reply length" if max_tokens_mode == "reference" else f"{max_tokens_mode} tokens"
+        return f"max_tokens with ignore_eos: {what} (sim and real engines alike)"
+    if send_true_lengths:
+        return ("the dataset's reply length (vllm_xargs.astro_output_tokens): a sim engine stops there; "
+                "a real engine ignores it and stops at EOS or max_tokens")
+    return ("the server's own: a sim engine draws from its profile's length distribution, NOT the dataset's "
+            "(send --ignore-eos --max-tokens reference, or keep --send-true-lengths, to reproduce the dataset)")
 
 
 class LiveTarget:
@@ -151,7 +176,10 @@ class LiveTarget:
         d: dict[str, Any] = {"mode": "live", "base_url": self.base_url, "model": self.model,
                              "endpoint": self.cfg.target.endpoint,
                              "send_true_lengths": self.cfg.target.send_true_lengths,
-                             "max_tokens": self.max_tokens_mode}
+                             "max_tokens": self.max_tokens_mode,
+                             "ttft_definition": self.cfg.target.ttft_definition,
+                             "reply_lengths": reply_length_source(self.cfg.target.send_true_lengths,
+                                                                  self.cfg.target.ignore_eos, self.max_tokens_mode)}
         if self.cluster:
             d.update(cluster=str(self.cfg.target.cluster), policy=self.policy_desc, profile=self.cluster.get("profile"),
                      instances=len(self.cluster.get("instances") or []),
@@ -198,7 +226,7 @@ class LiveTarget:
         return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.target.endpoint,
                              send_true_lengths=self.cfg.target.send_true_lengths, ignore_eos=self.cfg.target.ignore_eos,
                              timeout_s=self.cfg.target.timeout_s, api_key=self.cfg.target.api_key, counter=self.counter,
-                             max_tokens_mode=self.max_tokens_mode)
+                             max_tokens_mode=self.max_tokens_mode, ttft_definition=self.cfg.target.ttft_definition)
 
     @property
     def max_tokens_mode(self) -> str:
@@ -224,8 +252,8 @@ class LiveTarget:
             on_done: Callable[[RequestRecord], None]) -> tuple[list[RequestRecord], dict[str, Any]]:
         ts = self.time_scale
         if ts == 1.0:
-            return asyncio.run(self._run(requests, times, on_done))
-        records, extras = asyncio.run(self._run(requests, [t * ts for t in times], on_done))
+            return run_loop(self._run(requests, times, on_done))
+        records, extras = run_loop(self._run(requests, [t * ts for t in times], on_done))
         for r in records:
             to_engine_seconds(r, ts)
         extras["time_scale"] = ts
@@ -247,6 +275,10 @@ class LiveTarget:
                 "scheduler": res[-1], "t": time.perf_counter()}
 
     async def _run(self, requests, times, on_done):
+        n_warm = self.cfg.arrivals.warmup_requests
+        if n_warm:  # sent and awaited before the "before" scrape: in no metric, no engine-metric delta
+            warm = [replace(requests[i % len(requests)], request_id=f"warmup-{i}") for i in range(n_warm)]
+            await run_requests(warm, [0.0] * n_warm, self._client_opts(), self.cfg.arrivals.max_concurrency)
         async with httpx.AsyncClient(timeout=10.0, headers=self.side_headers) as c:
             before = await self._scrape_all(c)
         classes: dict[str, str] = {}

@@ -81,10 +81,54 @@ def write_report(result, out_dir: Path) -> Path:
                 d = rec.to_dict()
                 d["itl_s"] = [round(x, 6) for x in d["itl_s"]]  # µs resolution keeps the file small
                 fh.write(json.dumps(_clean({"run": run.label, **d})) + "\n")
+    write_csv(rep, result, out_dir)
     md = markdown(rep)
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html_report(rep, result, md))
     return out_dir
+
+
+CSV_STATS = ("mean", "p50", "p90", "p99")
+CSV_DISTS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "normalized_s_per_token")
+CSV_SCALARS = ("num_requests", "num_completed", "num_failed", "duration_s", "throughput_rps",
+               "output_tokens_per_s", "total_output_tokens", "preemptions")
+REQUEST_CSV_COLUMNS = ("run", "request_id", "modality", "req_class", "success", "prompt_tokens", "output_tokens",
+                       "expected_output_tokens", "scheduled_s", "sent_s", "ttft_s", "tpot_s", "e2e_s",
+                       "instance", "finish_reason", "error")
+
+
+def write_csv(rep: dict[str, Any], result, out_dir: Path) -> None:
+    """summary.csv: one row per (run, group), every number in full (seconds; empty =
+    n/a); requests.csv: one row per request with its per-request metrics."""
+    import csv
+
+    with (out_dir / "summary.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "group", "rate_rps", *CSV_SCALARS, *(f"{d[:-2]}_{s}_s" if d.endswith("_s") else f"{d}_{s}"
+                                                                for d in CSV_DISTS for s in CSV_STATS),
+                    "slo_violation_rate", "goodput_rps", "ttft_definition"])
+        tdef = rep["config"].get("ttft_definition") if (rep.get("target") or {}).get("mode") != "virtual" else ""
+        for run in rep["runs"]:
+            for g, m in run["metrics"].items():
+                slo = m.get("slo") or {}
+                w.writerow([run["label"], g, run["rate_rps"], *(_csv(m.get(k)) for k in CSV_SCALARS),
+                            *(_csv(m[d][s]) for d in CSV_DISTS for s in CSV_STATS),
+                            _csv(slo.get("violation_rate")), _csv(slo.get("goodput_rps")), tdef])
+    with (out_dir / "requests.csv").open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(REQUEST_CSV_COLUMNS)
+        for run in result.runs:
+            for r in run.records:
+                d = {"run": run.label, **r.to_dict()}
+                w.writerow([_csv(d.get(c)) for c in REQUEST_CSV_COLUMNS])
+
+
+def _csv(v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return repr(v) if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+    return str(v)
 
 
 # -- tables ----------------------------------------------------------------------------------
@@ -135,10 +179,52 @@ def summary_rows(rep: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def _cell(v: Any) -> str:
+    """Text safe inside a Markdown table cell: one line, `|` escaped, Markdown's emphasis
+    and code characters escaped (a model name like `a*b` stays literal)."""
+    text = " ".join(str(v).split())
+    for ch in ("\\", "|", "*", "`", "<", ">", "[", "]"):
+        text = text.replace(ch, "\\" + ch)
+    return text
+
+
 def _md_table(header: list[str] | tuple[str, ...], rows: list[list[str]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
+    out = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
+
+
+def plain(v: Any) -> str:
+    """A value as words for a person: dicts as "k: v, k: v", lists joined with ", ",
+    None as "none" (never a Python repr or JSON)."""
+    if v is None:
+        return "none"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, dict):
+        return ", ".join(f"{k}: {plain(x)}" for k, x in v.items()) or "none"
+    if isinstance(v, (list, tuple)):
+        return ", ".join(plain(x) for x in v) or "none"
+    if isinstance(v, float):
+        return fmt(v)
+    return str(v)
+
+
+def setup_rows(rep: dict[str, Any]) -> list[list[str]]:
+    """The report's setup as (setting, value) rows: workload, data, sampling, target,
+    units, TTFT/ITL definition, reply lengths, send lag, seed, SLO."""
+    wl, tg, cfg = rep["workload"], rep["target"], rep["config"]
+    slo = plain(cfg.get("slo")) + ("" if cfg.get("slo_scale") is None else f"; E2E ≤ {cfg['slo_scale']} × isolated")
+    rows = [["workload", f"{wl['name']}: {wl['num_requests']} requests ({plain(wl.get('modalities') or {})})"],
+            ["data", str(wl.get("source"))],
+            ["sampling", "vllm (as vllm bench serve: same filter, order and send plan for the seed)"
+             if cfg.get("sampling") == "vllm" else "astro"],
+            ["skipped", plain(wl.get("skipped") or None)], ["adjusted", plain(wl.get("notes") or None)]]
+    rows += [[f"target {k}", plain(v)] for k, v in tg.items() if k not in ("recipe", "reply_lengths")]
+    rows += [["units", time_unit(rep)], ["TTFT/ITL definition", ttft_definition_text(rep)],
+             ["reply lengths", reply_lengths_text(rep)], ["bench send lag", send_lag_text(rep)],
+             ["seed", str(cfg.get("seed"))], ["SLO", slo]]
+    return rows
 
 
 def time_unit(rep: dict[str, Any]) -> str:
@@ -151,21 +237,47 @@ def time_unit(rep: dict[str, Any]) -> str:
             f"{1 / ts:g}× real time); rates in engine req/s")
 
 
+TTFT_DEFINITION_TEXT = {
+    "astro": "astro (TTFT at the first chunk with non-empty text; ITL between text chunks; E2E at the last text chunk)",
+    "vllm": "vllm (as vllm bench serve: TTFT at the first chunk with choices, whatever its text; every later "
+            "chunk an ITL gap; E2E at the last such chunk)",
+}
+
+
+def ttft_definition_text(rep: dict[str, Any]) -> str:
+    """How TTFT/ITL were measured, in words (every report says it)."""
+    tg = rep.get("target") or {}
+    if tg.get("mode") == "virtual":
+        return "virtual run: simulated token times (no stream; both definitions coincide)"
+    d = (rep.get("config") or {}).get("ttft_definition") or tg.get("ttft_definition") or "astro"
+    return TTFT_DEFINITION_TEXT.get(d, d)
+
+
+def reply_lengths_text(rep: dict[str, Any]) -> str:
+    """The sim engines' reply-length source and the check of it over the runs."""
+    tg = rep.get("target") or {}
+    src = tg.get("reply_lengths") or ("the dataset's reply length (virtual cluster)" if tg.get("mode") == "virtual"
+                                      else "n/a")
+    eq = sum((r.get("extras") or {}).get("outputs_equal_expected") or 0 for r in rep["runs"])
+    done = sum((r.get("extras") or {}).get("outputs_completed") or 0 for r in rep["runs"])
+    return f"{src}; {eq} of {done} completed replies had exactly the dataset's length" if done else src
+
+
+def send_lag_text(rep: dict[str, Any]) -> str:
+    """The bench's own send lag (planned → actual send), worst run."""
+    p99 = [x for x in ((r.get("extras") or {}).get("send_lag_s_p99") for r in rep["runs"]) if x is not None]
+    mx = [x for x in ((r.get("extras") or {}).get("send_lag_s_max") for r in rep["runs"]) if x is not None]
+    if not p99:
+        return "n/a"
+    return f"P99 {max(p99) * 1e3:.0f} ms, max {max(mx) * 1e3:.0f} ms (worst run)"
+
+
 def markdown(rep: dict[str, Any]) -> str:
     """report.md text."""
-    wl, tg = rep["workload"], rep["target"]
-    lines = ["# astro bench report", "",
-             f"- workload: **{wl['name']}**, {wl['num_requests']} requests {wl.get('modalities')}; "
-             f"source: {wl['source']}",
-             f"- skipped: {wl['skipped'] or 'none'}; adjusted: {wl['notes'] or 'none'}",
-             f"- target: {json.dumps({k: v for k, v in tg.items() if k != 'recipe'})}",
-             f"- units: {time_unit(rep)}",
-             f"- seed: {rep['config']['seed']}; SLO: {rep['config'].get('slo') or 'none'}"
-             f"{'' if rep['config'].get('slo_scale') is None else ', scale ' + str(rep['config']['slo_scale'])}",
-             ""]
+    lines = ["# astro bench report", "", "## Setup", "", _md_table(("setting", "value"), setup_rows(rep)), ""]
     for w in rep.get("warnings") or []:
-        lines.append(f"> **warning:** {w}")
-    lines += ["", "## Summary (seconds)", "", _md_table(SUMMARY_COLUMNS, summary_rows(rep)), ""]
+        lines += [f"> **warning:** {_cell(w)}", ""]
+    lines += ["## Summary (seconds)", "", _md_table(SUMMARY_COLUMNS, summary_rows(rep)), ""]
     lines += ["## Percentiles (seconds)", ""]
     prow = []
     for run in rep["runs"]:
@@ -307,43 +419,36 @@ def plots(rep: dict[str, Any], result) -> list[tuple[str, str]]:
     return out
 
 
-def _md_to_html(md: str) -> str:
-    out, table = [], False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [html.escape(c.strip()) for c in line.strip("|").split("|")]
-            if set(line.replace("|", "").strip()) <= {"-"}:
-                continue
-            if not table:
-                out.append("<table>")
-                table = True
-                out.append("<tr>" + "".join(f"<th>{c}</th>" for c in cells) + "</tr>")
-            else:
-                out.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
-            continue
-        if table:
-            out.append("</table>")
-            table = False
-        if line.startswith("## "):
-            out.append(f"<h2>{html.escape(line[3:])}</h2>")
-        elif line.startswith("# "):
-            out.append(f"<h1>{html.escape(line[2:])}</h1>")
-        elif line.strip():
-            out.append(f"<p>{html.escape(line.lstrip('->').strip())}</p>")
-    if table:
-        out.append("</table>")
-    return "\n".join(out)
+PLOT_CAPTIONS = {
+    "Latency CDFs": "Share of completed requests (y) whose TTFT / E2E latency is at most x seconds, one line "
+                    "per run; a line further left is faster.",
+    "Latency vs request rate": "P99 TTFT and mean E2E latency (log scale) at each offered request rate, one "
+                               "line per dispatch policy; the knee is where the cluster saturates.",
+    "Per-class latency": "Mean TTFT and mean normalized latency (E2E / output tokens) per request class "
+                         "(sand = text, pebbles = image, rocks = video), one bar per run.",
+}
+
+
+def md_to_html(md: str) -> str:
+    """report.md rendered by markdown-it-py (CommonMark + tables), raw HTML in it escaped."""
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("commonmark", {"html": False}).enable("table").render(md)
 
 
 def html_report(rep: dict[str, Any], result, md: str) -> str:
-    """report.html: the markdown tables plus embedded plots."""
+    """report.html: report.md rendered, then each plot as a figure with its caption."""
     try:
         figs = plots(rep, result)
     except Exception as exc:  # a plot must never lose the report
         figs = []
-        md += f"\n(plots unavailable: {type(exc).__name__}: {exc})\n"
-    imgs = "\n".join(f"<h2>{html.escape(t)}</h2><img src='data:image/png;base64,{b}'/>" for t, b in figs)
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px}")
+        md += f"\n(plots unavailable: {type(exc).__name__}: {_cell(exc)})\n"
+    imgs = "\n".join(
+        f"<figure><h2>{html.escape(t)}</h2><img alt='{html.escape(t)}' src='data:image/png;base64,{b}'/>"
+        f"<figcaption>{html.escape(PLOT_CAPTIONS.get(t, t))}</figcaption></figure>" for t, b in figs)
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse;font-size:12px;"
+             "margin-bottom:1em}td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}"
+             "blockquote{border-left:4px solid #d90;margin:0.5em 0;padding:0.2em 1em;background:#fff8e6}"
+             "figure{margin:1em 0}img{max-width:100%}figcaption{font-size:13px;color:#444}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>astro bench</title>"
-            f"<style>{style}</style></head><body>{_md_to_html(md)}{imgs}</body></html>")
+            f"<style>{style}</style></head><body>{md_to_html(md)}{imgs}</body></html>")

@@ -210,6 +210,10 @@ def _label(policy: str | None, k: str | None, spec: ArrivalSpec, target: dict[st
 
 
 def _arrivals(cfg: BenchConfig, wl: Workload, spec: ArrivalSpec, n: int) -> np.ndarray:
+    if cfg.workload.sampling == "vllm" and spec.kind != "trace":  # vllm bench serve's plan for the seed
+        from rps_astro_cli.bench.workloads_vllm import vllm_arrival_times
+
+        return vllm_arrival_times(n, spec.rate_rps, spec.effective_shape, cfg.workload.seed)
     seed_rate = 0 if math.isinf(spec.rate_rps) else int(round(spec.rate_rps * 1000))
     rng = np.random.default_rng([cfg.workload.seed, seed_rate, 7])
     return arrival_times(spec, n, rng, [r.arrival_s for r in wl.requests])
@@ -238,6 +242,16 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     prog = progress or (lambda *a, **k: None)
     slo = parse_slo(config.slo.specs, config.slo.e2e_scale)
     counter = load_counter(config.workload.tokenizer)
+    wl_counter = counter
+    if config.workload.sampling == "vllm":
+        from rps_astro_cli.bench.workloads_vllm import VLLM_SAMPLED_WORKLOADS
+        from rps_astro_cli.tokens import load_counter_with_special
+
+        if config.workload.name not in VLLM_SAMPLED_WORKLOADS or config.workload.multi_turn:
+            raise AstroUserError(f"vLLM's draw is reproduced for {', '.join(VLLM_SAMPLED_WORKLOADS)} "
+                                 f"(single-turn), not {config.workload.name}", field="--sampling",
+                                 fix="use --sampling astro, or -w sharegpt / custom / random")
+        wl_counter = load_counter_with_special(config.workload.tokenizer)
     spec0 = ArrivalSpec(config.arrivals.process, config.arrivals.request_rate_rps, config.arrivals.burstiness,
                         config.arrivals.time_scale)
     opts = WorkloadOptions(
@@ -246,10 +260,15 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
         max_total_tokens=config.workload.max_total_tokens,
         image_dir=Path(config.workload.image_dir) if config.workload.image_dir else None,
         video_dir=Path(config.workload.video_dir) if config.workload.video_dir else None,
-        max_frames=config.workload.max_frames, counter=counter,
-        multi_turn=bool(config.workload.multi_turn),
+        max_frames=config.workload.max_frames, counter=wl_counter,
+        multi_turn=bool(config.workload.multi_turn), sampling=config.workload.sampling, seed=config.workload.seed,
+        input_len=config.workload.input_len, output_len=config.workload.output_len,
         think_time_s=2.0 if config.workload.think_time_s is None else config.workload.think_time_s)
     wl = load_workload(config.workload.name, opts, np.random.default_rng(config.workload.seed))
+    if config.workload.sampling == "vllm" and not config.workload.tokenizer:
+        wl.warnings.append("--sampling vllm without --tokenizer: lengths are counted with astro's fallback "
+                           "counter, so the filter keeps other pairs than vllm bench serve (which counts with "
+                           "its --tokenizer); pass the same tokenizer folder to both")
     prog("workload", workload=wl)
     if config.arrivals.process == "trace" and not wl.has_timestamps:
         raise AstroUserError(f"workload {wl.name} has no timestamps to replay", field="--arrival",
@@ -283,7 +302,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
 
             def run_at(rate: float, _p=policy, _k=k, _ip=ipol) -> RunResult:
                 spec, times, label = sweep.plan(rate, _p, _k, _ip)
-                prog("run_start", label=label, total=len(wl.requests))
+                reqs = wl.requests[:len(times)]  # --max-seconds: the requests planned after it are not sent
+                prog("run_start", label=label, total=len(reqs))
                 t0 = time.perf_counter()
                 done_so_far: list[RequestRecord] = []
                 current.update(label=label, policy=_p, k=_k, spec=spec, t0=t0, records=done_so_far)
@@ -292,7 +312,9 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                     done_so_far.append(r)
                     prog("request", record=r)
 
-                records, extras = target.run(wl.requests, list(times), on_record)
+                records, extras = target.run(reqs, list(times), on_record)
+                if len(reqs) < len(wl.requests):
+                    extras["not_sent_after_max_seconds"] = len(wl.requests) - len(reqs)
                 current.clear()
                 run = sweep.finish(label, _p, _k, spec, records, extras, 0.0)
                 run.wall_s = time.perf_counter() - t0
@@ -351,10 +373,13 @@ class _Sweep:
 
     def plan(self, rate: float, policy: str | None, k: str | None,
              ipol: str | None) -> tuple[ArrivalSpec, np.ndarray, str]:
-        """(arrival spec, arrival times, label) of the run at `rate`."""
+        """(arrival spec, arrival times, label) of the run at `rate`; with --max-seconds
+        only the times up to it (the workload's first len(times) requests are sent)."""
         cfg = self.config
         spec = self.spec0.with_rate(rate) if cfg.arrivals.process != "trace" else self.spec0
         times = _arrivals(cfg, self.wl, spec, len(self.wl.requests))
+        if cfg.arrivals.max_seconds is not None:  # the duration limit: later requests are not sent
+            times = times[:int(np.searchsorted(times, cfg.arrivals.max_seconds, side="right"))]
         label = _label(policy, k, spec, self.result.target)
         if ipol is not None:
             label = f"{ipol} · {label}"
@@ -475,6 +500,10 @@ def _lag_extras(records: list[RequestRecord], extras: dict[str, Any]) -> None:
     extras["send_lag_s_max"] = lags[-1] if lags else None
     extras["send_lag_s_p99"] = lags[min(len(lags) - 1, int(0.99 * len(lags)))] if lags else None
     extras["outputs_truncated"] = sum(r.truncated for r in records)
+    done = [r for r in records if r.success]
+    # the reply-length check the report states beside the length source
+    extras["outputs_equal_expected"] = sum(r.output_tokens == r.expected_output_tokens for r in done)
+    extras["outputs_completed"] = len(done)
 
 
 def _lag_warnings(result: BenchResult, run: RunResult) -> None:

@@ -18,20 +18,18 @@ from rps_astro_cli.bench.metrics import percentile
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Sample name → value summed over label sets (e.g. `vllm:num_preemptions_total`,
-    `astro_scheduler_overhead_seconds_sum`)."""
+    `astro_scheduler_overhead_seconds_sum`), read with prometheus_client's text parser
+    (a core dependency). Text the parser rejects (a non-Prometheus `/metrics`) gives the
+    samples read before the bad line."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name_part, _, rest = line.partition(" ")
-        if "{" in name_part or ("{" in line and "}" in line):
-            name_part = line[: line.index("{")]
-            rest = line[line.rindex("}") + 1:]
-        try:
-            value = float(rest.strip().split()[0])
-        except (ValueError, IndexError):
-            continue
-        out[name_part] = out.get(name_part, 0.0) + value
+    try:
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                out[smp.name] = out.get(smp.name, 0.0) + float(smp.value)
+    except (ValueError, TypeError, IndexError):
+        pass
     return out
 
 

@@ -261,7 +261,10 @@ class VirtualTarget:
                 prev_of[f"{r.session_id}#{r.turn}"] = r.request_id
         for r, pred in zip(self.wl.requests, self._predicted):
             follows = prev_of.get(f"{r.session_id}#{r.turn - 1}") if r.session_id and r.turn > 0 else None
-            t = 0.0 if follows is not None else float(next(starts))
+            nxt = 0.0 if follows is not None else next(starts, None)
+            if nxt is None:  # past --max-seconds: not sent
+                continue
+            t = float(nxt)
             if follows is not None and follows not in kept:
                 failed.append(RequestRecord(r.request_id, r.modality, MODALITY_CLASS.get(r.modality, "sand"),
                                             prompt_tokens=r.prompt_tokens, expected_output_tokens=r.output_tokens,
@@ -309,7 +312,7 @@ class VirtualTarget:
         recs, extras = sim(vreqs, cfg, self.profile, dispatch, rng)
         extras = {**extras, "instance_policy": ipol}
         by_id = {r.request_id: r for r in recs + failed}
-        out = [by_id[r.request_id] for r in requests]
+        out = [by_id[r.request_id] for r in requests if r.request_id in by_id]  # --max-seconds: unsent dropped
         for r in out:
             on_done(r)
         return out, extras

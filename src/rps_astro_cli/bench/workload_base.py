@@ -112,6 +112,12 @@ class WorkloadOptions:
     counter: token counter (tokens.load_counter).
     multi_turn: sharegpt replays whole conversations turn by turn (prompt = the history).
     think_time_s: mean of the exponential think time before a next turn (s).
+    sampling: "astro" (astro's draw) or "vllm" (`vllm bench serve`'s draw for the same file
+        and seed: `bench.workloads_vllm`); `counter` then counts as vLLM does (special
+        tokens included, `tokens.load_counter_with_special`).
+    seed: the workload seed (vLLM's draw seeds Python's `random.Random` with it).
+    input_len / output_len: the `random` workload's fixed prompt / reply length, and the
+        `custom` workload's reply length for rows without one (tokens).
     """
 
     path: Path | None = None
@@ -125,6 +131,10 @@ class WorkloadOptions:
     counter: TokenCounter = count_tokens_fallback
     multi_turn: bool = False
     think_time_s: float = 2.0
+    sampling: str = "astro"
+    seed: int = 0
+    input_len: int = 1024
+    output_len: int = 128
 
 
 Loader = Callable[[WorkloadOptions, np.random.Generator], Workload]

@@ -12,6 +12,8 @@
 | `sharegpt --multi-turn` | ShareGPT JSON | every (human, gpt) turn of a conversation; prompt = the whole history; sent a think time after the previous reply |
 | `shared-prefix` | none | one of 8 synthetic 1024-token system prompts + a user message (prefix-cache traffic) |
 | `synthetic` | none | ShareGPT-like lengths (see `SYNTHETIC_STATS`) |
+| `custom` | JSONL `{"prompt": str, "output_tokens": int}` (vLLM's custom format; `output_len` accepted; missing → `--output-len`) | one row |
+| `random` | none | fixed ISL/OSL: `--input-len`-token synthetic prompt, `--output-len`-token reply |
 | `mix-to` / `mix-ml` / `mix-mh` | ShareGPT + LLaVA-Instruct + LLaVA-Video | RPS-Serve's TO / ML / MH mixes (see `MIXES`) |
 
 Data resolution (stated in every report as `Workload.source`): `--path` if given, else
@@ -21,13 +23,15 @@ and online (ShareGPT only), else the synthetic generator (with a warning).
 
 Loaders live in `workloads_chat` (ShareGPT, LLaVA, mixes) and `workloads_traces` (CSV
 traces, synthetic); `workload_base` holds the types and the registry; importing this module
-registers every loader. Token counts use `rps_astro_cli.tokens` (the counter the engine and Predictor use).
+registers every loader. `--sampling vllm` draws sharegpt / custom / random exactly as
+`vllm bench serve` does for the same file and seed (`workloads_vllm`). Token counts use `rps_astro_cli.tokens` (the counter the engine and Predictor use).
 Lengths-only datasets get a synthetic prompt text with exactly the trace's token count
 under the fallback counter (`synthetic_prompt`).
 """  # noqa: E501  (the table rows)
 
 from rps_astro_cli.bench import workloads_chat as _chat
 from rps_astro_cli.bench import workloads_traces as _traces
+from rps_astro_cli.bench import workloads_vllm as _vllm  # noqa: F401  (registers custom, random)
 from rps_astro_cli.bench.workload_base import (
     MODALITY_CLASS,
     WORKLOADS,

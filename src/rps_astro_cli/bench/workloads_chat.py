@@ -67,6 +67,10 @@ def load_sharegpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
         recs = _read_json_records(path)
     if opts.multi_turn:
         return sharegpt_sessions(recs, opts, rng, source)
+    if opts.sampling == "vllm":
+        from rps_astro_cli.bench.workloads_vllm import sharegpt_vllm
+
+        return sharegpt_vllm(recs, opts, source)
     skipped: Counter = Counter()
     notes: Counter = Counter()
     pairs: list[tuple[str, str, str]] = []

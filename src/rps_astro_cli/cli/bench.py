@@ -23,7 +23,10 @@ def _split(text: str | None) -> list[str] | None:
 
 @user_errors
 def bench(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | llava-instruct | llava-video | burstgpt | azure | length-trace | shared-prefix | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | custom (JSONL prompts) | random (fixed ISL/OSL) | llava-instruct | llava-video | burstgpt | azure | length-trace | shared-prefix | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    sampling: Annotated[str, typer.Option("--sampling", help="astro | vllm: vllm draws sharegpt/custom/random and the arrivals exactly as `vllm bench serve` does for the same file and --seed (give the same --tokenizer).")] = "astro",
+    input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens per request.")] = 1024,
+    output_len: Annotated[int, typer.Option("--output-len", help="random: reply tokens per request; custom: for rows without output_tokens.")] = 128,
     multi_turn: Annotated[bool, typer.Option("--multi-turn", help="sharegpt: replay whole conversations turn by turn (prompt = history; the rate is session starts/s).")] = False,
     think_time: Annotated[float | None, typer.Option("--think-time", help="--multi-turn: mean think time before the next turn (s, exponential; default 2).")] = None,
     path: Annotated[str | None, typer.Option("--path", help="Dataset file (else $ASTRO_DATA_DIR / ../shared/data, else hub, else synthetic).")] = None,
@@ -41,6 +44,8 @@ def bench(
     burstiness: Annotated[str | None, typer.Option("--burstiness", help="Gamma shape (> 0; 1 = Poisson, inf = constant); implies --arrival gamma.")] = None,
     time_scale: Annotated[str, typer.Option("--time-scale", help="Trace replay: multiply timestamps by this (> 0).")] = "1",
     max_concurrency: Annotated[int | None, typer.Option("--max-concurrency", help="Most requests in flight.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Live: send this many requests (the workload's first, all at once) before each run and leave them out of every metric.")] = 0,
+    max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="Send no request planned later than this many seconds after the start (the run ends when the sent ones finish).")] = None,
     rates: Annotated[str | None, typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
     base_url: Annotated[str | None, typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
@@ -49,6 +54,7 @@ def bench(
     send_true_lengths: Annotated[bool, typer.Option("--send-true-lengths/--no-send-true-lengths", help="Send vllm_xargs.astro_output_tokens (the reply length) so sim engines reproduce it.")] = True,
     max_tokens: Annotated[str, typer.Option("--max-tokens", help="auto | reference (the dataset reply length, as vllm bench) | none | N. auto = none with --cluster (astro's dispatcher would clip its prediction by it), reference with --base-url.")] = "auto",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Send ignore_eos: true (vLLM).")] = False,
+    ttft_definition: Annotated[str, typer.Option("--ttft-definition", help="astro (default): TTFT at the first non-empty text, ITL over text chunks | vllm: TTFT at the first chunk, every chunk an ITL gap (as vllm bench serve). docs/metrics.md.")] = "astro",
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Per-request read timeout (s).")] = 600.0,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
@@ -86,6 +92,7 @@ def bench(
     out: Annotated[str | None, typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="Print every summary column (the default table fits 80 columns).")] = False,
 ) -> None:
     """Benchmark a cluster (live) or the virtual cluster: workloads, arrivals, honest metrics,
     SLO capacity and a report folder (metric formulas: docs/metrics.md).
@@ -150,7 +157,9 @@ def bench(
         capacity_threshold_s=capacity_threshold, capacity_start_rps=capacity_start_rate, capacity_max_rps=capacity_max_rate, fail_under=fail_under,
         schedulers=schedulers, status_interval_s=status_interval,
         capacity_width=capacity_width, executor=executor, ray_address=ray_address, workers=workers,
-        out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time)
+        out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time,
+        ttft_definition=ttft_definition, sampling=sampling, input_len=input_len, output_len=output_len,
+        warmup=warmup, max_seconds=max_seconds)
     result = _run_with_progress(cfg, run_bench)
     if as_json:
         import json
@@ -159,11 +168,12 @@ def bench(
 
         typer.echo(json.dumps(report_dict(result)))
     else:
-        print_summary(result)
+        print_summary(result, wide=wide)
     for w in result.warnings[len(result.workload.get("warnings") or []):]:
         err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False, soft_wrap=True)
     if result.out_dir:
-        err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl",
+        err_console.print(f"report: {result.out_dir}/report.json, report.md, report.html, requests.jsonl, "
+                          "summary.csv, requests.csv",
                           highlight=False, soft_wrap=True)
     for reason in result.exit_reasons:
         err_console.print(f"[bold red]fail:[/] {reason}", highlight=False, soft_wrap=True)
@@ -218,22 +228,40 @@ def _f(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
 
 
-def print_summary(result) -> None:
-    """Rich summary table (+ capacity table) of a `BenchResult`."""
+COMPACT_COLUMNS = ("run", "ok/all", "TTFT mean", "TTFT p99", "TPOT mean", "ITL p99", "E2E mean", "E2E p99")
+"""The default console table: fits 80 columns (the full one: --wide, report.md)."""
+
+
+def print_summary(result, wide: bool = False) -> None:
+    """Rich summary table (+ capacity table) of a `BenchResult`: the compact columns
+    (`COMPACT_COLUMNS`, 80 columns wide) by default, every column with `wide`. Numeric
+    cells never wrap; a long run label folds."""
+    from rich import box
     from rich.console import Console
     from rich.table import Table
 
     from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows, time_unit
 
-    out = console if console.is_terminal else Console(width=200)
+    out = console if console.is_terminal else Console(width=200) if wide else Console()
     rep = report_dict(result)
-    t = Table(title=f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); {time_unit(rep)}",
-              show_lines=False)
-    for c in SUMMARY_COLUMNS:
-        t.add_column(c, overflow="fold")
+    tdef = "" if rep["target"].get("mode") == "virtual" else f"; TTFT/ITL: {rep['config'].get('ttft_definition')}"
+    title = f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); {time_unit(rep)}{tdef}"
     rows = summary_rows(rep)  # class rows only when the run has more than one class
-    for row in rows:
-        t.add_row(*row)
+    if wide:
+        t = Table(title=title, show_lines=False)
+        for c in SUMMARY_COLUMNS:
+            t.add_column(c, overflow="fold")
+        for row in rows:
+            t.add_row(*row)
+    else:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, caption="seconds; every column: --wide, report.md")
+        idx = [SUMMARY_COLUMNS.index(c) for c in COMPACT_COLUMNS[1:]]
+        t.add_column("run", overflow="fold", ratio=1)
+        for c in COMPACT_COLUMNS[1:]:
+            t.add_column(c.replace(" ", "\n"), no_wrap=True, justify="right")
+        for row in rows:
+            label = row[0] if row[1] == "overall" else f"{row[0]} · {row[1]}"
+            t.add_row(label, *[row[i] for i in idx])
     out.print(t)
     if rep["capacity"]:
         ct = Table(title="SLO capacity")

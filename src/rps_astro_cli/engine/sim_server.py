@@ -58,6 +58,7 @@ from rps_astro_cli.protocol.openai import (
     parse_chat_request,
     parse_completion_request,
     prompt_token_ids,
+    refuse_unsimulated,
     vision_charge,
 )
 from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
@@ -253,6 +254,21 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             "id": ctx.model, "object": "model", "created": 0, "owned_by": "astro",
             "root": ctx.model, "max_model_len": engine.config.max_model_len}]}
 
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
+        _check_key(request)
+        if model_id != ctx.model:
+            raise ApiError(404, f"model: the model {model_id!r} does not exist; this engine serves {ctx.model!r}",
+                           param="model")
+        return {"id": ctx.model, "object": "model", "created": 0, "owned_by": "astro", "root": ctx.model,
+                "max_model_len": engine.config.max_model_len}
+
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        from rps_astro_cli import __version__
+
+        return {"version": __version__, "engine": "astro-sim"}
+
     @app.get("/status")
     async def status() -> JSONResponse:
         # the codec's dict rendered directly (the same bytes as returning the dict, without
@@ -269,6 +285,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             raise ApiError(503, "engine is shutting down (draining); send the request to another instance",
                            param=None)
         body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
+        if isinstance(body, dict):
+            refuse_unsimulated(body, endpoint)
         if endpoint == "completions":
             req = parse_completion_request(body, ctx.counter)
         else:

@@ -305,6 +305,32 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
         raise bad(f"must be a string, got {user!r}", "user")
 
 
+def refuse_unsimulated(body: dict[str, Any], endpoint: str) -> None:
+    """The sim engine's explicit refusals: fields whose meaning it cannot produce (a real
+    vLLM engine honours them), so a client is told instead of silently ignored.
+    `response_format` other than text, a non-empty `tools` list, `echo: true`, and
+    log-probabilities (chat `logprobs: true` or `top_logprobs` ≥ 1; completions
+    `logprobs` ≥ 1). Accepted as before: `logprobs: 0`/`false`, `seed` (the sim's output
+    does not depend on sampling) and `stop` (its filler text is words only, so a stop
+    string is matched only if it is one of them — not simulated).
+
+    Raises:
+        ApiError: 400 naming the field.
+    """
+    how = "the sim engine does not simulate it (a vLLM engine does: astro serve --backend vllm)"
+    rf = body.get("response_format")
+    if rf is not None and not (isinstance(rf, dict) and rf.get("type") in (None, "text")):
+        raise bad(f"structured output is not supported: {how}", "response_format")
+    if body.get("tools"):
+        raise bad(f"tool calling is not supported: {how}", "tools")
+    if body.get("echo") is True:
+        raise bad(f"echo is not supported: {how}", "echo")
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if (endpoint == "chat" and lp is True) or (isinstance(top, int) and not isinstance(top, bool) and top > 0) \
+            or (endpoint == "completions" and isinstance(lp, int) and not isinstance(lp, bool) and lp > 0):
+        raise bad(f"log-probabilities are not produced: {how}", "top_logprobs" if top else "logprobs")
+
+
 def _common(body: dict[str, Any]) -> dict[str, Any]:
     check_sampling_fields(body)
     model = body.get("model")

