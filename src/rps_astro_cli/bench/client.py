@@ -333,6 +333,8 @@ async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptio
                     data = await resp.read()
                     rec.finish_s = clock()
                     rec.error = f"HTTP {resp.status}: {_error_text(data)}"
+                    if resp.status == 401:
+                        rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
                     return rec
                 pushed = rec.sent_s
                 async for chunk in resp.body_reads():
