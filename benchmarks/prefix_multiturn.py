@@ -11,18 +11,49 @@ for power_of_k (say so beside the figure), or oracle with --oracle.
 
     .venv/bin/python benchmarks/prefix_multiturn.py --rate 6 --seeds 0,1,2 -n 600
 
+Arms of power_of_k, to measure each change alone: `power_of_k` (both on, the default),
+`power_of_k/nopin` (`pin_cached=false`: k drawn uniformly), `power_of_k/nowait` (the
+look-ahead credits only the candidate's own hit, not queued requests'), `power_of_k/base`
+(both off: the build before them), or `power_of_k/NAME=VALUE+...` (policy parameters;
+`nowait`; `rl=default`: the look-ahead's conditional remaining length), e.g.
+`--policies round_robin,cache_aware,power_of_k,power_of_k/nopin,power_of_k/nowait,power_of_k/base`.
+
 Virtual time is deterministic for a seed, so the figures do not depend on machine load.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 
 import numpy as np
 
 from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.runner import run_bench
+from rps_astro_cli.cluster import virtual as cluster_virtual
+
+ARMS = {"nopin": ({"pin_cached": "false"}, True), "nowait": ({}, False), "base": ({"pin_cached": "false"}, False)}
+
+
+def run_arm(arm: str, base_cfg: dict) -> list:
+    """The bench runs of one policy arm (`name` or `name/variant`, see ARMS)."""
+    name, _, variant = arm.partition("/")
+    if variant in ARMS or not variant:
+        params, waiting_hits = ARMS[variant] if variant else ({}, True)
+    else:  # "NAME=VALUE+NAME=VALUE" policy parameters ("nowait"; "rl=X": --remaining-length X)
+        parts = variant.split("+")
+        waiting_hits = "nowait" not in parts
+        params = dict(p.split("=", 1) for p in parts if p != "nowait")
+    extra = {"remaining_length": params.pop("rl")} if "rl" in params else {}
+    cfg = BenchConfig.flat(**base_cfg, **extra, policies=[name], **({"policy_params": params} if params else {}))
+    orig = cluster_virtual.simulate_cluster
+    if not waiting_hits:
+        cluster_virtual.simulate_cluster = functools.partial(orig, waiting_hits=False)  # type: ignore[assignment]
+    try:
+        return run_bench(cfg).runs
+    finally:
+        cluster_virtual.simulate_cluster = orig  # type: ignore[assignment]
 
 
 def main() -> None:
@@ -37,28 +68,28 @@ def main() -> None:
     pols = a.policies.split(",")
     rows: dict[str, list[dict[str, float]]] = {p: [] for p in pols}
     for seed in (int(s) for s in a.seeds.split(",")):
-        cfg = BenchConfig.flat(workload="sharegpt", multi_turn=True, num_requests=a.n, seed=seed,
-                               max_total_tokens=4096, request_rate=a.rate,
-                               virtual=True, instances=a.instances, policies=pols, oracle_lengths=a.oracle)
-        res = run_bench(cfg)
-        for run in res.runs:
-            o = run.metrics["overall"]
-            later = [r.first_token_s - r.sent_s for r in run.records
-                     if r.success and r.first_token_s is not None and not r.request_id.endswith("-t0")]
-            rows[run.policy or "round_robin"].append({
-                "p99": o.ttft_s.p99, "mean": o.ttft_s.mean, "p99_later": float(np.percentile(later, 99)),
-                "hit": o.prefix_cache_hit_rate or 0.0, "pre": float(run.extras.get("preemptions_total") or 0)})
-            print(f"seed {seed} {run.label}: P99 TTFT {o.ttft_s.p99:.3f} s, mean {o.ttft_s.mean:.3f} s, "
-                  f"hit rate {o.prefix_cache_hit_rate:.3f}, preemptions {run.extras.get('preemptions_total')}",
-                  flush=True)
-    base = rows.get("round_robin")
+        base = dict(workload="sharegpt", multi_turn=True, num_requests=a.n, seed=seed,
+                    max_total_tokens=4096, request_rate=a.rate,
+                    virtual=True, instances=a.instances, oracle_lengths=a.oracle)
+        for arm in pols:
+            for run in run_arm(arm, base):
+                o = run.metrics["overall"]
+                later = [r.first_token_s - r.sent_s for r in run.records
+                         if r.success and r.first_token_s is not None and not r.request_id.endswith("-t0")]
+                rows[arm].append({
+                    "p99": o.ttft_s.p99, "mean": o.ttft_s.mean, "p99_later": float(np.percentile(later, 99)),
+                    "hit": o.prefix_cache_hit_rate or 0.0, "pre": float(run.extras.get("preemptions_total") or 0)})
+                print(f"seed {seed} {arm}: P99 TTFT {o.ttft_s.p99:.3f} s, mean {o.ttft_s.mean:.3f} s, "
+                      f"hit rate {o.prefix_cache_hit_rate:.3f}, preemptions {run.extras.get('preemptions_total')}",
+                      flush=True)
+    ref = rows.get("round_robin")
     print("\n| policy | P99 TTFT (s), median [min–max] over seeds | × round_robin (geo-mean) | mean TTFT (s) | "
           "P99 TTFT turns ≥ 2 (s) | hit rate | preemptions |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for p, rs in rows.items():
         p99 = [r["p99"] for r in rs]
-        ratio = (math.exp(np.mean([math.log(r["p99"] / b["p99"]) for r, b in zip(rs, base)]))
-                 if base else float("nan"))
+        ratio = (math.exp(np.mean([math.log(r["p99"] / b["p99"]) for r, b in zip(rs, ref)]))
+                 if ref else float("nan"))
         print(f"| {p} | {np.median(p99):.3f} [{min(p99):.3f}–{max(p99):.3f}] | {ratio:.2f} | "
               f"{np.median([r['mean'] for r in rs]):.3f} | {np.median([r['p99_later'] for r in rs]):.3f} | "
               f"{np.median([r['hit'] for r in rs]):.3f} | {np.median([r['pre'] for r in rs]):.0f} |")

@@ -343,6 +343,26 @@ def test_failures_name_their_reasons_without_plot_warnings(fake_url, tmp_path):
     assert not [w for w in caught if "No artists with labels" in str(w.message)]
 
 
+def test_multi_turn_sends_each_turn_after_the_previous_reply(fake_url):
+    # two sessions; s1's turn 1 waits for turn 0's reply plus its 0.1 s think time; a
+    # turn whose previous turn failed is not sent. First turns take the send times in
+    # order (0 and 0.05 s; the rest of the list is unused).
+    from rps_astro_cli.bench.client import ClientOptions, run_requests
+
+    reqs = [BenchRequest("s1-t0", "x", 1, 2, session_id="s1", turn=0),
+            BenchRequest("s2-t0", "FAIL", 1, 2, session_id="s2", turn=0),
+            BenchRequest("s1-t1", "x y", 1, 2, session_id="s1", turn=1, think_s=0.1),
+            BenchRequest("s2-t1", "z", 1, 2, session_id="s2", turn=1, think_s=0.1)]
+    recs = asyncio.run(run_requests(reqs, [0.0, 0.05, 9.0, 9.0], ClientOptions(fake_url)))
+    s1t0, s2t0, s1t1, s2t1 = recs
+    assert s1t0.scheduled_s == 0.0 and s2t0.scheduled_s == 0.05
+    assert s1t0.success and not s2t0.success
+    # closed loop: scheduled at the reply's end + think; sent no earlier (a physical bound)
+    assert s1t1.scheduled_s == pytest.approx(s1t0.finish_s + 0.1)
+    assert s1t1.sent_s >= s1t1.scheduled_s and s1t1.success
+    assert not s2t1.success and s2t1.error == "its previous turn failed" and s2t1.server_request_id is None
+
+
 def test_warmup_requests_are_sent_first_and_left_out_of_every_metric_csv_written(fake_url, tmp_path):
     import csv
 

@@ -72,7 +72,8 @@ def test_objective_reaches_power_of_k_only(tmp_path):
     cfg = BenchConfig.flat(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True, objective="ttft")
     tgt = VirtualTarget(cfg, Workload("w", reqs, "test"), len)
     tgt.use_policy("power_of_k", "2")
-    assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft"}
+    assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft",
+                                                                          "pin_cached": True}
     tgt.use_policy("llumnix", None)  # no objective to set: left alone
     assert tgt.make_dispatch(np.random.default_rng(0)).name == "llumnix"
 

@@ -55,3 +55,41 @@ def test_session_affinity_sticks_to_the_previous_turns_instance() -> None:
     # the home is unhealthy: the health filter drops it
     sick = InstanceLoad(1, False, 9, served_session=True)
     assert pick(pol, [load(0, 1), sick, load(2, 4)]) == 0
+
+
+# -- power_of_k's cache pin (issue 14) ------------------------------------------------------
+def _cands(pol, loads, seed: int) -> list[int]:
+    """The candidates `decide` asks predictions for."""
+    asked: list[list[int]] = []
+    decide(pol, loads, np.random.default_rng(seed), lambda c: asked.append(list(c)) or {})
+    return asked[0]
+
+
+def test_power_of_k_always_samples_the_longest_cached_prefix() -> None:
+    pol = make_dispatch("power_of_k", k=2)
+    assert pol.needs_prefix_hits and not pol.needs_status
+    loads = [load(0, 0, 0), load(1, 9, 0), load(2, 7, 48), load(3, 0, 16), load(4, 0, 0), load(5, 0, 0)]
+    for seed in range(20):
+        c = _cands(pol, loads, seed)
+        # instance 2 (48 hit tokens) first, plus one drawn from the other five
+        assert c[0] == 2 and len(c) == 2 and c[1] != 2
+    # the other one is uniform over the rest: one draw of size 1 from 5
+    assert {_cands(pol, loads, s)[1] for s in range(60)} == {0, 1, 3, 4, 5}
+    # equal hits: the one with fewer outstanding requests is pinned
+    tie = [load(0, 5, 32), load(1, 2, 32), load(2, 9, 0), load(3, 0, 0)]
+    assert all(_cands(pol, tie, s)[0] == 1 for s in range(10))
+
+
+def test_power_of_k_without_hits_draws_exactly_as_before() -> None:
+    # no hit anywhere (or unknown): the plain k-of-n draw, same Generator stream
+    pinned, plain = make_dispatch("power_of_k", k=2), make_dispatch("power_of_k", k=2, pin_cached="false")
+    assert not plain.needs_prefix_hits
+    for hits in (0, None):
+        loads = [load(i, i, hits) for i in range(5)]
+        for seed in range(10):
+            want = np.random.default_rng(seed).choice(5, size=2, replace=False).tolist()
+            assert _cands(pinned, loads, seed) == _cands(plain, loads, seed) == want
+    # k ≥ the pool, or "all": every instance, pin or not
+    assert _cands(make_dispatch("power_of_k", k="all"), [load(0, 0, 64), load(1, 0)], 0) == [0, 1]
+    # k = 1 with a hit: only the pinned instance
+    assert _cands(make_dispatch("power_of_k", k=1), [load(0, 0), load(1, 0, 64), load(2, 0)], 3) == [1]

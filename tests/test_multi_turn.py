@@ -125,3 +125,42 @@ def test_follows_must_name_an_earlier_request() -> None:
     with pytest.raises(AstroUserError, match="follows"):
         simulate_cluster([TimedRequest("a", 0.0, 10, 1, follows="b")], 1, make_dispatch("round_robin"), HAND, CFG,
                          None, np.random.default_rng(0))
+
+
+def _poisson_requests(with_ids: bool, n: int = 60) -> list[TimedRequest]:
+    rng = np.random.default_rng(7)
+    t = np.cumsum(rng.exponential(0.05, n))
+    out = []
+    for j in range(n):
+        p, o = int(rng.integers(20, 200)), int(rng.integers(5, 120))
+        # distinct prompts: every block's ids start with the request's own number
+        ids = tuple(1_000_000 * (j + 1) + k for k in range(p)) if with_ids else None
+        out.append(TimedRequest(f"r{j}", float(t[j]), p, o, int(o * 1.3) + 1, token_ids=ids))
+    return out
+
+
+def test_power_of_k_pin_changes_nothing_without_shared_prefixes() -> None:
+    # no token ids, or ids that share no block: pin on and off make the same decisions
+    # (same candidates, same draws) and the same latencies, request by request
+    for with_ids in (False, True):
+        runs = []
+        for pin in ("true", "false"):
+            res = simulate_cluster(_poisson_requests(with_ids), 3, make_dispatch("power_of_k", pin_cached=pin),
+                                   HAND, CFG, None, np.random.default_rng(11))
+            runs.append([(r.instance, r.first_token_s, r.finish_s) for r in res.records])
+            assert res.prefix_cache_hits_tokens == 0
+        assert runs[0] == runs[1], with_ids
+
+
+def test_power_of_k_pin_keeps_a_session_on_its_cached_instance() -> None:
+    # four idle instances, k = 2: turn 1 of the session hits 12 tokens where turn 0 ran;
+    # with the pin that instance is always a candidate, and (idle, fewer tokens to
+    # prefill) the look-ahead picks it, whatever the seed
+    for seed in range(8):
+        t0 = TimedRequest("t0", 0.0, 10, 3, 3, token_ids=tuple(range(1, 14)), session_id="s")
+        t1 = TimedRequest("t1", 0.0, 20, 1, 1, token_ids=tuple(range(1, 21)), session_id="s", follows="t0",
+                          think_s=0.5)
+        res = simulate_cluster([t0, t1], 4, make_dispatch("power_of_k", k=2), HAND, CFG, None,
+                               np.random.default_rng(seed))
+        r0, r1 = res.records
+        assert r1.instance == r0.instance and r1.cached_tokens == 12, seed

@@ -206,3 +206,100 @@ def test_a_cached_candidate_prefills_only_the_rest() -> None:
         cand = CandidateRequest(100, 1, cached_tokens=cached)
         assert predict(st0, cand, LAT, FCFSPolicy()).ttft_s == pytest.approx(ttft, abs=1e-12)
         assert predict_stepwise(st0, cand, LAT, FCFSPolicy()).ttft_s == pytest.approx(ttft, abs=1e-12)
+
+
+def test_lookahead_credits_a_waiting_requests_own_hit() -> None:
+    # Turn 1 (prompt 1..16, 4 full blocks, reply 1 token) runs to the end: its 4 blocks
+    # stay cached. Turn 2 (prompt 1..16 + 17..24 = 24 tokens) waits, not yet admitted;
+    # a 10-token candidate arrives. The instance, stepped with caching: turn 2 hits its
+    # 4 cached blocks (cap (24 − 1) // 4 = 5) = 16 tokens and prefills 8 tokens in the
+    # candidate's step. The look-ahead crediting
+    # turn 2's hit predicts exactly the stepped TTFT; without it, turn 2 prefills all
+    # 24 tokens in that step, 16 × 1e-4 s later (linear profile).
+    from rps_astro_cli.sim.lookahead import predict_instance
+
+    def setup() -> InstanceSim:
+        sim = make(40)
+        sim.add(req("t1", list(range(1, 17)), 16, 1))
+        run_all(sim)
+        sim.add(req("t2", list(range(1, 25)), 24, 1))
+        return sim
+
+    cand = CandidateRequest(10, 1)
+    sim = setup()
+    with_hits = predict_instance(sim, 1.0, cand)
+    without = predict_instance(sim, 1.0, cand, waiting_hits=False)
+    assert sim.waiting[0].num_computed_tokens == 0  # the look-ahead changed nothing
+    ref = setup()
+    c = SimRequest("c", 1.0, 10, 1)
+    ref.add(c)
+    r = ref.step(1.0)
+    assert [(q.request_id, n) for q, n in r.scheduled] == [("t2", 8), ("c", 10)]
+    assert with_hits.ttft_s == pytest.approx(c.first_token_s - 1.0, abs=1e-12)
+    assert without.ttft_s - with_hits.ttft_s == pytest.approx(16 * 1e-4, abs=1e-12)
+
+
+def test_cache_events_delta_and_mirror() -> None:
+    # 4 blocks of 4 tokens. A (8 tokens) caches hA[0], hA[1]; B (8 tokens) then caches
+    # hB[0], hB[1]; C (12 tokens, 3 blocks) needs 3 blocks: all 4 free blocks are cached
+    # ones, LRU order: A's tail-first (hA1, hA0), then B's (hB1, hB0) → C evicts hA1, hA0,
+    # hB1 and, its 12-token prefill filling 3 blocks, caches all 3: events 4 stored, then
+    # 3 removed + 3 stored.
+    from rps_astro_cli.sim.prefix_cache import PrefixMirror
+
+    sim = make(4)
+    cache = sim.cache
+    assert cache is not None
+    cache.track_events(100)
+    A, B, C = [1, 2, 3, 4, 5, 6, 7, 8], [11, 12, 13, 14, 15, 16, 17, 18], list(range(21, 33))
+    hA, hB, hC = block_hashes(A, BS), block_hashes(B, BS), block_hashes(C, BS)
+    mirror = PrefixMirror()
+    for rid, ids in (("A", A), ("B", B)):
+        sim.add(req(rid, ids, 8, 1))
+        run_all(sim)
+    d = cache.delta(mirror.seq)  # a fresh reader: the whole set
+    assert d == {"seq": 4, "reset": True, "stored": [*hA, *hB], "removed": []}
+    mirror.apply(d)
+    assert mirror.hit_blocks(hA, 5) == 2 and mirror.hit_blocks(hB, 1) == 1
+    sim.add(req("C", C, 12, 1))
+    run_all(sim)
+    d = cache.delta(mirror.seq)
+    assert d["seq"] == 4 + 3 + 3 and not d["reset"]
+    assert sorted(d["removed"]) == sorted([hA[1], hA[0], hB[1]]) and sorted(d["stored"]) == sorted(hC)
+    mirror.apply(d)
+    assert mirror.hashes == set(cache.refs) == {hB[0], *hC}
+    assert mirror.hit_blocks(hA, 2) == 0 and mirror.hit_blocks(hB, 2) == 1 and mirror.hit_blocks(hC, 2) == 2
+    assert cache.delta(mirror.seq) == {"seq": 10, "reset": False, "stored": [], "removed": []}
+    # a reader older than the events kept starts over from the whole set
+    cache.track_events(1)
+    sim.add(req("A2", A, 8, 1))
+    run_all(sim)
+    d = cache.delta(10)
+    assert d["reset"] and set(d["stored"]) == set(cache.refs)
+
+
+def test_snapshot_shows_a_waiting_requests_hit_and_the_lookahead_credits_it() -> None:
+    # as test_lookahead_credits_a_waiting_requests_own_hit, through `/status`: turn 2
+    # waits with 16 cached tokens; `predict` on the snapshot equals `predict_instance`
+    # on the instance, and `predict_stepwise` on the snapshot agrees.
+    from rps_astro_cli.sim.lookahead import predict_instance
+    from rps_astro_cli.sim.status import snapshot
+    from rps_astro_cli.types import InstanceStatus as Status
+
+    sim = make(40)
+    sim.add(req("t1", list(range(1, 17)), 16, 1))
+    run_all(sim)
+    sim.add(req("t2", list(range(1, 25)), 24, 1))
+    snap = snapshot("e", 1.0, sim)
+    assert [w.cached_tokens for w in snap.waiting] == [16]
+    assert snap.waiting[0].to_dict()["cached_tokens"] == 16
+    assert Status.from_dict(snap.to_dict()).waiting[0].cached_tokens == 16
+    cand = CandidateRequest(10, 1)
+    want = predict_instance(sim, 1.0, cand)
+    got = predict(snap, cand, LAT, FCFSPolicy())
+    assert got.ttft_s == pytest.approx(want.ttft_s, abs=1e-12)
+    assert predict_stepwise(snap, cand, LAT, FCFSPolicy()).ttft_s == pytest.approx(want.ttft_s, abs=1e-12)
+    # no hit to show for a request with no hashes
+    sim.add(SimRequest("plain", 1.0, 24, 1))
+    assert snapshot("e", 1.0, sim).waiting[1].cached_tokens == 0
+    assert "cached_tokens" not in snapshot("e", 1.0, sim).waiting[1].to_dict()

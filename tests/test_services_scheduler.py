@@ -340,3 +340,54 @@ def test_oracle_lengths_use_the_true_length(length_model):
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 123  # not the tagger's 40
             c.post("/v1/chat/completions", json=chat(max_tokens=300))
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 40  # no true length: tagger
+
+
+def _wait_cached(c: httpx.Client, name: str, blocks: int, timeout_s: float = 10.0) -> None:
+    """Until the scheduler's mirror of `name`'s prefix cache holds ≥ `blocks` hashes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = {i["name"]: i["prefix_cached_blocks"] for i in c.get("/instances").json()}
+        if got[name] >= blocks:
+            return
+        assert time.monotonic() < deadline, f"scheduler never saw {blocks} cached blocks on {name}: {got}"
+        time.sleep(0.02)
+
+
+def test_prefix_hits_live_power_of_k_pin_and_cache_aware(length_model, profile_path):
+    # block 16, fallback token ids ("abcd" = 1 token; a chat prompt's ids are its role's,
+    # "user" = 1, then its text's). A: 1 + 60 ids → 3 full blocks cached on the instance
+    # X that served it. B extends A's text to 100 words: its hit on X is 3 blocks = 48
+    # tokens. power_of_k with k = 1 samples exactly X for B (the cache pin), and X's
+    # Predictor, told cached_tokens = 48, predicts one idle step of prompt − 48 tokens:
+    # TTFT = 10 ms + 0.1 ms × (prompt − 48). cache_aware then sends C (B + 20 words:
+    # 6 cached blocks of B's, 96 tokens, > half its prompt) to X as well.
+    text = "abcd " * 60
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i, time_scale=0.05)) for i in range(2)]
+        preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
+                 for e in engs]
+        urls = [e.url for e in engs]
+        pok = scheduler(st, urls, [p.url for p in preds], policy="power_of_k", policy_params={"k": 1},
+                        length_model=length_model, predict_deadline_s=5.0, status_interval_s=0.05,
+                        count_pending=False)  # A has ended: no pending copy of it in B's look-ahead
+        ca = scheduler(st, urls, policy="cache_aware", length_model=length_model, status_interval_s=0.05)
+        with httpx.Client(base_url=pok.url, timeout=20) as c:
+            r = c.post("/v1/chat/completions", json=chat(text, max_tokens=2))
+            assert r.status_code == 200
+            x = r.headers["x-astro-instance"]
+            _wait_cached(c, x, 3)
+            r = c.post("/v1/chat/completions", json=chat(text + "abcd " * 40, max_tokens=2))
+            assert r.status_code == 200 and r.headers["x-astro-instance"] == x
+            rec = d = c.get("/decisions").json()[-1]
+            xi = int(x[-1])
+            assert d["candidates"] == [xi]
+            ttft = d["predictions"][str(xi)]["ttft_s"]
+            assert ttft == pytest.approx(0.010 + 0.0001 * (rec["prompt_tokens"] - 48), abs=1e-9)
+        with httpx.Client(base_url=ca.url, timeout=20) as c:
+            _wait_cached(c, x, 6)
+            r = c.post("/v1/chat/completions", json=chat(text + "abcd " * 60, max_tokens=2))
+            assert r.status_code == 200 and r.headers["x-astro-instance"] == x
+            assert c.get("/decisions").json()[-1]["reason"].startswith("cache-aware")
+        m = httpx.get(engs[xi].url + "/metrics").text
+        # B hit 48 tokens, C 96 (its prompt, 1 + 120 ids, caps the hit at 7 blocks; 6 cached)
+        assert metric(m, "vllm:prefix_cache_hits_total") == 48 + 96

@@ -391,6 +391,34 @@ def test_step_fault_is_500_with_request_id_and_engine_keeps_serving():
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
+def test_status_prefix_since_answers_the_cached_block_hashes():
+    # block 16, fallback ids. A 40-token prompt (2 full blocks) then a different
+    # 40-token one: a fresh reader (prefix_since=0) gets the whole set, then only the
+    # change; the hashes are the chained hashes of the prompts' fallback token ids.
+    from rps_astro_cli.sim.prefix_cache import PrefixMirror, block_hashes
+    from rps_astro_cli.tokens import token_ids_fallback
+
+    p1, p2 = words(40), "x " + words(39)
+    h1, h2 = (block_hashes(token_ids_fallback(p), 16) for p in (p1, p2))
+    assert len(h1) == len(h2) == 2
+    mirror = PrefixMirror()
+    with serve(make_profile(), time_scale=0.01) as srv:
+        assert "prefix_cache" not in status(srv.url)
+        assert HTTP.post(srv.url + "/v1/completions", json={"prompt": p1, "max_tokens": 2}).status_code == 200
+        d = HTTP.get(srv.url + "/status", params={"prefix_since": 0}).json()["prefix_cache"]
+        assert d == {"seq": 2, "reset": True, "stored": list(h1), "removed": []}
+        mirror.apply(d)
+        assert HTTP.post(srv.url + "/v1/completions", json={"prompt": p2, "max_tokens": 2}).status_code == 200
+        d = HTTP.get(srv.url + "/status", params={"prefix_since": mirror.seq}).json()["prefix_cache"]
+        assert d == {"seq": 4, "reset": False, "stored": list(h2), "removed": []}
+        mirror.apply(d)
+        # a 50-token prompt extending p1: its first 3 blocks' hashes, 2 cached
+        h3 = block_hashes(token_ids_fallback(p1 + words(10)), 16)
+        assert mirror.hit_blocks(h3, (50 - 1) // 16) == 2
+        r = HTTP.get(srv.url + "/status", params={"prefix_since": "x"})
+        assert r.status_code in (400, 422)
+
+
 def test_openai_client_models_version_and_explicit_refusals(text_srv):
     """The official `openai` client: `/v1/models/{id}`, `/version`, and the fields the sim
     cannot produce refused with a 400 naming them (never silently ignored)."""

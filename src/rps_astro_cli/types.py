@@ -147,6 +147,10 @@ class RequestStatus:
     # for a request still in preprocessing (`InstanceStatus.arriving`): when it joins
     # the waiting queue (engine clock, s); None for queued and running requests
     ready_s: float | None = None
+    # for a request not yet admitted (no KV blocks, nothing computed): prompt tokens its
+    # prefix-cache lookup hits now (tokens; the look-ahead starts its prefill past them).
+    # Wire key omitted when 0
+    cached_tokens: int = 0
 
     @property
     def computed_tokens(self) -> int:
@@ -169,6 +173,7 @@ class RequestStatus:
             "kv_blocks": self.kv_blocks,
             "deadline_s": self.deadline_s,
             "ready_s": self.ready_s,
+            **({"cached_tokens": self.cached_tokens} if self.cached_tokens else {}),
         }
 
     @classmethod

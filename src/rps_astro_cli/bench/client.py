@@ -409,11 +409,28 @@ async def run_requests(requests: list[BenchRequest], send_at_s: list[float], opt
                        on_done: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
     """Send `requests[i]` at `send_at_s[i]` seconds after the start (waiting for a slot
     when `max_concurrency` is set); return records in request order, times relative to
-    the start."""
+    the start.
+
+    Multi-turn sessions (`session_id`, `turn`): as the virtual cluster replays them,
+    first turns take the send times in order (the rate is session starts per second) and
+    turn t ≥ 1 is sent `think_s` after turn t − 1's reply ended (closed loop); when that
+    turn failed, this one fails unsent ("its previous turn failed"). Without sessions
+    every request keeps its own send time."""
     t0 = time.perf_counter()
 
     def clock() -> float:
         return time.perf_counter() - t0
+
+    turn_at = {f"{r.session_id}#{r.turn}": i for i, r in enumerate(requests) if r.session_id}
+    prev = [turn_at.get(f"{r.session_id}#{r.turn - 1}") if r.session_id and r.turn > 0 else None
+            for r in requests]
+    if any(p is not None for p in prev):
+        starts = iter(send_at_s)
+        first_at = [None if p is not None else next(starts) for p in prev]
+    else:
+        first_at = list(send_at_s)
+    records: list[RequestRecord | None] = [None] * len(requests)
+    ended = [asyncio.Event() for _ in requests] if any(p is not None for p in prev) else None
 
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     send: Callable[..., Any]
@@ -427,14 +444,38 @@ async def run_requests(requests: list[BenchRequest], send_at_s: list[float], opt
         send, close = send_request, None
 
     async def one(i: int) -> RequestRecord:
-        delay = send_at_s[i] - clock()
+        p = prev[i]
+        req = requests[i]
+        if p is not None:
+            assert ended is not None
+            await ended[p].wait()
+            before = records[p]
+            assert before is not None
+            at = (before.finish_s if before.finish_s is not None else clock()) + req.think_s
+            if not before.success:
+                rec = RequestRecord(request_id=req.request_id, modality=req.modality,
+                                    req_class=MODALITY_CLASS.get(req.modality, "sand"),
+                                    prompt_tokens=req.prompt_tokens, expected_output_tokens=req.output_tokens,
+                                    scheduled_s=at, sent_s=at, finish_s=at, success=False,
+                                    error="its previous turn failed")
+                return _done(i, rec)
+        else:
+            at = first_at[i]
+            assert at is not None
+        delay = at - clock()
         if delay > 0:
             await asyncio.sleep(delay)
         if sem is None:
-            rec = await send(client, requests[i], opts, clock, send_at_s[i])
+            rec = await send(client, req, opts, clock, at)
         else:
             async with sem:
-                rec = await send(client, requests[i], opts, clock, send_at_s[i])
+                rec = await send(client, req, opts, clock, at)
+        return _done(i, rec)
+
+    def _done(i: int, rec: RequestRecord) -> RequestRecord:
+        records[i] = rec
+        if ended is not None:
+            ended[i].set()
         if on_done is not None:
             on_done(rec)
         return rec

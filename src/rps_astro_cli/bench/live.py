@@ -253,7 +253,9 @@ class LiveTarget:
         ts = self.time_scale
         if ts == 1.0:
             return run_loop(self._run(requests, times, on_done))
-        records, extras = run_loop(self._run(requests, [t * ts for t in times], on_done))
+        # send times and multi-turn think times are engine seconds: wall = engine × time_scale
+        scaled = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
+        records, extras = run_loop(self._run(scaled, [t * ts for t in times], on_done))
         for r in records:
             to_engine_seconds(r, ts)
         extras["time_scale"] = ts
@@ -277,7 +279,9 @@ class LiveTarget:
     async def _run(self, requests, times, on_done):
         n_warm = self.cfg.arrivals.warmup_requests
         if n_warm:  # sent and awaited before the "before" scrape: in no metric, no engine-metric delta
-            warm = [replace(requests[i % len(requests)], request_id=f"warmup-{i}") for i in range(n_warm)]
+            # independent requests (no session: a multi-turn workload's warm-up is not closed loop)
+            warm = [replace(requests[i % len(requests)], request_id=f"warmup-{i}", session_id="", turn=0)
+                    for i in range(n_warm)]
             await run_requests(warm, [0.0] * n_warm, self._client_opts(), self.cfg.arrivals.max_concurrency)
         async with httpx.AsyncClient(timeout=10.0, headers=self.side_headers) as c:
             before = await self._scrape_all(c)
@@ -360,6 +364,12 @@ class LiveTarget:
             "preemptions_total": int(sum(p for p in pre if p is not None)) if any(p is not None for p in pre) else None,
             "preemptions_per_instance": pre,
         }
+        # prefix caching (vLLM's counters, tokens): the run's hit rate = hits / queries
+        q = [scrape.delta(b, a, "vllm:prefix_cache_queries_total") for b, a in zip(before["engines"], after["engines"])]
+        h = [scrape.delta(b, a, "vllm:prefix_cache_hits_total") for b, a in zip(before["engines"], after["engines"])]
+        if any(x is not None for x in q):
+            out["prefix_cache_queries_tokens"] = int(sum(x for x in q if x is not None))
+            out["prefix_cache_hits_tokens"] = int(sum(x for x in h if x is not None))
         cpu, reqs, pct = [], [], []
         for b, a in zip(before["predictors"], after["predictors"]):
             dc = scrape.delta(b, a, "astro_predictor_cpu_seconds_total")

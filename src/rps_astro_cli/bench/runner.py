@@ -393,7 +393,7 @@ class _Sweep:
             self.target.fill_isolated(records)
         mets = all_metrics(records, self.slo, extras.get("preemptions_total"))
         q = extras.get("prefix_cache_queries_tokens")
-        if q:  # virtual runs: vLLM's hit rate, hit tokens / queried tokens
+        if q:  # vLLM's hit rate, hit tokens / queried tokens (virtual, or scraped from live engines)
             mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
         return RunResult(label, policy, k, spec.rate_rps, spec.describe(), mets, records, extras, wall_s,
                          extras.get("instance_policy") if self.config.cluster.virtual else None)

@@ -50,11 +50,16 @@ class NoisyDispatch(DispatchPolicy):
     def needs_status(self) -> bool:
         return self.inner.needs_status
 
+    @property
+    def needs_prefix_hits(self) -> bool:
+        return self.inner.needs_prefix_hits
+
     def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
         return self.inner.filter(loads)
 
-    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
-        return self.inner.sample(pool, rng)
+    def sample(self, pool: list[int], rng: np.random.Generator,
+               loads: Sequence[InstanceLoad] | None = None) -> list[int]:
+        return self.inner.sample(pool, rng, loads)
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         return self.inner.candidates(loads, rng)

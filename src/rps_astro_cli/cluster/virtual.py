@@ -228,6 +228,7 @@ def simulate_cluster(
     remaining: RemainingLength | OnlineRemaining | None = None,
     status_interval_s: float = 0.0,
     count_pending: bool = True,
+    waiting_hits: bool = True,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -246,6 +247,8 @@ def simulate_cluster(
     status_interval_s: 0 = decisions read the instances' live state; Δ > 0 = a status
         copy refreshed every Δ virtual seconds (module docstring).
     count_pending: with Δ > 0, each scheduler adds its own sends since the copy.
+    waiting_hits: the look-ahead credits queued requests' own prefix-cache hits
+        (`sim.lookahead.predict_instance`); False = only the candidate's.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -278,6 +281,7 @@ def simulate_cluster(
     dispatched = [0] * num_instances
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = any(d.needs_status for d in schedulers)
+    needs_hits = needs_status or any(d.needs_prefix_hits for d in schedulers)
     herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
                     count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
     n_arrived = 0
@@ -389,8 +393,8 @@ def simulate_cluster(
                     nb = -(-w.prompt_tokens // bs) - w.kv_blocks
                     if nb > 0:
                         need += nb
-                if sim.cache is not None:
-                    hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
+            if needs_hits and sim.cache is not None:
+                hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, seen_out[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
                                       req.prompt_tokens, home == i))
@@ -414,7 +418,8 @@ def simulate_cluster(
                 if t_snap > now:
                     c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
                 est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
-                                       default_output_tokens=default_output_tokens, remaining=remaining)
+                                       default_output_tokens=default_output_tokens, remaining=remaining,
+                                       waiting_hits=waiting_hits)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)

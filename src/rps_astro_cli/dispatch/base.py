@@ -111,6 +111,13 @@ class DispatchPolicy:
         return any(s.needs_predictions for s, _ in self.scorers)
 
     @property
+    def needs_prefix_hits(self) -> bool:
+        """The sampler reads each instance's cached prefix of the request
+        (`InstanceLoad.prefix_hit_tokens`): the caller must fill it, and pass the loads
+        to `sample`."""
+        return bool(self.sampler.needs_prefix_hits)
+
+    @property
     def needs_status(self) -> bool:
         """A filter or scorer reads the engines' `/status` (KV blocks, queue lengths)."""
         return (any(f.needs_status for f in self.filters) or any(s.needs_status for s, _ in self.scorers)
@@ -125,13 +132,17 @@ class DispatchPolicy:
             pool = f(by_index, pool)
         return pool
 
-    def sample(self, pool: list[int], rng: np.random.Generator) -> list[int]:
-        """The sampler's candidates from the pool."""
-        return self.sampler(pool, rng)
+    def sample(self, pool: list[int], rng: np.random.Generator,
+               loads: Sequence[InstanceLoad] | None = None) -> list[int]:
+        """The sampler's candidates from the pool (`loads`: for a sampler that
+        `needs_prefix_hits`)."""
+        if loads is None:
+            return self.sampler(pool, rng)
+        return self.sampler(pool, rng, {ld.index: ld for ld in loads})
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         """Instances to consider: every healthy one by default (all if none is healthy)."""
-        return self.sample(self.filter(loads), rng)
+        return self.sample(self.filter(loads), rng, loads if self.needs_prefix_hits else None)
 
     # -- stage 3, 4: score and pick ---------------------------------------------------------
     def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
@@ -241,7 +252,7 @@ def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random
     t0 = time.perf_counter()
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads) if policy.needs_prefix_hits else policy.sample(pool, rng)
     t2 = time.perf_counter()
     preds = predict(cands) if policy.needs_predictions else {}
     t3 = time.perf_counter()
@@ -255,7 +266,7 @@ async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rn
     t0 = time.perf_counter()
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads) if policy.needs_prefix_hits else policy.sample(pool, rng)
     t2 = time.perf_counter()
     preds = await predict(cands) if policy.needs_predictions else {}
     t3 = time.perf_counter()

@@ -82,6 +82,8 @@ class LlumnixDispatch(DispatchPolicy):
 
 K = Param("k", int, 2, "instances sampled per request (power-of-k choices), or 'all' for full fanout", ge=1,
           keywords=("all",), alias="k")
+PIN_CACHED = Param("pin_cached", bool, True, "always sample the instance holding the longest cached prefix of the "
+                   "request (plus k − 1 at random); no effect on traffic without prefix-cache hits")
 OBJECTIVE = Param("objective", str, "e2e", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
                   alias="objective")
 
@@ -101,7 +103,9 @@ class PowerOfK(DispatchPolicy):
     """Astrolabe's randomized one-shot dispatch (ARCHITECTURE.md §2).
 
     The sampler picks k distinct healthy instances uniformly (`k="all"` or k ≥ the
-    healthy count = full fanout); the caller asks those instances' Predictors for a
+    healthy count = full fanout); with `pin_cached` (default) one of them is the
+    instance holding the longest cached prefix of the request, when any holds one
+    (`PowerOfKSampler`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
     `objective` (``"e2e"`` default, or ``"ttft"``) and the lowest wins; ties (within
     TIE_RESOLUTION_S = 1 µs) are broken uniformly at random.
@@ -114,17 +118,19 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE)
+    params = (K, OBJECTIVE, PIN_CACHED)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
-    def __init__(self, k: int | str = 2, objective: str = "e2e") -> None:
+    def __init__(self, k: int | str = 2, objective: str = "e2e", pin_cached: bool = True) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
-        self.sampler = PowerOfKSampler(self.k)
+        self.pin_cached = PIN_CACHED.check(pin_cached)
+        self.sampler = PowerOfKSampler(self.k, self.pin_cached)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective}
+        return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
+                "pin_cached": self.pin_cached}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

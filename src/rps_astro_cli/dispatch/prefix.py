@@ -18,8 +18,10 @@ previous turn (`InstanceLoad.served_session`, kept by the caller); a first turn,
 whose instance is unhealthy, goes to the least loaded. Weakness: blind to load once a
 session is placed (a burst of long sessions piles up on one instance).
 
-Live scheduler: it fills neither field yet (prefix_hit_tokens None counts as no hit,
-served_session False), so both degrade to fewest outstanding there.
+Live scheduler: it fills `prefix_hit_tokens` from its mirror of each engine's cached
+block hashes (`services/scheduler/health.py`, `/status?prefix_since=N`), so
+`cache_aware` works live; it keeps no sessions (`served_session` False), so
+`session_affinity` degrades to fewest outstanding there.
 """
 
 from __future__ import annotations

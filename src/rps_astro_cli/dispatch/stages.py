@@ -81,29 +81,68 @@ class KvRoomFilter(Filter):
 
 # -- samplers ------------------------------------------------------------------------------
 class Sampler:
-    """Picks the candidates from the filtered pool: every one by default."""
+    """Picks the candidates from the filtered pool: every one by default.
+
+    needs_prefix_hits: it reads `InstanceLoad.prefix_hit_tokens` (`by_index`), so the
+    caller must fill them (the request's cached prefix on each instance)."""
 
     name: ClassVar[str] = "all"
+    needs_prefix_hits: bool = False
 
-    def __call__(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+    def __call__(self, pool: list[int], rng: np.random.Generator,
+                 by_index: Mapping[int, InstanceLoad] | None = None) -> list[int]:
         return list(pool)
 
 
 class PowerOfKSampler(Sampler):
     """k distinct instances uniformly at random (Astrolabe; power-of-k choices);
     `k=None` or k ≥ the pool = the whole pool (full fanout, no draw).
+
+    pin_cached: when some instance of the pool holds a cached prefix of the request
+    (`prefix_hit_tokens` > 0), the candidates are that instance (the longest hit; ties:
+    fewest outstanding, then pool order) plus k − 1 drawn uniformly from the rest, so
+    the scorer (the Predictor, which simulates the hit) weighs the cache hit against
+    load in one number. With no hit anywhere (or hits unknown) the draw is exactly the
+    plain one, so traffic with no prefix sharing gets the same candidates.
     Weakness: with small k it may miss the best instance."""
 
     name = "power_of_k"
 
-    def __init__(self, k: int | None) -> None:
+    def __init__(self, k: int | None, pin_cached: bool = False) -> None:
         self.k = k
+        self.pin_cached = pin_cached
+        self.needs_prefix_hits = pin_cached and k is not None
 
-    def __call__(self, pool: list[int], rng: np.random.Generator) -> list[int]:
+    def __call__(self, pool: list[int], rng: np.random.Generator,
+                 by_index: Mapping[int, InstanceLoad] | None = None) -> list[int]:
         if self.k is None or self.k >= len(pool):
             return list(pool)
+        if self.pin_cached and by_index is not None:
+            pinned = cached_best(pool, by_index)
+            if pinned is not None:
+                rest = [i for i in pool if i != pinned]
+                if self.k == 1:
+                    return [pinned]
+                picked = rng.choice(len(rest), size=self.k - 1, replace=False)
+                return [pinned, *(rest[int(j)] for j in picked)]
         picked = rng.choice(len(pool), size=self.k, replace=False)
         return [pool[int(j)] for j in picked]
+
+
+def cached_best(pool: Sequence[int], by_index: Mapping[int, InstanceLoad]) -> int | None:
+    """The instance of `pool` with the longest cached prefix of the request (ties: fewest
+    outstanding requests, then pool order), or None when no instance has a hit."""
+    best: int | None = None
+    best_key = (0, 0)
+    for i in pool:
+        ld = by_index[i]
+        hit = ld.prefix_hit_tokens or 0
+        if hit <= 0:
+            continue
+        key = (hit, -ld.outstanding_requests)
+        if best is None or key > best_key:
+            best, best_key = i, key
+    return best
 
 
 # -- scorers -------------------------------------------------------------------------------

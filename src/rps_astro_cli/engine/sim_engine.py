@@ -145,6 +145,8 @@ class SimEngine:
         self.policy = build_instance_policy(policy, None, profile) if isinstance(policy, str) else policy
         self._impact = ProfileImpactEstimator(profile)  # per-class prefill backlog estimates
         self.inst = InstanceSim(self.config, LatencyModel(profile), self.policy)
+        if self.inst.cache is not None:  # `/status?prefix_since=N`: the cached set's changes
+            self.inst.cache.track_events(4 * self.config.num_gpu_blocks)
         self.rng = np.random.default_rng(seed)
         self.time_scale = float(time_scale)
         self.instance_id = instance_id

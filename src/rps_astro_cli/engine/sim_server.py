@@ -9,7 +9,10 @@ Routes:
   vLLM does), so a client's first chunk marks the first token.
 - `GET /v1/models`, `GET /health` (liveness), `GET /ready` (readiness: 503 before the
   engine loop runs and while draining), `GET /status` (the `InstanceStatus` snapshot; requests
-  still in multimodal preprocessing are not in it yet: they are not schedulable),
+  still in multimodal preprocessing are not in it yet: they are not schedulable; waiting
+  requests carry their prefix-cache hit `cached_tokens`; `?prefix_since=N` adds
+  `prefix_cache`, the change of the set of cached block hashes since cache event N, or
+  the whole set for N = 0: `sim.prefix_cache.PrefixCache.delta`),
   `GET /metrics` (Prometheus text, vLLM's metric names, one CollectorRegistry per app):
   gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
   `vllm:kv_cache_usage_perc` (used blocks / total, 0–1); counters
@@ -270,10 +273,14 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         return {"version": __version__, "engine": "astro-sim"}
 
     @app.get("/status")
-    async def status() -> JSONResponse:
+    async def status(prefix_since: int | None = None) -> JSONResponse:
         # the codec's dict rendered directly (the same bytes as returning the dict, without
         # FastAPI's response-model validation and jsonable_encoder pass over every request)
-        return JSONResponse(engine.status().to_dict())
+        body = engine.status().to_dict()
+        cache = engine.inst.cache
+        if prefix_since is not None and cache is not None:
+            body["prefix_cache"] = cache.delta(prefix_since)
+        return JSONResponse(body)
 
     @app.get("/metrics")
     async def metrics() -> Response:

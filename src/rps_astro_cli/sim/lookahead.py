@@ -23,6 +23,7 @@ from rps_astro_cli.sim.engine_build import is_native, load_engine
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.prefix_cache import PrefixCache
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 
@@ -54,6 +55,14 @@ def expected_output_tokens(r: RequestStatus, extension_tokens: int, default_outp
                                     default_output_tokens))
 
 
+def _status_computed(r: RequestStatus) -> int:
+    """Computed tokens the look-ahead starts `r` with: a request not yet admitted starts
+    past its prefix-cache hit (`cached_tokens`; at least one token left to compute)."""
+    if r.cached_tokens > 0 and r.kv_blocks == 0 and r.num_computed_tokens == 0:
+        return min(r.cached_tokens, r.prompt_tokens + r.generated_tokens - 1)
+    return r.num_computed_tokens
+
+
 def _to_sim(r: RequestStatus, target: int) -> SimRequest:
     return SimRequest(
         request_id=r.request_id,
@@ -66,7 +75,7 @@ def _to_sim(r: RequestStatus, target: int) -> SimRequest:
         req_class=r.req_class,
         predicted_output_tokens=r.predicted_output_tokens,
         deadline_s=r.deadline_s,
-        num_computed_tokens=r.num_computed_tokens,
+        num_computed_tokens=_status_computed(r),
         num_generated_tokens=r.generated_tokens,
         kv_blocks=r.kv_blocks,
     )
@@ -246,13 +255,14 @@ def predict(
 
 def _lreqs_from_status(reqs: Sequence[RequestStatus], ext: int, dflt: int,
                        remaining: RemainingLength | OnlineRemaining | None, max_model_len: int) -> list[Any]:
-    """`engine.lreqs_from_status`, or with `remaining` each target its conditional estimate."""
+    """`engine.lreqs_from_status`, or with `remaining` each target its conditional estimate;
+    a request not yet admitted starts past its `cached_tokens` (`_status_computed`)."""
     if remaining is None:
         return cast(list[Any], engine.lreqs_from_status(reqs, ext, dflt))
     return [engine.LReq(r.request_id, r.arrival_s, r.prompt_tokens,
                       expected_output_tokens(r, ext, dflt, remaining, max_model_len),
                       r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens,
-                      r.deadline_s, r.num_computed_tokens, r.generated_tokens, r.kv_blocks) for r in reqs]
+                      r.deadline_s, _status_computed(r), r.generated_tokens, r.kv_blocks) for r in reqs]
 
 
 def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
@@ -268,6 +278,20 @@ def _lreqs_from_sim(reqs: Sequence[SimRequest], ext: int, dflt: int,
                       r.deadline_s, r.num_computed_tokens, r.num_generated_tokens, r.kv_blocks) for r in reqs]
 
 
+def _credit_hits(lreqs: Sequence[Any], reqs: Sequence[SimRequest], cache: PrefixCache, block_size: int) -> None:
+    """Each of `reqs` not yet admitted (no blocks, nothing computed) with block hashes
+    starts its look-ahead prefill past its prefix-cache hit now: its look-ahead twin in
+    `lreqs` gets the hit as computed tokens (at least one token left to compute, as at
+    admission). Like the candidate's hit, its blocks are still all allocated (errs
+    towards later), and a block evicted before its admission is still counted a hit."""
+    for lr, r in zip(lreqs, reqs):
+        h = r.block_hashes
+        if h and r.kv_blocks == 0 and r.num_computed_tokens == 0:
+            n = cache.lookup(h, (r.prompt_tokens + r.num_generated_tokens - 1) // block_size)[0]
+            if n:
+                lr.num_computed_tokens = n * block_size
+
+
 def predict_instance(
     inst: InstanceSim,
     now_s: float,
@@ -278,6 +302,7 @@ def predict_instance(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
+    waiting_hits: bool = True,
 ) -> LatencyEstimate:
     """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
     without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
@@ -290,6 +315,9 @@ def predict_instance(
     remaining: when given, queued/running requests' output length is its conditional
     estimate given the tokens already generated (`sim.remaining`) instead of the
     auto-extension rule; the candidate keeps its predicted length.
+    waiting_hits: a waiting or arriving request not yet admitted starts its prefill past
+    its prefix-cache hit on the instance now (as the candidate does with
+    `cached_tokens`); False = it prefills its whole prompt.
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
@@ -297,9 +325,14 @@ def predict_instance(
     ext, dflt = extension_tokens, default_output_tokens
     running = _lreqs_from_sim(inst.running, ext, dflt, remaining, cfg.max_model_len)
     waiting = _lreqs_from_sim(inst.waiting, ext, dflt, remaining, cfg.max_model_len)
+    cache = inst.cache if waiting_hits else None
+    if cache is not None:
+        _credit_hits(waiting, inst.waiting, cache, cfg.block_size)
     pending = None
     if arriving:
         arr = _lreqs_from_sim(arriving, ext, dflt, remaining, cfg.max_model_len)
+        if cache is not None:
+            _credit_hits(arr, arriving, cache, cfg.block_size)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
     lp = engine.FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
         cand, now_s, pending)

@@ -25,12 +25,23 @@ the same hash first, this request's copy stays private (vLLM keeps both copies u
 hash); queries are counted once per admission, not per scheduling attempt.
 Requests with no block hashes (length-only workloads) only ever take anonymous blocks,
 so with no hashes anywhere the pool behaves exactly as a plain free-block counter.
+
+Cache events (the sim engine's `/status?prefix_since=N`, for a dispatcher that needs
+each instance's hit of a request before it picks candidates): with `track_events`, the
+cache counts every change of its set of cached hashes (a block registered = stored, an
+evicted one = removed; vLLM V1 publishes the same as KV events, BlockStored /
+BlockRemoved) and keeps the latest hash per change. `delta(since)` answers the net
+change since event `since` (hashes whose last change was a store / a removal) or, when
+`since` is older than what is kept (or 0 on a fresh reader), the whole set; a
+`PrefixMirror` applies these deltas and answers hit lengths as `lookup` does. Events are
+small: a few hashes per engine step, not the whole table per poll.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> tuple[int, ...]:
@@ -67,6 +78,37 @@ class PrefixCache:
         self.queue[_Run()] = num_blocks
         # hashes evicted so far (blocks reused while still cached)
         self.evictions_total = 0
+        # cache events (module docstring): changes of the cached set so far, and the
+        # latest `events_kept` of them as (sequence number, hash, stored?); None = off
+        self.events_total = 0
+        self.events: deque[tuple[int, int, bool]] | None = None
+
+    def track_events(self, keep: int) -> None:
+        """Start counting cache events, keeping the latest `keep` (≥ 1) for `delta`."""
+        self.events = deque(maxlen=max(1, keep))
+
+    def _event(self, h: int, stored: bool) -> None:
+        self.events_total += 1
+        if self.events is not None:
+            self.events.append((self.events_total, h, stored))
+
+    def delta(self, since: int) -> dict[str, Any]:
+        """The cached set's change since event `since` (the wire form of `/status`'s
+        `prefix_cache`): {"seq": events so far, "reset": bool, "stored": [hash...],
+        "removed": [hash...]}. reset = true: `stored` is the whole set (`since` is 0,
+        in the future, or older than the events kept) and the reader starts over."""
+        ev = self.events
+        seq = self.events_total
+        if ev is None or since <= 0 or since > seq or (seq > since and (not ev or ev[0][0] > since + 1)):
+            return {"seq": seq, "reset": True, "stored": list(self.refs), "removed": []}
+        last: dict[int, bool] = {}
+        for n, h, stored in reversed(ev):
+            if n <= since:
+                break
+            last.setdefault(h, stored)
+        order = list(reversed(last.items()))  # oldest change first (a request's blocks in order)
+        return {"seq": seq, "reset": False, "stored": [h for h, s in order if s],
+                "removed": [h for h, s in order if not s]}
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """(leading blocks of `hashes` cached, at most `max_blocks`; how many of those are
@@ -106,6 +148,7 @@ class PrefixCache:
                 del q[key]
                 del self.refs[key]  # type: ignore[arg-type]
                 self.evictions_total += 1
+                self._event(key, False)  # type: ignore[arg-type]
                 n -= 1
 
     def register(self, h: int) -> bool:
@@ -114,6 +157,7 @@ class PrefixCache:
         if h in self.refs:
             return False
         self.refs[h] = 1
+        self._event(h, True)
         return True
 
     def release(self, anonymous: int, hashes: Sequence[int]) -> int:
@@ -142,3 +186,39 @@ class PrefixCache:
     def num_cached_free(self) -> int:
         """Cached blocks sitting in the free queue (evictable)."""
         return sum(1 for k in self.queue if not isinstance(k, _Run))
+
+
+class PrefixMirror:
+    """A reader's copy of one instance's set of cached block hashes, kept by applying
+    `PrefixCache.delta` payloads (module docstring). `seq` is what to ask `since` next."""
+
+    def __init__(self) -> None:
+        self.seq = 0  # the last event applied (0: none yet, the next answer is a reset)
+        self.hashes: set[int] = set()  # cached block hashes as of event `seq`
+
+    def apply(self, delta: Mapping[str, Any]) -> None:
+        """Apply one `delta` payload.
+
+        Raises:
+            KeyError / TypeError / ValueError: a malformed payload (nothing is applied).
+        """
+        seq = int(delta["seq"])
+        stored = [int(h) for h in delta["stored"]]
+        removed = [int(h) for h in delta.get("removed", ())]
+        if not delta.get("reset") and seq < self.seq:
+            return  # an older answer overtaken by a newer one: already covered
+        if delta.get("reset"):
+            self.hashes = set(stored)
+        else:
+            self.hashes.difference_update(removed)
+            self.hashes.update(stored)
+        self.seq = seq
+
+    def hit_blocks(self, hashes: Sequence[int], max_blocks: int) -> int:
+        """Leading blocks of `hashes` in the set, at most `max_blocks` (as `PrefixCache.
+        lookup`)."""
+        n = 0
+        have = self.hashes
+        while n < max_blocks and n < len(hashes) and hashes[n] in have:
+            n += 1
+        return n

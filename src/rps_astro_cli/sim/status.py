@@ -8,11 +8,13 @@ simulated instance (the sim engine's, or a look-ahead test's) into them.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import InstanceStatus, RequestStatus
 
-__all__ = ["InstanceStatus", "RequestStatus", "request_status", "snapshot"]
+__all__ = ["InstanceStatus", "RequestStatus", "request_status", "snapshot", "waiting_status"]
 
 
 def request_status(r: SimRequest) -> RequestStatus:
@@ -34,16 +36,30 @@ def request_status(r: SimRequest) -> RequestStatus:
     )
 
 
+def waiting_status(r: SimRequest, inst: InstanceSim) -> RequestStatus:
+    """A waiting request as `/status` shows it: with `cached_tokens`, its prefix-cache
+    hit on `inst` now when it is not yet admitted (as `InstanceSim` would take it)."""
+    st = request_status(r)
+    cache = inst.cache
+    if cache is not None and r.block_hashes and r.kv_blocks == 0 and r.num_computed_tokens == 0:
+        bs = inst.config.block_size
+        n = cache.lookup(r.block_hashes, (r.num_tokens - 1) // bs)[0]
+        if n:
+            return replace(st, cached_tokens=n * bs)
+    return st
+
+
 def snapshot(instance_id: str, now_s: float, inst: InstanceSim, profile_id: str = "") -> InstanceStatus:
-    """Snapshot `inst` at `now_s` (its running and waiting requests, free KV blocks,
-    policy and preemption count)."""
+    """Snapshot `inst` at `now_s` (its running and waiting requests — the waiting ones
+    with their prefix-cache hits, `waiting_status` — free KV blocks, policy and
+    preemption count)."""
     return InstanceStatus(
         instance_id=instance_id,
         time_s=now_s,
         limits=inst.config,
         kv_blocks_free=inst.free_blocks,
         running=tuple(request_status(r) for r in inst.running),
-        waiting=tuple(request_status(r) for r in inst.waiting),
+        waiting=tuple(waiting_status(r, inst) for r in inst.waiting),
         policy=inst.policy.describe(),
         profile_id=profile_id,
         num_preemptions_total=inst.num_preemptions_total,

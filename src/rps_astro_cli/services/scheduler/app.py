@@ -41,7 +41,7 @@ class Scheduler:
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
-                                    self.models, self.tags)
+                                    self.models, self.tags, needs_prefix=self.dispatcher.needs_prefix)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models)
         self.discovered: InstanceSet | None = None
@@ -163,7 +163,8 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
                  "healthy": st.healthy, "dispatchable": st.dispatchable, "phase": st.phase,
                  "outstanding_requests": st.outstanding, "dispatched": st.dispatched,
-                 "engine_error": st.engine_error, "predictor_error": st.predictor_error}
+                 "engine_error": st.engine_error, "predictor_error": st.predictor_error,
+                 "prefix_cached_blocks": len(st.prefix.hashes)}
                 for st in sched.instances]
 
     @app.get("/decisions")

@@ -45,18 +45,31 @@ class Dispatcher:
         """Whether the policy reads engine `/status` (the health loop then polls it)."""
         return bool(self.policy.needs_status)
 
+    @property
+    def needs_prefix(self) -> bool:
+        """Whether the policy reads each instance's cached prefix of a request (cache_aware's
+        scorer, power_of_k's cache pin): the front door then hashes each request's
+        prompt blocks, the health loop mirrors the engines' cached block hashes, and
+        each candidate's Predictor is told the candidate's hit there (`cached_tokens`)."""
+        return bool(self.policy.needs_prefix_hits or self.policy_name == "cache_aware")
+
     def describe(self) -> dict:
         return self.policy.describe()
 
-    async def choose(self, candidate: CandidateRequest, excluded: frozenset[int]) -> DispatchDecision | None:
+    async def choose(self, candidate: CandidateRequest, excluded: frozenset[int],
+                     block_hashes: tuple[int, ...] = (), block_size: int = 16) -> DispatchDecision | None:
         """Choose a dispatchable instance for `candidate` outside `excluded` (instance
         indices); None when there is none. The policy sees only the dispatchable
         instances, at positions 0..n-1 (so its "no healthy instance → all" fallback
         never reaches a terminating or not-ready one); the decision is translated back
-        to instance indices."""
+        to instance indices. `block_hashes` (of `block_size`-token blocks): the
+        request's prompt blocks, for a policy that `needs_prefix`; each instance's load
+        then carries the request's cached prefix there, and each candidate's Predictor
+        gets it as `cached_tokens`."""
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
-        loads = [st.load(j, excluded) for j, st in enumerate(pool)]
+        prefix = (block_hashes, block_size, candidate.prompt_tokens) if block_hashes else None
+        loads = [st.load(j, excluded, prefix) for j, st in enumerate(pool)]
         if not any(ld.healthy for ld in loads):
             # every instance broken: still try the non-excluded ones (a health check may lag)
             loads = [replace(ld, healthy=pool[ld.index].index not in excluded) for ld in loads]
@@ -64,11 +77,13 @@ class Dispatcher:
                 return None
         query = PredictRequest(candidate, self.objective)
         identity = all(st.index == j for j, st in enumerate(pool))
+        cached = ({pool[ld.index].index: ld.prefix_hit_tokens for ld in loads if ld.prefix_hit_tokens}
+                  if prefix is not None else None)
 
         async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
             if identity:
-                return await self.predict.predict_many(cands, query)
-            got = await self.predict.predict_many([pool[j].index for j in cands], query)
+                return await self.predict.predict_many(cands, query, cached)
+            got = await self.predict.predict_many([pool[j].index for j in cands], query, cached)
             position = {pool[j].index: j for j in cands}
             return {position[i]: est for i, est in got.items()}
 

@@ -6,7 +6,10 @@
    and nothing reaches an engine; an unknown `model` → 404.
 2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
    client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
-   `Dispatcher` choose an instance.
+   `Dispatcher` choose an instance. For a policy that reads prefix-cache hits, the
+   prompt's block hashes are computed here, once per request, from the same token ids
+   the sim engine uses (`protocol.openai.prompt_token_ids` with the fallback tokenizer's
+   ids; `sim.prefix_cache.block_hashes` of the instances' block size).
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). A request whose instance fails before anything was sent to the client
@@ -41,6 +44,8 @@ from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
+from rps_astro_cli.sim.prefix_cache import block_hashes
+from rps_astro_cli.tokens import token_ids_fallback
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
 
 ENGINE_5XX_BREAKER = 3  # consecutive 5xx answers that take an instance out of rotation
@@ -121,13 +126,18 @@ class FrontDoor:
         tag = await self.tags.finish(tag_task, raw)
         tag_wait_us = (time.perf_counter() - t_tag) * 1e6
         cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+        hashes: tuple[int, ...] = ()
+        bs = 16
+        if self.dispatcher.needs_prefix:
+            bs = next((st.block_size for st in self.instances if st.block_size), 16)
+            hashes = block_hashes(oa.prompt_token_ids(body, endpoint, token_ids_fallback), bs)
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
         payload = json.dumps(body).encode()
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
-        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0))
+        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -145,14 +155,14 @@ class FrontDoor:
         return Response(status_code=499)
 
     async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
-                       rec: DecisionRecord, t0: float) -> Response:
+                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16) -> Response:
         path = _PATHS[endpoint]
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
         first_5xx: tuple[bytes, int, dict[str, str]] | None = None
         overhead = 0.0
         for attempt in range(2):
-            dec = await self.dispatcher.choose(cand, excluded)
+            dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
             if dec is None:
                 break
             st = self.instances.get(dec.choice)

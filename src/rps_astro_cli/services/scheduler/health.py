@@ -6,7 +6,10 @@ A connection error or timeout on the hot path marks an instance unhealthy at onc
 (`Instances.mark_failed`); this loop re-checks the broken ones every
 `recheck_interval_s` and every instance every `health_interval_s` (`GET /health`), or
 every `status_interval_s` with `GET /status` when the policy reads engine status
-(llumnix), storing the status's `InstanceLoad` fields.
+(llumnix) or prefix-cache hits (cache_aware, power_of_k's cache pin), storing the
+status's `InstanceLoad` fields; for the hits it asks `?prefix_since=N` and applies the
+engine's change of cached block hashes to the instance's `PrefixMirror` (an engine
+that does not answer `prefix_cache` leaves it empty: no hits).
 """
 
 from __future__ import annotations
@@ -38,12 +41,13 @@ class HealthMonitor:
     engine's `/v1/models` when the settings name none."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
-                 needs_status: bool, models: set[str], tags=None):
+                 needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False):
         self.s = settings
         self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
-        self.needs_status = needs_status
+        self.needs_status = needs_status or needs_prefix
+        self.needs_prefix = needs_prefix
         self.models = models
         self._task: asyncio.Task | None = None
 
@@ -52,12 +56,18 @@ class HealthMonitor:
         c = self.clients.http(st.ep.engine_url)
         try:
             if self.needs_status:  # polled every status_interval_s: the lean client
+                path = f"/status?prefix_since={st.prefix.seq}" if self.needs_prefix else "/status"
                 async with asyncio.timeout(1.0):
-                    resp = await self.clients.pool(st.ep.engine_url).request("GET", "/status")
+                    resp = await self.clients.pool(st.ep.engine_url).request("GET", path)
                     body = await resp.read()
                 if resp.status != 200:
                     raise ValueError(f"/status answered {resp.status}")
-                st.load_fields = InstanceLoad.status_fields(InstanceStatus.from_dict(json.loads(body)))
+                d = json.loads(body)
+                status = InstanceStatus.from_dict(d)
+                st.load_fields = InstanceLoad.status_fields(status)
+                st.block_size = status.limits.block_size
+                if self.needs_prefix and isinstance(d.get("prefix_cache"), dict):
+                    st.prefix.apply(d["prefix_cache"])
             else:
                 r = await c.get("/health", timeout=1.0)
                 r.raise_for_status()

@@ -22,6 +22,7 @@ from collections.abc import Iterator
 
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
+from rps_astro_cli.sim.prefix_cache import PrefixMirror
 from rps_astro_cli.types import CandidateRequest, InstanceLoad, PendingRequest
 
 log = logging.getLogger("astro.scheduler")
@@ -55,7 +56,7 @@ class InstanceState:
 
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx", "predictor_error_at")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -74,6 +75,8 @@ class InstanceState:
         self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
         self.engine_5xx = 0  # consecutive 5xx answers to forwarded requests (its breaker opens at 3)
         self.predictor_error_at = 0.0  # time.monotonic() of the last failed predict RPC
+        self.prefix = PrefixMirror()  # its engine's cached block hashes (`/status?prefix_since=`)
+        self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
 
     def problems(self) -> list[str]:
         """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
@@ -84,11 +87,26 @@ class InstanceState:
             out.append(f"predictor: {self.predictor_error} (dispatch falls back to load for it)")
         return out
 
-    def load(self, position: int, excluded: frozenset[int] = frozenset()) -> InstanceLoad:
+    def load(self, position: int, excluded: frozenset[int] = frozenset(),
+             prefix: tuple[tuple[int, ...], int, int] | None = None) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
-        `excluded` holds its index (a retry's failed one)."""
+        `excluded` holds its index (a retry's failed one). `prefix` = (the request's
+        block hashes, their block size, its prompt tokens): the load then carries the
+        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`)."""
+        if prefix is None:
+            return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
+                                **self.load_fields)
         return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
-                            **self.load_fields)
+                            **self.load_fields, prefix_hit_tokens=self.hit_tokens(*prefix),
+                            request_prompt_tokens=prefix[2])
+
+    def hit_tokens(self, hashes: tuple[int, ...], block_size: int, prompt_tokens: int) -> int:
+        """Tokens of a request's prompt (`hashes` of its full blocks of `block_size`)
+        cached on this instance as of its latest `/status` (at least one prompt token is
+        left to compute, as the engine caps a hit); 0 when its block size differs."""
+        if not hashes or self.block_size != block_size:
+            return 0
+        return self.prefix.hit_blocks(hashes, (prompt_tokens - 1) // block_size) * block_size
 
 
 class Instances:

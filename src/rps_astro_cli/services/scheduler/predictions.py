@@ -39,12 +39,15 @@ class PredictClient:
             raise ValueError(f"predictor answered {status}")
         return PredictReply.from_dict(json.loads(body)).estimate()
 
-    async def predict_many(self, candidates: list[int], query: PredictRequest) -> dict[int, LatencyEstimate]:
+    async def predict_many(self, candidates: list[int], query: PredictRequest,
+                           cached: dict[int, int] | None = None) -> dict[int, LatencyEstimate]:
         """Predictions of `query`'s candidate on each instance whose Predictor answers
-        within `predict_deadline_s`; late ones are left to finish in the background,
-        failed ones skipped. A Predictor that missed `predictor_breaker_failures` RPCs in a
-        row is not asked for `predictor_breaker_s` (outcome "skipped"), so a hung sidecar
-        does not cost every request the full deadline; then it is probed again."""
+        within `predict_deadline_s` (`cached`: instance index → the candidate's prefix-cache
+        hit there, tokens, sent as its `cached_tokens` to that Predictor); late ones are
+        left to finish in the background, failed ones skipped. A Predictor that missed
+        `predictor_breaker_failures` RPCs in a row is not asked for `predictor_breaker_s`
+        (outcome "skipped"), so a hung sidecar does not cost every request the full
+        deadline; then it is probed again."""
         payload = json.dumps(query.to_dict()).encode()
         tasks: dict[asyncio.Task, int] = {}
         states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
@@ -57,9 +60,14 @@ class PredictClient:
                 self.m.predict_rpcs.labels(self.policy_name, "skipped").inc()
                 continue
             body = payload
+            q = query
+            hit = cached.get(i) if cached else None
+            if hit:
+                q = replace(q, candidate=replace(q.candidate, cached_tokens=hit))
             if self.s.count_pending and st.pending:  # this engine's not-yet-visible requests
-                body = json.dumps(replace(query, pending=pending_wire(st.pending, now, self.s.pending_keep_s))
-                                  .to_dict()).encode()
+                q = replace(q, pending=pending_wire(st.pending, now, self.s.pending_keep_s))
+            if q is not query:
+                body = json.dumps(q.to_dict()).encode()
             tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, body))] = i
         if not tasks:
             return {}

@@ -83,15 +83,22 @@ def expected_tokens(predicted: int | None, generated: int, extension_tokens: int
 
 def lreqs_from_status(reqs: Any, ext: int, dflt: int) -> list[LReq]:
     """`RequestStatus`es (a snapshot's running or waiting list) as look-ahead requests
-    whose target is the expected output length."""
+    whose target is the expected output length; a request not yet admitted (no blocks,
+    nothing computed) starts past its prefix-cache hit `cached_tokens` (at least one
+    token left to compute)."""
     out: list[LReq] = []
     for r0 in reqs:
         r = cast(RequestStatus, r0)
         g = r.generated_tokens
+        c = r.num_computed_tokens
+        kv = r.kv_blocks
+        hit = r.cached_tokens
+        if hit > 0 and kv == 0 and c == 0:
+            c = min(hit, r.prompt_tokens + g - 1)
         out.append(LReq(
             r.request_id, r.arrival_s, r.prompt_tokens, expected_tokens(r.predicted_output_tokens, g, ext, dflt),
             r.modality, r.vision_tokens, r.encoder_s, r.req_class, r.predicted_output_tokens, r.deadline_s,
-            r.num_computed_tokens, g, r.kv_blocks,
+            c, g, kv,
         ))
     return out
 
