@@ -254,10 +254,11 @@ class Fleet:
     def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path):
         # no prefix caching: every arm of a repeat sends the same prompts, and a cache left
         # by the previous arm would favour whoever routes to it next (astro reads the engines'
-        # cached blocks; the peers keep their own per-run view)
+        # cached blocks; the peers keep their own per-run view). internal_token off: the peer
+        # routers forward to the engines and cannot send astro's token
         self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale,
                                                                     "enable_prefix_caching": False},
-                                 "scheduler": {"policy": "round_robin"}}, "peer harness")
+                                 "scheduler": {"policy": "round_robin"}, "internal_token": False}, "peer harness")
         self.run_dir = run_dir
         self.sup: ClusterSupervisor | None = None
         self.info: dict[str, Any] = {}

@@ -267,7 +267,8 @@ def test_trace_with_a_bad_timestamp_is_a_one_line_error(tmp_path, ts):
     p = _burst(tmp_path, f"0,ChatGPT,10,5,15,x\n{ts},ChatGPT,10,5,15,x\n")
     with pytest.raises(AstroUserError) as ei:
         load_workload("burstgpt", WorkloadOptions(path=str(p), num_requests=2), np.random.default_rng(0))
-    assert ei.value.field == "Timestamp" and "row 1" in str(ei.value) and "\n" not in str(ei.value)
+    # the file's line (header = line 1), not the 0-based data-row index ("row 1" before)
+    assert ei.value.field == "Timestamp" and ": line 3:" in str(ei.value) and "\n" not in str(ei.value)
 
 
 @pytest.mark.timeout(60)

@@ -64,6 +64,26 @@ def test_cluster_json_schema(cluster):
     assert info["model"] and info["time_scale"] == 0.05
 
 
+def test_internal_services_need_the_cluster_token(cluster):
+    """`astro serve` makes a token, hands it to its children in the environment (not on
+    their command lines), writes it to a 0600 file named in cluster.json; the engines,
+    Predictors and tagger refuse callers without it (but /health and /ready)."""
+    info, _, _ = cluster
+    tf = Path(info["internal_token_file"])
+    assert tf.stat().st_mode & 0o777 == 0o600
+    token = tf.read_text().strip()
+    assert len(token) >= 40 and token not in json.dumps(info)
+    inst = info["instances"][0]
+    for url, path in ((inst["engine_url"], "/status"), (inst["predictor_url"], "/metrics"),
+                      (info["tagger"]["url"], "/metrics")):
+        assert httpx.get(url + path, timeout=5).status_code == 401
+        assert httpx.get(url + path, timeout=5, headers={"x-astro-internal-token": token}).status_code == 200
+        assert httpx.get(url + "/health", timeout=5).status_code == 200
+    for pid in (inst["engine_pid"], inst["predictor_pid"], info["scheduler"]["pid"]):
+        assert token.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
+        assert f"ASTRO_INTERNAL_TOKEN={token}".encode() in Path(f"/proc/{pid}/environ").read_bytes()
+
+
 def test_openai_client_streams_through_scheduler_with_k2(cluster):
     info, _, _ = cluster
     sched = info["scheduler"]["url"]

@@ -193,6 +193,8 @@ def test_status_middleware(tmp_path, monkeypatch):
 
     app.middleware("http")(vb.status_middleware)  # as vLLM's --middleware does for a function
     client = TestClient(app)
+    monkeypatch.delenv("ASTRO_INTERNAL_TOKEN", raising=False)
+    monkeypatch.setattr(vb, "_TOKEN_GUARD", [])
     monkeypatch.setenv(vb.ENV_STATUS_SOCKET, str(tmp_path / "missing.sock"))
     r = client.get("/status")
     assert r.status_code == 503 and r.json()["error"]["code"] == 503
@@ -204,6 +206,46 @@ def test_status_middleware(tmp_path, monkeypatch):
         assert r.status_code == 200 and r.json()["instance_id"] == "vllm-7"
         assert client.post("/status").status_code == 405
         assert client.get("/other").text == "other"
+    finally:
+        srv.close()
+
+
+def test_status_middleware_ready_and_internal_token(tmp_path, monkeypatch):
+    """/ready follows the engine core's status socket; with $ASTRO_INTERNAL_TOKEN every
+    path but /health and /ready (vLLM's /v1 included) needs the token."""
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+    from fastapi.testclient import TestClient
+
+    app = FastAPI()
+
+    @app.get("/v1/models")
+    async def models():
+        return PlainTextResponse("models")
+
+    @app.get("/health")
+    async def health():
+        return PlainTextResponse("")
+
+    app.middleware("http")(vb.status_middleware)
+    client = TestClient(app)
+    monkeypatch.setenv("ASTRO_INTERNAL_TOKEN", "tok")
+    monkeypatch.setattr(vb, "_TOKEN_GUARD", [])
+    monkeypatch.setenv(vb.ENV_STATUS_SOCKET, str(tmp_path / "missing.sock"))
+    r = client.get("/ready")
+    assert r.status_code == 503 and r.json()["ready"] is False and "starting" in r.json()["reason"]
+    assert client.get("/health").status_code == 200
+    for path in ("/v1/models", "/status", "/metrics"):
+        r = client.get(path)
+        assert r.status_code == 401 and r.json()["error"]["param"] == "x-astro-internal-token"
+    assert client.get("/v1/models", headers={"x-astro-internal-token": "tok"}).text == "models"
+    assert client.get("/v1/models", headers={"authorization": "Bearer tok"}).text == "models"
+    srv = vb.StatusSocketServer(str(tmp_path / "s.sock"), _board())
+    srv.start()
+    try:
+        monkeypatch.setenv(vb.ENV_STATUS_SOCKET, str(tmp_path / "s.sock"))
+        assert client.get("/ready").json() == {"ready": True}
+        assert client.get("/status", headers={"x-astro-internal-token": "tok"}).json()["instance_id"] == "vllm-7"
     finally:
         srv.close()
 

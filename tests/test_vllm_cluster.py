@@ -21,6 +21,7 @@ Skips without vllm (see tests/vllm_helpers.py).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -122,9 +123,11 @@ def test_cluster_power_of_k_rps(cluster):
 def _check_cluster(sup, info, run, prof_path):
     from rps_astro_cli.profiling import vllm_calibrate as vc
 
+    # the cluster's internal token guards the engines' /status and /metrics (not /health)
+    get = functools.partial(httpx.get, headers={"x-astro-internal-token": sup.internal_token})
     engines = [inst["engine_url"] for inst in info["instances"]]
     for url in engines:
-        st = httpx.get(url + "/status").json()
+        st = get(url + "/status").json()
         assert st["policy"]["name"] == "rps" and st["kv_blocks_total"] == 16
 
     # 1. calibrate through the scheduler (so the Predictors, the scheduler and the client
@@ -136,7 +139,7 @@ def _check_cluster(sup, info, run, prof_path):
     assert n_ok == 40
     time.sleep(1.0)
     steps = np.vstack([vc.read_step_log(run / f"steps-engine-{i}.csv") for i in range(2)])
-    limits = httpx.get(engines[0] + "/status").json()["limits"]
+    limits = get(engines[0] + "/status").json()["limits"]
     prof = vc.fit_step_log(steps, "vllm-tiny-cpu", "tiny", limits)
     prof_path.write_text(json.dumps(prof.to_dict()))
     for p in sup.predictors:
@@ -149,8 +152,8 @@ def _check_cluster(sup, info, run, prof_path):
           f"decode B=4 ctx 1200: {lm.step_s(4, 4, 1200, 0):.4f}; "
           f"prefill 256 tokens: {lm.step_s(1, 256, 0, 256 * 257 / 2):.4f}")
 
-    before = [parse_metrics(httpx.get(u + "/metrics").text) for u in engines]
-    plug0 = [httpx.get(u + "/status").json()["plugin"] for u in engines]
+    before = [parse_metrics(get(u + "/metrics").text) for u in engines]
+    plug0 = [get(u + "/status").json()["plugin"] for u in engines]
 
     # 2. 30 requests through the scheduler: a burst of 12 (6 rocks, then 6 sand, 5 ms apart:
     #    queues form, so RPS must move sand ahead), then 18 Poisson arrivals at 4 req/s
@@ -202,8 +205,8 @@ def _check_cluster(sup, info, run, prof_path):
     time.sleep(0.5)
     reordered = 0
     for k, url in enumerate(engines):
-        st = httpx.get(url + "/status").json()
-        m = parse_metrics(httpx.get(url + "/metrics").text)
+        st = get(url + "/status").json()
+        m = parse_metrics(get(url + "/metrics").text)
         assert st["running"] == [] and st["waiting"] == []
         assert m["vllm:num_requests_running"] == 0.0 and m["vllm:num_requests_waiting"] == 0.0
         assert st["kv_blocks_free"] == st["kv_blocks_total"] and m["vllm:kv_cache_usage_perc"] == 0.0
@@ -216,7 +219,7 @@ def _check_cluster(sup, info, run, prof_path):
               f"{st['plugin']['reordered_steps'] - plug0[k]['reordered_steps']}")
 
     # 3c. the calibrated Predictor's error (chosen instance's prediction vs observed E2E).
-    decs = httpx.get(front + "/decisions", params={"n": N_REQ}).json()
+    decs = get(front + "/decisions", params={"n": N_REQ}).json()
     errs = []
     errs_poisson = []
     pred_by_inst: dict[str, list[float]] = {"engine-0": [], "engine-1": []}
@@ -232,7 +235,7 @@ def _check_cluster(sup, info, run, prof_path):
     # The engine's own E2E (vLLM's histogram, arrival in the API server → finish) separates
     # the step model's error from the HTTP / tokenizer path the Predictor does not model.
     for k, url in enumerate(engines):
-        m = parse_metrics(httpx.get(url + "/metrics").text)
+        m = parse_metrics(get(url + "/metrics").text)
         n = m["vllm:e2e_request_latency_seconds_count"] - before[k]["vllm:e2e_request_latency_seconds_count"]
         tot = m["vllm:e2e_request_latency_seconds_sum"] - before[k]["vllm:e2e_request_latency_seconds_sum"]
         p = pred_by_inst[f"engine-{k}"]
@@ -249,7 +252,7 @@ def _check_cluster(sup, info, run, prof_path):
     # The plugin ran the policy on both engines (the strict order check is
     # test_vllm_engine.py's; here queues depend on the dispatcher's timing).
     for k, url in enumerate(engines):
-        st = httpx.get(url + "/status").json()
+        st = get(url + "/status").json()
         assert st["policy"]["name"] == "rps" and st["plugin"]["steps"] > plug0[k]["steps"]
         assert len(st["plugin"]["admitted_recent"]) > 0
     print(f"RPS reordered a waiting queue in {reordered} steps across both engines")

@@ -297,6 +297,8 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                 data = await resp.aread()
                 rec.finish_s = clock()
                 rec.error = f"HTTP {resp.status_code}: {_error_text(data)}"
+                if resp.status_code == 401:
+                    rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
                 return rec
             async for chunk in resp.aiter_bytes():  # bytes after content-encoding, before text decoding
                 timer.feed(chunk, clock())
@@ -331,6 +333,8 @@ async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptio
                     data = await resp.read()
                     rec.finish_s = clock()
                     rec.error = f"HTTP {resp.status}: {_error_text(data)}"
+                    if resp.status == 401:
+                        rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
                     return rec
                 pushed = rec.sent_s
                 async for chunk in resp.body_reads():

@@ -58,6 +58,16 @@ def read_cluster_json(path: str | Path) -> dict[str, Any]:
     return d
 
 
+UNAUTHORIZED_FIX = "pass --api-key KEY or set ASTRO_API_KEY (the key the server was started with)"
+
+
+def unauthorized_message(base_url: str, key_given: bool) -> str:
+    """What a 401 from the target means for the user."""
+    if key_given:
+        return f"{base_url} answered HTTP 401: the API key given is not the server's"
+    return f"{base_url} answered HTTP 401: the server requires an API key and none was given"
+
+
 def run_loop(coro: Any) -> Any:
     """Run `coro` on uvloop when installed (a core dependency off Windows; less client CPU
     per streamed event, benchmarks/client_cpu_per_event.py), else on asyncio's loop."""
@@ -107,6 +117,30 @@ class LiveTarget:
         if self.model is None:
             self.model = asyncio.run(discover_model(self.base_url, self.cfg.target.api_key))
 
+    @property
+    def side_headers(self) -> dict[str, str]:
+        """Headers of the bench's side calls (metrics scrapes, engine `/status` polls,
+        `/tag`, `/decisions`): the cluster's internal token (from cluster.json's
+        `internal_token_file`, else $ASTRO_INTERNAL_TOKEN / _FILE) and the front-door key."""
+        from rps_astro_cli.protocol.internal_auth import internal_token, token_headers
+
+        token = None
+        path = (self.cluster or {}).get("internal_token_file")
+        if path:
+            try:
+                token = Path(path).read_text().strip() or None
+            except OSError:
+                token = None
+        if token is None:
+            try:
+                token = internal_token()
+            except AstroUserError:
+                token = None
+        out = token_headers(token)
+        if self.cfg.target.api_key:
+            out["authorization"] = f"Bearer {self.cfg.target.api_key}"
+        return out
+
     def _load_cluster(self, d: dict[str, Any]) -> None:
         self.cluster = d
         self.base_url = d["scheduler"]["url"]
@@ -115,13 +149,20 @@ class LiveTarget:
             self.model = d.get("model")
 
     def _check_reachable(self) -> None:
+        """The target answers `GET /v1/models`; a 401 there (a keyed server, no or a wrong
+        `--api-key`) stops the run before any request is sent, saying how to pass the key."""
+        key = self.cfg.target.api_key
+        headers = {"authorization": f"Bearer {key}"} if key else {}
         try:
             with httpx.Client(timeout=5.0) as c:
-                c.get(self.base_url.rstrip("/") + "/v1/models")
+                r = c.get(self.base_url.rstrip("/") + "/v1/models", headers=headers)
         except httpx.HTTPError as exc:
             flag = "--cluster" if self.cfg.target.cluster else "--base-url"
             raise AstroUserError(f"cannot reach {self.base_url}: {type(exc).__name__}", field=flag,
                                  fix="is the server running?") from None
+        if r.status_code == 401:
+            raise AstroUserError(unauthorized_message(self.base_url, bool(key)), field="--api-key",
+                                 fix=UNAUTHORIZED_FIX)
 
     def close(self) -> None:
         if self._supervisor is not None:
@@ -242,7 +283,7 @@ class LiveTarget:
             warm = [replace(requests[i % len(requests)], request_id=f"warmup-{i}", session_id="", turn=0)
                     for i in range(n_warm)]
             await run_requests(warm, [0.0] * n_warm, self._client_opts(), self.cfg.arrivals.max_concurrency)
-        async with httpx.AsyncClient(timeout=10.0) as c:
+        async with httpx.AsyncClient(timeout=10.0, headers=self.side_headers) as c:
             before = await self._scrape_all(c)
         classes: dict[str, str] = {}
         stop = asyncio.Event()
@@ -256,7 +297,7 @@ class LiveTarget:
         for r in records:
             if r.class_source != "engine" and r.server_request_id in classes:
                 r.req_class, r.class_source = classes[r.server_request_id], "engine"
-        async with httpx.AsyncClient(timeout=30.0) as c:
+        async with httpx.AsyncClient(timeout=30.0, headers=self.side_headers) as c:
             after = await self._scrape_all(c)
             decisions = await scrape.fetch_decisions(c, self._urls()[2], len(requests))
             await self._tag(c, requests, records)
@@ -268,7 +309,7 @@ class LiveTarget:
         engine without `/status` (e.g. plain vLLM) is dropped after its first failure."""
         engines = self._urls()[0]
         alive = list(engines)
-        async with httpx.AsyncClient(timeout=2.0) as c:
+        async with httpx.AsyncClient(timeout=2.0, headers=self.side_headers) as c:
             while alive and not stop.is_set():
                 for u in list(alive):
                     try:

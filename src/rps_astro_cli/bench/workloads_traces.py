@@ -35,7 +35,12 @@ def _read_csv(path: Path, required: tuple[str, ...], what: str) -> list[dict[str
         if missing:
             raise AstroUserError(f"{path} lacks column(s) {', '.join(missing)} (has: {', '.join(cols) or 'none'})",
                                  field="--path", fix=f"give a {what} CSV with a header row")
-        return [{(k or "").strip(): (v or "").strip() for k, v in row.items()} for row in reader]
+        out = []
+        for row in reader:  # "_line": the file's 1-based line where the record ends (the header is line 1)
+            d = {(k or "").strip(): (v or "").strip() for k, v in row.items()}
+            d["_line"] = str(reader.line_num)
+            out.append(d)
+        return out
 
 
 def _int(v: str) -> int | None:
@@ -49,28 +54,29 @@ def _int(v: str) -> int | None:
     return int(f) if f == int(f) else None
 
 
-def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | None]],
+def _trace(name: str, rows: Iterable[tuple[str, int | None, int | None, float | None, str]],
            opts: WorkloadOptions, source: str, skipped: Counter, prompt_first: bool = False,
            ts_field: str = "Timestamp") -> Workload:
-    """Build a lengths(+timestamps) workload from (row id, prompt, output, timestamp) rows, in
+    """Build a lengths(+timestamps) workload from (row id, prompt, output, timestamp, file
+    line) rows, in
     file order; the first `num_requests` valid rows are kept, timestamps made relative
     (to the first kept row) and sorted, with a warning when they were not in order.
 
     Raises:
         AstroUserError: a kept row's timestamp (column `ts_field`) is nan, inf or
-            negative (names the column and the row).
+            negative (names the column and the file's line number).
     """
     out: list[BenchRequest] = []
     t0: float | None = None
-    for rid, p, o, ts in rows:
+    for rid, p, o, ts, line in rows:
         if len(out) >= opts.num_requests:
             break
         if p is None or o is None:
             skipped["malformed"] += 1
             continue
         if ts is not None and (not math.isfinite(ts) or ts < 0):
-            raise AstroUserError(f"{source}: row {rid}: {ts_field} is {ts}; timestamps must be finite seconds >= 0",
-                                 field=ts_field, fix="fix or drop that row of the trace")
+            raise AstroUserError(f"{source}: line {line}: {ts_field} is {ts}; timestamps must be finite seconds "
+                                 ">= 0", field=ts_field, fix=f"fix or drop line {line} of the trace")
         if not _length_ok(p, o, opts, False, skipped):
             continue
         if ts is not None and t0 is None:
@@ -109,7 +115,7 @@ def load_burstgpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
     skipped: Counter = Counter()
     version = "v3" if rows and "Session ID" in rows[0] else "v1"
 
-    def gen() -> Iterable[tuple[str, int | None, int | None, float | None]]:
+    def gen() -> Iterable[tuple[str, int | None, int | None, float | None, str]]:
         for i, r in enumerate(rows):
             o = _int(r["Response tokens"])
             if o == 0:
@@ -120,7 +126,7 @@ def load_burstgpt(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
             except ValueError:
                 ts = None
             p = _int(r["Request tokens"])
-            yield str(i), p, (o if ts is not None else None), ts
+            yield str(i), p, (o if ts is not None else None), ts, r["_line"]
 
     wl = _trace("burstgpt", gen(), opts, f"{source} (BurstGPT {version})", skipped, ts_field="Timestamp")
     return wl
@@ -150,7 +156,7 @@ def load_azure(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
                              fix="pass --path AzureLLMInferenceTrace_conv.csv")
     rows = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), "Azure LLM trace")
     skipped: Counter = Counter()
-    gen = ((str(i), _int(r["ContextTokens"]), _int(r["GeneratedTokens"]), _azure_ts(r["TIMESTAMP"]))
+    gen = ((str(i), _int(r["ContextTokens"]), _int(r["GeneratedTokens"]), _azure_ts(r["TIMESTAMP"]), r["_line"])
            for i, r in enumerate(rows))
     return _trace("azure", gen, opts, source, skipped, ts_field="TIMESTAMP")
 
@@ -168,7 +174,8 @@ def load_length_trace(opts: WorkloadOptions, rng: np.random.Generator) -> Worklo
                              fix="pass --path astrolabe_sharegpt_val_10k_llama2.csv")
     rows = _read_csv(path, ("num_prefill_tokens", "num_decode_tokens"), "length trace")
     skipped: Counter = Counter()
-    gen = ((str(i), _int(r["num_prefill_tokens"]), _int(r["num_decode_tokens"]), None) for i, r in enumerate(rows))
+    gen = ((str(i), _int(r["num_prefill_tokens"]), _int(r["num_decode_tokens"]), None, r["_line"])
+           for i, r in enumerate(rows))
     return _trace("length-trace", gen, opts, source, skipped)
 
 

@@ -132,6 +132,7 @@ def predictor(
 ) -> None:
     """Serve a Predictor sidecar: POST /predict → predicted TTFT/E2E on its engine."""
     from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.protocol.internal_auth import internal_token
     from rps_astro_cli.services.predictor import PredictorSettings, run_predictor
 
     if status_cache_ms < 0:
@@ -142,7 +143,7 @@ def predictor(
     settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000,
                                  status_max_age_s=status_max_age_ms / 1000, profile=profile,
                                  extension_tokens=extension_tokens, default_output_tokens=default_output_tokens,
-                                 api_key=api_key or None)
+                                 api_key=api_key or None, internal_token=internal_token())
     run_predictor(settings, host, port, log_level, ready_file)
 
 
@@ -199,6 +200,7 @@ def scheduler(
 ) -> None:
     """Serve the global scheduler: OpenAI front door that tags, dispatches and forwards."""
     from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.protocol.internal_auth import internal_token
     from rps_astro_cli.services.config import parse_config
     from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, run_scheduler
 
@@ -235,7 +237,8 @@ def scheduler(
         length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
         tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
-        served_models=tuple(served_model_name or ()), api_key=api_key or None, seed=seed or 0,
+        served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
+        seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, discovery=discovery)
     run_scheduler(settings, host, port, log_level, ready_file)
 

@@ -452,18 +452,28 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     """Serve `engine` over HTTP until interrupted (blocking). `counter` counts prompt
     tokens (default `tokens.count_tokens_fallback`).
 
+    With an internal token in the environment ($ASTRO_INTERNAL_TOKEN / _FILE,
+    `protocol.internal_auth`) every route but /health and /ready needs it; binding a
+    non-loopback `host` with neither it nor `api_key` prints a warning.
+
     Prints `ready: http://HOST:PORT` on stdout once listening (with port 0 the OS picks a
     port); `ready_file`, when given, receives the same URL.
 
     Raises:
         AstroUserError: the address cannot be bound.
     """
-    from rps_astro_cli.protocol.http_server import drain_seconds
+    import sys
 
+    from rps_astro_cli.protocol.http_server import drain_seconds
+    from rps_astro_cli.protocol.internal_auth import TOKEN_ENV, exposure_warning, guard, internal_token
+
+    token = internal_token()  # the cluster's internal token: every route but /health and /ready needs it
+    if (msg := exposure_warning(host, "engine", bool(token or api_key), f"${TOKEN_ENV} (or --api-key)")):
+        print(msg, file=sys.stderr, flush=True)
     app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
                      counter=counter)
     drain_s = drain_seconds()
-    serve_blocking(app, host, port, log_level, ready_file, on_exit=lambda: start_drain(engine, drain_s),
+    serve_blocking(guard(app, token), host, port, log_level, ready_file, on_exit=lambda: start_drain(engine, drain_s),
                    drain_s=drain_s + 1.0)
 
 

@@ -423,34 +423,62 @@ def read_status_socket(path: str, timeout_s: float = 2.0) -> dict[str, Any]:
     return json.loads(b"".join(chunks))
 
 
+_TOKEN_GUARD: list[Any] = []  # [InternalAuth | None], built on the first request
+
+
+def _token_guard() -> Any:
+    """The internal-token check of this process ($ASTRO_INTERNAL_TOKEN / _FILE), or None."""
+    if not _TOKEN_GUARD:
+        from rps_astro_cli.protocol.internal_auth import InternalAuth, internal_token
+
+        token = internal_token()
+        _TOKEN_GUARD.append(InternalAuth(None, token) if token else None)
+    return _TOKEN_GUARD[0]
+
+
 async def status_middleware(request, call_next):
     """ASGI HTTP middleware for vLLM's API server: `GET /status` → the engine core's
-    snapshot from `$ASTRO_VLLM_STATUS_SOCKET`; every other path passes through.
+    snapshot from `$ASTRO_VLLM_STATUS_SOCKET`; `GET /ready` → 200 once the engine core
+    publishes it (503 before, naming why), as the sim engine's /ready; every other path
+    passes through. With an internal token in the environment
+    (`protocol.internal_auth`), every path but /health and /ready needs it (401 else),
+    /v1 included, so only the cluster's scheduler and Predictor reach the engine.
 
     Errors: 405 for another method on /status; 503 JSON when the engine core has not
     published yet (socket absent) or does not answer within 2 s.
     """
-    if request.url.path != "/status":
+    from starlette.responses import JSONResponse, Response
+
+    from rps_astro_cli.protocol.internal_auth import OPEN_PATHS, unauthorized
+
+    path = request.url.path
+    guard = _token_guard()
+    if guard is not None and path not in OPEN_PATHS and not guard.allowed(request.headers.raw):
+        body, headers = unauthorized()
+        return Response(body, status_code=401, headers={k.decode(): v.decode() for k, v in headers
+                                                        if k != b"content-length"})
+    if path not in ("/status", "/ready"):
         return await call_next(request)
     import asyncio
 
-    from starlette.responses import JSONResponse, Response
-
     if request.method not in ("GET", "HEAD"):
-        return JSONResponse({"error": {"message": "use GET /status", "type": "BadRequestError",
+        return JSONResponse({"error": {"message": f"use GET {path}", "type": "BadRequestError",
                                        "param": "method", "code": 405}}, status_code=405)
-    path = os.environ.get(ENV_STATUS_SOCKET, "")
+    sock = os.environ.get(ENV_STATUS_SOCKET, "")
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(path), 2.0)
+        reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(sock), 2.0)
         try:
             body = await asyncio.wait_for(reader.read(-1), 2.0)
         finally:
             writer.close()
     except (TimeoutError, OSError) as exc:
-        return JSONResponse({"error": {"message": f"engine status unavailable ({type(exc).__name__}); "
-                                       "the engine core may still be starting",
-                                       "type": "ServiceUnavailableError", "param": None, "code": 503}},
-                            status_code=503)
+        why = f"engine status unavailable ({type(exc).__name__}); the engine core may still be starting"
+        if path == "/ready":
+            return JSONResponse({"ready": False, "reason": why}, status_code=503)
+        return JSONResponse({"error": {"message": why, "type": "ServiceUnavailableError", "param": None,
+                                       "code": 503}}, status_code=503)
+    if path == "/ready":
+        return JSONResponse({"ready": True})
     return Response(body, media_type="application/json")
 
 

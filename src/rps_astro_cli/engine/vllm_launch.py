@@ -119,6 +119,9 @@ class VllmEngine:
         """
         import httpx
 
+        from rps_astro_cli.protocol.internal_auth import internal_token, token_headers
+
+        headers = token_headers(internal_token())  # the server inherits our environment, token included
         t0 = time.monotonic()
         while True:
             rc = self.proc.poll()
@@ -126,7 +129,7 @@ class VllmEngine:
                 raise RuntimeError(f"vLLM server exited with code {rc} before it was ready; "
                                    f"log tail:\n{self.log_tail()}")
             try:
-                with httpx.Client(timeout=2.0) as c:
+                with httpx.Client(timeout=2.0, headers=headers) as c:
                     if (c.get(self.base_url + "/health").status_code == 200
                             and c.get(self.base_url + "/status").status_code == 200):
                         return time.monotonic() - t0

@@ -224,10 +224,13 @@ def calibrate_engine(engine_url: str, step_log: str | Path, out: str | Path, pro
     """
     import httpx
 
+    from rps_astro_cli.protocol.internal_auth import internal_token, token_headers
+
     base = engine_url.rstrip("/")
+    headers = token_headers(internal_token())  # an engine of a keyed cluster ($ASTRO_INTERNAL_TOKEN)
     try:
-        st = httpx.get(base + "/status", timeout=5).json()
-        model = httpx.get(base + "/v1/models", timeout=5).json()["data"][0]["id"]
+        st = httpx.get(base + "/status", timeout=5, headers=headers).json()
+        model = httpx.get(base + "/v1/models", timeout=5, headers=headers).json()["data"][0]["id"]
         limits = st["limits"]
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         raise AstroUserError(f"{engine_url} did not answer as an astro vLLM engine ({type(exc).__name__})",

@@ -6,6 +6,10 @@ scheduler, each on a free port the OS picks (`--port 0 --ready-file F`: the chil
 its URL once listening). Order: engines + tagger, then predictors, then the scheduler;
 each phase waits until every child answers `GET /health`. Internal services bind
 127.0.0.1; only the scheduler binds `cfg.host`. Logs go to `<run_dir>/<child>.log`.
+Every child gets this cluster's internal token (a fresh random one, in its environment
+as $ASTRO_INTERNAL_TOKEN; also `<run_dir>/internal-token`, mode 0600): engines,
+Predictors and the tagger refuse callers without it on every route but /health and
+/ready, and the scheduler and Predictors send it (`protocol.internal_auth`).
 
 `supervise()` then watches the children: a child that exits is reported (name, pid, exit
 code, log path and its last lines) and restarted on the same port up to
@@ -33,6 +37,8 @@ and (on Linux) get SIGTERM if the supervisor itself dies, so no orphan outlives 
      "time_scale": float,               # wall s per engine s
      "instance_policy": str,            # in-instance policy of every engine
      "api_key_required": bool,          # the key itself is never written
+     "internal_token_file": str | null, # the internal token's file (mode 0600; engines,
+                                        # Predictors and the tagger need it, protocol.internal_auth)
      "log_dir": str,
      "recipe": {...}}                   # the validated recipe (api_key removed)
 """
@@ -118,7 +124,10 @@ class Child:
         log = open(self.log_path, "ab")
         log.write(f"\n--- start {time.strftime('%H:%M:%S')}: {' '.join(cmd)}\n".encode())
         log.flush()
-        env = {k: v for k, v in os.environ.items() if k != "ASTRO_API_KEY"}  # only where asked
+        # keys only where asked: the front-door key to the scheduler, this cluster's own
+        # internal token (never one inherited from the caller) to every child
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("ASTRO_API_KEY", "ASTRO_INTERNAL_TOKEN", "ASTRO_INTERNAL_TOKEN_FILE")}
         env.update(self.env)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                      env=env, start_new_session=True, preexec_fn=die_with_parent)
@@ -154,12 +163,21 @@ class ClusterSupervisor:
         self.model: str | None = None
         self._stopping = False
         self.crashes: list[dict[str, Any]] = []
+        from rps_astro_cli.protocol.internal_auth import new_token
+
+        # the cluster's internal token (protocol.internal_auth): in every child's
+        # environment and in <run_dir>/internal-token (mode 0600), never on a command line
+        self.internal_token: str | None = new_token() if cfg.internal_token else None
+        self.token_file = self.run_dir / "internal-token"
 
     # -- children ----------------------------------------------------------------------
     def _child(self, name: str, role: str, argv: list[str], host: str = "127.0.0.1",
                env: dict[str, str] | None = None) -> Child:
+        from rps_astro_cli.protocol.internal_auth import TOKEN_ENV
+
+        token = {TOKEN_ENV: self.internal_token} if self.internal_token else {}
         return Child(name, role, argv, host, self.run_dir / f"{name}.log", self.run_dir / f"{name}.url",
-                     env or {})
+                     {**token, **(env or {})})
 
     @property
     def children(self) -> list[Child]:
@@ -200,7 +218,14 @@ class ClusterSupervisor:
                 (every started child is stopped first).
         """
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if self.internal_token:
+            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(self.internal_token + "\n")
         cfg = self.cfg
+        if cfg.host and not _loopback(cfg.host) and not cfg.api_key:
+            self.report(f"warning: the scheduler will listen on {cfg.host} without an API key: anyone who can "
+                        "reach it can send requests; pass --api-key or set ASTRO_API_KEY (or bind 127.0.0.1)")
         if timeout_s is None:
             timeout_s = START_TIMEOUT_S if cfg.engine.backend == "sim" else REAL_ENGINE_START_TIMEOUT_S
         import threading
@@ -299,7 +324,9 @@ class ClusterSupervisor:
 
     def _served_model(self, engine: Child) -> str | None:
         try:
-            r = httpx.get(f"{engine.url}/v1/models", timeout=2.0)
+            from rps_astro_cli.protocol.internal_auth import token_headers
+
+            r = httpx.get(f"{engine.url}/v1/models", timeout=2.0, headers=token_headers(self.internal_token))
             data = r.json().get("data") or []
             return data[0]["id"] if data else None
         except (httpx.HTTPError, ValueError, KeyError):
@@ -334,6 +361,7 @@ class ClusterSupervisor:
             "time_scale": cfg.engine.time_scale,
             "instance_policy": cfg.engine.instance_policy,
             "api_key_required": bool(cfg.api_key),
+            "internal_token_file": str(self.token_file) if self.internal_token else None,
             "log_dir": str(self.run_dir),
             "recipe": recipe,
         }
@@ -424,6 +452,12 @@ class ClusterSupervisor:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _loopback(host: str) -> bool:
+    from rps_astro_cli.protocol.internal_auth import is_loopback
+
+    return is_loopback(host)
 
 
 def default_run_dir() -> Path:

@@ -8,6 +8,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     instances: int ≥ 1             # engines (each with its Predictor)
     host: str = 127.0.0.1          # bind address of every child
     api_key: str | null            # front-door bearer key (scheduler /v1/*)
+    internal_token: bool = true    # internal services require the cluster's token
     restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
     engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill, enable_prefix_caching,
@@ -128,6 +129,9 @@ class ClusterConfig(_Strict):
     instances: int = Field(4, ge=1, le=256)
     host: str = "127.0.0.1"
     api_key: str | None = None
+    internal_token: bool = Field(True, description="engines, Predictors and the tagger require the cluster's "
+                                 "internal token (protocol.internal_auth); false: they answer anyone on their ports, "
+                                 "e.g. for a peer router that cannot send one")
     restart_crashed: int = Field(3, ge=0)
     engine: EngineSection = Field(default_factory=EngineSection)
     predictor: PredictorSection = Field(default_factory=PredictorSection)

@@ -231,6 +231,18 @@ def bind_socket(host: str = DEFAULT_HOST, port: int = 0) -> socket.socket:
     return _bind(host, port)
 
 
+def warn_exposed(host: str, role: str, key: str | None) -> None:
+    """Print a warning to stderr when `role` binds a non-loopback `host` with no key
+    (internal token or API key) guarding it."""
+    import sys
+
+    from rps_astro_cli.protocol.internal_auth import TOKEN_ENV, exposure_warning
+
+    name = "--api-key / $ASTRO_API_KEY" if role == "scheduler" else f"${TOKEN_ENV} (or --api-key)"
+    if (msg := exposure_warning(host, role, bool(key), name)) is not None:
+        print(msg, file=sys.stderr, flush=True)
+
+
 def run_app(app: FastAPI | FastRoutes, host: str = DEFAULT_HOST, port: int = 0, log_level: str = "warning",
             ready_file: str | None = None, on_exit: Callable[[], None] | None = None) -> None:
     """Serve `app` with uvicorn until SIGINT/SIGTERM (blocking). Port 0 = any free port.

@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import build_instance_policy, make_policy
+from rps_astro_cli.protocol.internal_auth import guard, token_headers
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -107,6 +108,8 @@ class PredictorSettings:
         assumed to run; Astrolabe §4: 10). default_output_tokens: length assumed for
         requests with no predicted length (tokens).
     api_key: required bearer token when set. max_body_bytes: body limit (bytes).
+    internal_token: the cluster's internal token: sent to the engine, and required on
+    every route but /health and /ready (`protocol.internal_auth`); None = neither.
     """
 
     engine_url: str
@@ -118,6 +121,7 @@ class PredictorSettings:
     default_output_tokens: int = 256
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    internal_token: str | None = None
 
 
 def parse_predict(body: dict[str, Any]) -> PredictRequest:
@@ -178,7 +182,8 @@ class Predictor:
     def __init__(self, settings: PredictorSettings, on_fetch: Callable[[str], None] = lambda outcome: None):
         self.settings = settings
         self.on_fetch = on_fetch  # called with "ok" / "error" after each /status fetch
-        self.pool = HostPool(settings.engine_url)  # lean keep-alive client (see services/rpc.py)
+        # lean keep-alive client (see services/rpc.py), sending the cluster's internal token
+        self.pool = HostPool(settings.engine_url, headers=token_headers(settings.internal_token))
         self._status: InstanceStatus | None = None
         self._status_at = 0.0  # time.monotonic() of the fetch
         self._inflight: asyncio.Future | None = None
@@ -198,6 +203,18 @@ class Predictor:
         except (TimeoutError, RpcError, AstroUserError, ValueError, OSError) as exc:
             return f"engine {self.settings.engine_url} /status: {type(exc).__name__}: {exc}"[:200]
         return None
+
+    def problem(self) -> str | None:
+        """What /health reports (the last `/status` fetch's failure, or None). While there
+        is one, each call also starts one background re-fetch (never awaited: liveness
+        must answer at once), so a restarted engine clears it without /predict traffic."""
+        if self.last_error is not None and self._inflight is None:
+            try:
+                self._inflight = asyncio.ensure_future(self._fetch())
+                self._inflight.add_done_callback(_swallow)
+            except RuntimeError:  # no running loop (called outside the server)
+                pass
+        return self.last_error
 
     # -- engine status -----------------------------------------------------------------
     async def status(self) -> tuple[InstanceStatus, float]:
@@ -322,7 +339,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
     app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
     add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url},
-                           problem=lambda: app.state.predictor.last_error,
+                           problem=lambda: app.state.predictor.problem(),
                            ready=lambda: app.state.predictor.ready())
 
     async def predict(request: Request):
@@ -364,7 +381,9 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
 
 def run_predictor(settings: PredictorSettings, host: str, port: int, log_level: str = "warning",
                   ready_file: str | None = None) -> None:
-    """Serve a Predictor until SIGINT/SIGTERM (blocking)."""
-    from rps_astro_cli.services.http_common import run_app
+    """Serve a Predictor until SIGINT/SIGTERM (blocking); with `settings.internal_token`
+    only callers that send it get past /health and /ready."""
+    from rps_astro_cli.services.http_common import run_app, warn_exposed
 
-    run_app(create_app(settings), host, port, log_level, ready_file)
+    warn_exposed(host, "predictor", settings.internal_token or settings.api_key)
+    run_app(guard(create_app(settings), settings.internal_token), host, port, log_level, ready_file)

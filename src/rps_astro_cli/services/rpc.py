@@ -192,9 +192,12 @@ class HostPool:
     """Keep-alive connections to one `http://host:port` (see module docstring).
 
     max_idle: idle connections kept. connect_timeout_s: TCP connect deadline (s).
+    headers: sent on every request (e.g. the cluster's internal token,
+    `protocol.internal_auth.token_headers`).
     """
 
-    def __init__(self, base_url: str, max_idle: int = 256, connect_timeout_s: float = 2.0):
+    def __init__(self, base_url: str, max_idle: int = 256, connect_timeout_s: float = 2.0,
+                 headers: dict[str, str] | None = None):
         parts = urlsplit(base_url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"only http://host:port URLs are supported, got {base_url!r}")
@@ -206,6 +209,7 @@ class HostPool:
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Conn] = []
         self._host_header = f"{self.host}:{self.port}".encode()
+        self._fixed_head = [f"{k}: {v}".encode() for k, v in (headers or {}).items()]
 
     async def _connect(self) -> _Conn:
         try:
@@ -229,7 +233,7 @@ class HostPool:
         Raises:
             RpcError: connect failure, reset, or a malformed response head.
         """
-        head = [f"{method} {self.prefix}{path} HTTP/1.1".encode(), b"host: " + self._host_header]
+        head = [f"{method} {self.prefix}{path} HTTP/1.1".encode(), b"host: " + self._host_header, *self._fixed_head]
         for k, v in (headers or {}).items():
             head.append(f"{k}: {v}".encode())
         if body is not None or method in ("POST", "PUT", "PATCH"):

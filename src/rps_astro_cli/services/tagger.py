@@ -176,7 +176,12 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
 
 def run_tagger(settings: TaggerSettings, host: str, port: int, log_level: str = "warning",
                   ready_file: str | None = None) -> None:
-    """Serve the tagger until SIGINT/SIGTERM (blocking)."""
-    from rps_astro_cli.services.http_common import run_app
+    """Serve the tagger until SIGINT/SIGTERM (blocking); with an internal token in the
+    environment ($ASTRO_INTERNAL_TOKEN / _FILE) only callers that send it get past /health
+    and /ready."""
+    from rps_astro_cli.protocol.internal_auth import guard, internal_token
+    from rps_astro_cli.services.http_common import run_app, warn_exposed
 
-    run_app(create_app(settings), host, port, log_level, ready_file)
+    token = internal_token()
+    warn_exposed(host, "tagger", token or settings.api_key)
+    run_app(guard(create_app(settings), token), host, port, log_level, ready_file)

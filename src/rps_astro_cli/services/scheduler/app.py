@@ -36,12 +36,12 @@ class Scheduler:
         self.m = SchedulerMetrics()
         self.models: set[str] = set(settings.served_models)
         self.instances = Instances(settings.instances, self.m)
-        self.clients = Clients(settings.upstream_timeout_s)
+        self.clients = Clients(settings.upstream_timeout_s, settings.internal_token)
         self.tags = TagClient(settings, self.clients, self.m)
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
-                                    self.models, needs_prefix=self.dispatcher.needs_prefix)
+                                    self.models, self.tags, needs_prefix=self.dispatcher.needs_prefix)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models)
         self.discovered: InstanceSet | None = None
@@ -126,10 +126,13 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     @app.get("/health")
     async def health():
         """Liveness (always 200 while the process serves): `status` ok | degraded (some
-        engine breaker open or some Predictor failing: `problems` says which and why) |
+        engine breaker open, some Predictor or the tagger failing: `problems` says which
+        and why) |
         unavailable (no instance can take a request)."""
         n = sum(st.healthy and st.dispatchable for st in sched.instances)
         problems = {st.ep.name: p for st in sched.instances if (p := st.problems())}
+        if sched.tags.error is not None:
+            problems["tagger"] = [f"tagger: {sched.tags.error} (requests get the default length meanwhile)"]
         status = "unavailable" if not n else "degraded" if problems else "ok"
         body = {"status": status, "role": "scheduler", "healthy_instances": n,
                 "instances": len(sched.instances), "policy": sched.dispatcher.describe()}
@@ -181,8 +184,9 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
 def run_scheduler(settings: SchedulerSettings, host: str, port: int, log_level: str = "warning",
                   ready_file: str | None = None) -> None:
     """Serve the scheduler until SIGINT/SIGTERM (blocking)."""
-    from rps_astro_cli.services.http_common import run_app
+    from rps_astro_cli.services.http_common import run_app, warn_exposed
 
+    warn_exposed(host, "scheduler", settings.api_key)
     logging.basicConfig(level=getattr(logging, log_level.upper(), logging.WARNING),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     app = create_app(settings)

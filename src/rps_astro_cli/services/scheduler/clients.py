@@ -18,10 +18,15 @@ RPC_BOUND_S = 1.0  # longest a tag/predict RPC may run in the background after i
 
 
 class Clients:
-    """Pooled clients by base URL. upstream_timeout_s: read timeout of the httpx ones."""
+    """Pooled clients by base URL. upstream_timeout_s: read timeout of the httpx ones.
+    internal_token: the cluster's internal token, sent on every call (engines, Predictors
+    and the tagger check it; `protocol.internal_auth`), or None."""
 
-    def __init__(self, upstream_timeout_s: float):
+    def __init__(self, upstream_timeout_s: float, internal_token: str | None = None):
+        from rps_astro_cli.protocol.internal_auth import token_headers
+
         self.upstream_timeout_s = upstream_timeout_s
+        self.headers = token_headers(internal_token)
         self._http: dict[str, httpx.AsyncClient] = {}
         self._pools: dict[str, HostPool] = {}
 
@@ -32,14 +37,15 @@ class Clients:
         if c is None:
             limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60)
             c = self._http[base_url] = httpx.AsyncClient(
-                base_url=base_url, limits=limits, timeout=httpx.Timeout(self.upstream_timeout_s, connect=2.0))
+                base_url=base_url, limits=limits, timeout=httpx.Timeout(self.upstream_timeout_s, connect=2.0),
+                headers=self.headers)
         return c
 
     def pool(self, base_url: str) -> HostPool:
         """The lean keep-alive pool for one service (hot path: tag, predict, forward)."""
         p = self._pools.get(base_url)
         if p is None:
-            p = self._pools[base_url] = HostPool(base_url)
+            p = self._pools[base_url] = HostPool(base_url, headers=self.headers)
         return p
 
     async def post_json(self, base_url: str, path: str, payload: bytes) -> tuple[int, bytes]:

@@ -48,6 +48,7 @@ from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.tokens import token_ids_fallback
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
 
+ENGINE_5XX_BREAKER = 3  # consecutive 5xx answers that take an instance out of rotation
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 
 
@@ -158,6 +159,7 @@ class FrontDoor:
         path = _PATHS[endpoint]
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
+        first_5xx: tuple[bytes, int, dict[str, str]] | None = None
         overhead = 0.0
         for attempt in range(2):
             dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
@@ -208,13 +210,38 @@ class FrontDoor:
                 raise
             t1 = time.perf_counter()
             self.instances.release(st)
+            if resp.status == 401:  # the engine refused the scheduler, not the client: say so, as a 502
+                data, status = _refused(st.ep.name, data), 502
+            else:
+                status = resp.status
+            if status >= 500 and attempt == 0:
+                # the engine failed the request before the client saw a byte: try another
+                # instance once; a run of them opens its breaker (a healthy /health does
+                # not make an engine that fails every request worth sending to)
+                st.engine_5xx += 1
+                why = f"HTTP {resp.status}: {_error_text(data)}"
+                if st.engine_5xx >= ENGINE_5XX_BREAKER:
+                    self.instances.mark_failed(st, f"{st.engine_5xx} consecutive 5xx answers, last {why}")
+                last_err = f"instance {st.ep.name} answered {why}"
+                excluded = excluded | {st.index}
+                self.m.retries.inc()
+                rec.retries = 1
+                first_5xx = (data, status, _relay_headers(resp, st.ep.name, status))
+                t0 = time.perf_counter()
+                continue
+            if status < 500:
+                st.engine_5xx = 0
             rec.observed_e2e_s = t1 - t_send
-            outcome = "ok" if resp.status < 400 else "client_error" if resp.status < 500 else "engine_error"
+            outcome = "ok" if status < 400 else "client_error" if status < 500 else "engine_error"
             self.m.requests.labels(endpoint, outcome).inc()
-            out = Response(data, status_code=resp.status, headers=relay_headers(resp, st.ep.name))
+            out = Response(data, status_code=status, headers=_relay_headers(resp, st.ep.name, status))
             overhead += time.perf_counter() - t1
             self._finish(rec, overhead, outcome)
             return out
+        if first_5xx is not None:  # no other instance to retry on: the engine's own error
+            self.m.requests.labels(endpoint, "engine_error").inc()
+            self._finish(rec, overhead, "engine_error")
+            return Response(first_5xx[0], status_code=first_5xx[1], headers=first_5xx[2])
         self.m.requests.labels(endpoint, "no_instance").inc()
         rec.outcome = "no_instance"
         self.decisions.append(rec)
@@ -231,3 +258,33 @@ class FrontDoor:
         rec.outcome = outcome
         self.m.overhead.observe(overhead_s)
         self.decisions.append(rec)
+
+
+def _error_text(data: bytes) -> str:
+    """An engine error body's message (OpenAI shape), or its first 120 bytes."""
+    try:
+        err = json.loads(data).get("error")
+        msg = err.get("message") if isinstance(err, dict) else err
+        if msg:
+            return str(msg)[:120]
+    except (ValueError, AttributeError):
+        pass
+    return data[:120].decode("utf-8", "replace")
+
+
+def _refused(instance: str, data: bytes) -> bytes:
+    """The client's 502 body for an engine that answered the scheduler 401 (a missing or
+    wrong internal token, or an engine started with its own --api-key)."""
+    return json.dumps({"error": {
+        "message": f"engine {instance} refused the scheduler (HTTP 401: {_error_text(data)}); the scheduler needs "
+                   "the cluster's internal token ($ASTRO_INTERNAL_TOKEN or $ASTRO_INTERNAL_TOKEN_FILE)",
+        "type": "engine_unavailable", "param": None, "code": 502}}).encode()
+
+
+def _relay_headers(resp, instance: str, status: int) -> dict[str, str]:
+    """`relay_headers`, minus the engine's content-length and auth challenge when the body
+    was replaced (a refused request's 502)."""
+    h = relay_headers(resp, instance)
+    if status != resp.status:
+        h = {k: v for k, v in h.items() if k.lower() not in ("content-length", "www-authenticate")}
+    return h

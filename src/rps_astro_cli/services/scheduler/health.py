@@ -30,13 +30,20 @@ from rps_astro_cli.types import InstanceLoad, InstanceStatus
 log = logging.getLogger("astro.scheduler")
 
 
+# a failed predict RPC's error stays on /health until a predict RPC succeeds, or until the
+# Predictor's /health passes with no predict RPC failing for this long (no traffic to
+# clear it: a transient deadline miss must not leave /health degraded for ever)
+PREDICT_ERROR_STALE_S = 5.0
+
+
 class HealthMonitor:
     """The background checks (see module docstring). `models` is filled from the first
     engine's `/v1/models` when the settings name none."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
-                 needs_status: bool, models: set[str], needs_prefix: bool = False):
+                 needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False):
         self.s = settings
+        self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
         self.needs_status = needs_status or needs_prefix
@@ -97,11 +104,14 @@ class HealthMonitor:
             if st.predictor_error is None:
                 log.warning("predictor of %s: %s", st.ep.name, why)
             st.predictor_error = f"health check: {why}"[:200]
-        elif st.predictor_error is not None and st.predictor_error.startswith("health check"):
+        elif st.predictor_error is not None and (
+                st.predictor_error.startswith("health check")
+                or time.monotonic() - st.predictor_error_at > PREDICT_ERROR_STALE_S):
             st.predictor_error = None
 
     async def check_all(self) -> None:
-        await asyncio.gather(*(self.check(st) for st in self.instances))
+        await asyncio.gather(*(self.check(st) for st in self.instances),
+                             *([self.tags.check()] if self.tags is not None else []))
 
     async def start(self) -> None:
         """Build every engine's httpx client up front (one costs ~10 ms), check every
@@ -131,7 +141,8 @@ class HealthMonitor:
                     await self.check_all()
                 else:
                     broken = [st for st in self.instances if not st.healthy or st.predictor_error is not None]
-                    if broken:
-                        await asyncio.gather(*(self.check(st) for st in broken))
+                    tagger = [self.tags.check()] if self.tags is not None and self.tags.error else []
+                    if broken or tagger:
+                        await asyncio.gather(*(self.check(st) for st in broken), *tagger)
             except Exception:  # pragma: no cover - keep the loop alive whatever happens
                 log.exception("health loop")

@@ -57,7 +57,7 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "prefix", "block_size")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -75,6 +75,8 @@ class InstanceState:
         self.pending: list[Pending] = []  # forwarded requests its /status may not show yet (oldest first)
         self.engine_error: str | None = None  # why its breaker opened (None while healthy)
         self.predictor_error: str | None = None  # its Predictor's last failure (None once it answers)
+        self.engine_5xx = 0  # consecutive 5xx answers to forwarded requests (its breaker opens at 3)
+        self.predictor_error_at = 0.0  # time.monotonic() of the last failed predict RPC
         self.prefix = PrefixMirror()  # its engine's cached block hashes (`/status?prefix_since=`)
         self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
 

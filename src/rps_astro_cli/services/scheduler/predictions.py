@@ -92,6 +92,7 @@ class PredictClient:
 
     def _failed(self, st: InstanceState, why: str) -> None:
         st.predictor_error = why
+        st.predictor_error_at = time.monotonic()
         st.predictor_failures += 1
         if st.predictor_failures >= self.s.predictor_breaker_failures:
             st.predictor_failures = 0

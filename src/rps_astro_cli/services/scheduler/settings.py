@@ -58,7 +58,9 @@ class SchedulerSettings:
     for status-based policies (llumnix); recheck_interval_s: how often instances out of
     rotation are re-checked (readmission delay). max_body_bytes: front-door body limit.
     served_models: model names accepted (empty = learn them from the engines).
-    api_key: bearer token required on /v1/* when set. seed: the dispatch Generator's seed.
+    api_key: bearer token required on /v1/* when set. internal_token: the cluster's
+    internal token, sent on every call to engines, Predictors and the tagger (None: none
+    sent; `protocol.internal_auth`). seed: the dispatch Generator's seed.
     upstream_timeout_s: read timeout towards engines. decisions_kept: ring size.
     predictor_breaker_failures / predictor_breaker_s: after that many consecutive
     late/failed predict RPCs a Predictor is not asked for that long (then probed again).
@@ -86,6 +88,7 @@ class SchedulerSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served_models: tuple[str, ...] = ()
     api_key: str | None = None
+    internal_token: str | None = None
     seed: int = 0
     upstream_timeout_s: float = 600.0
     decisions_kept: int = 1000

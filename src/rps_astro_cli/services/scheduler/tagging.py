@@ -22,6 +22,9 @@ class TagClient:
         self.clients = clients
         self.m = metrics
         self._tagger = None
+        # the tagger service's last failure (a late / failed RPC, or a failed health check;
+        # None once it answers): the scheduler's /health shows it
+        self.error: str | None = None
         if settings.tagger_url is None:
             from rps_astro_cli.services.tagger import Tagger, TaggerSettings
 
@@ -55,14 +58,33 @@ class TagClient:
         if not done:
             task.add_done_callback(swallow)
             self.m.tag_rpcs.labels("timeout").inc()
+            self.error = f"a /tag RPC missed its {self.s.tag_deadline_s * 1000:g} ms deadline"
             return None
         try:
             status, body = task.result()
             if status != 200:
+                if status >= 500 or status == 401:  # the tagger's fault (or a wrong token), not the body's
+                    self.error = f"/tag answered HTTP {status}"
                 raise ValueError(f"status {status}")
             tag = TagResult.from_dict(json.loads(body))
-        except (TimeoutError, RpcError, ValueError, KeyError, TypeError):
+        except (TimeoutError, RpcError) as exc:
+            self.m.tag_rpcs.labels("error").inc()
+            self.error = f"/tag failed: {type(exc).__name__}: {exc}"[:200]
+            return None
+        except (ValueError, KeyError, TypeError):
             self.m.tag_rpcs.labels("error").inc()
             return None
         self.m.tag_rpcs.labels("ok").inc()
+        self.error = None
         return tag
+
+    async def check(self) -> None:
+        """`GET /health` of the tagger service (1 s): sets or clears `error`."""
+        if self.s.tagger_url is None:
+            return
+        try:
+            r = await self.clients.http(self.s.tagger_url).get("/health", timeout=1.0)
+            why = None if r.status_code == 200 else f"/health answered {r.status_code}"
+        except Exception as exc:  # any transport failure: the tagger is not answering
+            why = f"health check: {type(exc).__name__}"
+        self.error = why
