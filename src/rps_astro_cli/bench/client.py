@@ -282,6 +282,15 @@ def _read_head(rec: RequestRecord, headers: Any) -> None:
         rec.predicted_output_tokens = int(pred)
 
 
+def _http_error(rec: RequestRecord, status: int, body: bytes, now_s: float) -> RequestRecord:
+    """`rec` failed with a non-200 answer (`body`), finished at `now_s`; a 401 says how to fix it."""
+    rec.finish_s = now_s
+    rec.error = f"HTTP {status}: {_error_text(body)}"
+    if status == 401:
+        rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
+    return rec
+
+
 async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: ClientOptions,
                        clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
     """Send one request with httpx and time its stream (https targets); never raises for
@@ -294,12 +303,7 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                                  headers=headers) as resp:
             _read_head(rec, resp.headers)
             if resp.status_code != 200:
-                data = await resp.aread()
-                rec.finish_s = clock()
-                rec.error = f"HTTP {resp.status_code}: {_error_text(data)}"
-                if resp.status_code == 401:
-                    rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
-                return rec
+                return _http_error(rec, resp.status_code, await resp.aread(), clock())
             async for chunk in resp.aiter_bytes():  # bytes after content-encoding, before text decoding
                 timer.feed(chunk, clock())
             timer.close(clock())
@@ -330,12 +334,7 @@ async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptio
             try:
                 _read_head(rec, resp.headers)
                 if resp.status != 200:
-                    data = await resp.read()
-                    rec.finish_s = clock()
-                    rec.error = f"HTTP {resp.status}: {_error_text(data)}"
-                    if resp.status == 401:
-                        rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
-                    return rec
+                    return _http_error(rec, resp.status, await resp.read(), clock())
                 pushed = rec.sent_s
                 async for chunk in resp.body_reads():
                     t = clock()
