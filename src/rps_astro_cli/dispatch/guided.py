@@ -130,7 +130,7 @@ class PowerOfK(DispatchPolicy):
     of them is the instance holding the longest cached prefix of the request, when any
     holds one (`PowerOfKSampler`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
-    `objective` (``"e2e"`` default, or ``"ttft"``) and the lowest wins; ties (within
+    `objective` (``"ttft"`` default, or ``"e2e"``, the paper's) and the lowest wins; ties (within
     TIE_RESOLUTION_S = 1 µs, or `tie_tolerance_s`, then compared by Llumnix- load) are
     broken uniformly at random.
 
@@ -141,7 +141,9 @@ class PowerOfK(DispatchPolicy):
     out of blocks, where a look-ahead's view depends on the running requests' lengths.
     Predictors that were late or failed are unscored; if none answered, the decision
     falls back to least outstanding requests over every healthy instance.
-    Pipeline: health [→ KV headroom] → power-of-k → predicted latency → min (random ties).
+    Pipeline: health [→ KV headroom] → power-of-k [+ cache pin] → predicted latency → min
+    [within the tie tolerance: Llumnix- load] (random ties). The paper's Po2:
+    `k=2, objective="e2e", kv_reserve_frac=0, tie_tolerance_s=0`.
 
     Raises (constructor):
         AstroUserError: k < 1 or not an int/"all"; unknown objective; kv_reserve_frac
