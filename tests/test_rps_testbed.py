@@ -82,3 +82,63 @@ def test_instance_param_must_be_declared_by_some_policy():
     res = CliRunner().invoke(app, ["bench", "--virtual", "--no-report", "-n", "4", "--instance-policies", "fcfs",
                                    "--instance-param", "classifier=naive"])
     assert res.exit_code == 2 and "--instance-param classifier" in res.output
+
+
+# -- the harness's TTFT and its single front end (issue 15) ------------------------------------
+def _two_on_one_front_end(slots):
+    """A video (0.2 s preprocessing) then, 0.05 s later, a text request, on one instance."""
+    from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+    from rps_astro_cli.dispatch import make_dispatch
+
+    reqs = [TimedRequest("v", 0.0, 1000, 2, modality="video", vision_tokens=900, preprocess_s=0.2),
+            TimedRequest("t", 0.05, 10, 2)]
+    return simulate_cluster(reqs, 1, make_dispatch("round_robin"), load_profile("llava-onevision-7b-a100-testbed"),
+                            rng=np.random.default_rng(0), preprocess_slots=slots).records
+
+
+def test_one_front_end_slot_makes_text_wait_behind_a_video_preprocessing():
+    v, t = _two_on_one_front_end(1)
+    # by hand: the video holds the only slot 0 → 0.2 s; the text, sent at 0.05 s, starts (and,
+    # with no preprocessing of its own, ends) its input processing at 0.2 s
+    assert v.preprocess_start_s == 0.0 and v.enqueue_s == pytest.approx(0.2)
+    assert t.preprocess_start_s == pytest.approx(0.2) and t.enqueue_s == pytest.approx(0.2)
+    v2, t2 = _two_on_one_front_end(None)  # default: each on its own, at once
+    assert t2.preprocess_start_s == 0.05 and t2.enqueue_s == 0.05 and v2.enqueue_s == pytest.approx(0.2)
+
+
+def test_harness_ttft_leaves_out_the_wait_for_the_front_end():
+    from rps_astro_cli.bench.metrics import group_metrics
+    from rps_astro_cli.bench.records import RequestRecord
+
+    # sent at 1.0, its own input processing starts at 1.3 (0.3 s behind another's), first token at 2.0
+    r = RequestRecord("a", sent_s=1.0, engine_arrival_s=1.3, first_token_s=2.0, finish_s=3.0, output_tokens=5,
+                      success=True)
+    assert r.ttft_s == pytest.approx(1.0) and r.ttft_harness_s == pytest.approx(0.7)
+    m = group_metrics([r])
+    assert m.ttft_harness_s.mean == pytest.approx(0.7) and m.ttft_s.mean == pytest.approx(1.0)
+    assert group_metrics([RequestRecord("b", sent_s=0, first_token_s=1, finish_s=2, output_tokens=2,
+                                        success=True)]).ttft_harness_s is None  # live: unknown
+
+
+def test_rps_waiting_preemption_takes_kv_from_a_lower_priority_running_request():
+    from rps_astro_cli.policies.rps import RPSPolicy
+    from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+    from rps_astro_cli.sim.latency import LatencyModel
+    from rps_astro_cli.sim.request import SimRequest
+
+    prof = load_profile("llava-onevision-7b-a100-testbed")
+    cfg = InstanceConfig(block_size=16, num_gpu_blocks=10, max_num_seqs=8, max_num_batched_tokens=4096,
+                         max_model_len=160, enable_prefix_caching=False)
+    for flag, expect_victim in ((False, False), (True, True)):
+        sim = InstanceSim(cfg, LatencyModel(prof), RPSPolicy(preempt_waiting=flag))
+        rock = SimRequest("rock", 0.0, 120, 30, modality="video", req_class="rocks")  # 8 of 10 blocks
+        sim.add(rock)
+        sim.step(0.0)
+        assert sim.free_blocks == 2
+        # a pebble arrives at 1 s needing 4 blocks; at 2 s (waited 1 s) its P = 0.05 + 1 − e^(−0.003) ≈ 0.053
+        # beats the rock's (waited 2 s) P = 1 − e^(−0.00075 · 2^1.1) ≈ 0.0016
+        peb = SimRequest("peb", 1.0, 60, 5, modality="image", req_class="pebbles")
+        sim.add(peb)
+        res = sim.step(2.0)
+        assert (rock in res.preempted) is expect_victim
+        assert (peb in sim.running) is expect_victim and (rock in sim.running) is not expect_victim

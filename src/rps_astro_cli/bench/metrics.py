@@ -7,6 +7,10 @@ ones, R = C ∪ F. T = run duration = max_i(finish_i) − min_i(s_i) over R.
 
 - TTFT_i = f_i − s_i (defined when n_i ≥ 1; a role-only first delta or a usage-only last
   chunk carries no content and moves no timestamp).
+- Harness TTFT_i = f_i − a_i, a_i the engine's arrival stamp (the start of the request's
+  own input processing; virtual runs): TTFT as the RPS-Serve authors' harness counts it,
+  own preprocessing + queue + first scheduling to first token, without the wait behind
+  other requests' preprocessing that TTFT_i (from the client's send) includes.
 - E2E_i = l_i − s_i (stream end when n_i = 0).
 - TPOT_i = (E2E_i − TTFT_i) / (n_i − 1), defined only for n_i ≥ 2.
 - ITL: every gap c_{k+1} − c_k, pooled over the completed requests (one chunk may carry
@@ -111,6 +115,9 @@ class GroupMetrics:
     # prompt tokens served from the prefix cache / prompt tokens looked up (0–1; virtual
     # runs, overall only; None when unknown)
     prefix_cache_hit_rate: float | None = None
+    # harness TTFT (module docstring): from the engine's arrival stamp; None when no
+    # request of the group has one (live runs)
+    ttft_harness_s: Dist | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,6 +217,8 @@ def group_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
         length_mae_tokens=l_mae, length_mape=l_mape,
         predictor_e2e_mae_s=e_mae, predictor_e2e_mape=e_mape, predictor_ttft_mae_s=t_mae,
         errors=errors,
+        ttft_harness_s=(Dist.of(r.ttft_harness_s for r in done)
+                        if any(r.engine_arrival_s is not None for r in done) else None),
     )
 
 

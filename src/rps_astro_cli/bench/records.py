@@ -39,6 +39,10 @@ class RequestRecord:
     predicted_ttft_s / predicted_e2e_s: the dispatcher's prediction for the chosen
         instance, when known (for the predictor-error metric).
     isolated_e2e_s: E2E when alone on an instance (for relative SLOs), when computed.
+    engine_arrival_s: when the engine stamped the request's arrival, i.e. the start of its
+        own input processing (vLLM's `arrival_time`), on the bench's clock; after `sent_s`
+        when it waited for the front end (another request's preprocessing). None when
+        unknown (live runs).
     """
 
     request_id: str
@@ -65,6 +69,7 @@ class RequestRecord:
     isolated_e2e_s: float | None = None
     finish_reason: str | None = None  # the stream's last finish_reason ("stop", "length", ...), when sent
     max_tokens: int | None = None  # the max_tokens the request asked for (None: not sent)
+    engine_arrival_s: float | None = None
 
     @property
     def truncated(self) -> bool:
@@ -80,6 +85,16 @@ class RequestRecord:
         if not self.success or self.first_token_s is None:
             return None
         return self.first_token_s - self.sent_s
+
+    @property
+    def ttft_harness_s(self) -> float | None:
+        """TTFT as the RPS-Serve authors' harness counts it = first_token_s −
+        engine_arrival_s: the request's own input processing + engine queue + first
+        scheduling to first token, without waiting behind other requests' preprocessing
+        (docs/metrics.md). None when the engine arrival is unknown or on failure."""
+        if not self.success or self.first_token_s is None or self.engine_arrival_s is None:
+            return None
+        return self.first_token_s - self.engine_arrival_s
 
     @property
     def e2e_s(self) -> float | None:
@@ -111,6 +126,6 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(ttft_s=self.ttft_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, truncated=self.truncated,
+        d.update(ttft_s=self.ttft_s, ttft_harness_s=self.ttft_harness_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, truncated=self.truncated,
                  normalized_s_per_token=self.normalized_s_per_token)
         return d

@@ -143,11 +143,13 @@ class VirtualTarget:
                    or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30"))
         self.profile = load_profile(prof_id)
         self.chunked_prefill = True
+        self.preprocess_slots: int | None = None
         if eng is not None:  # the recipe's engine limits override the profile's, as `astro serve` does
             lim = {k: getattr(eng, k) for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
                                                 "max_model_len") if getattr(eng, k) is not None}
             self.profile = replace(self.profile, **lim)
             self.chunked_prefill = bool(eng.chunked_prefill)
+            self.preprocess_slots = eng.preprocess_slots
         self.instance_policy: str = cfg.cluster.instance_policy
         if media and self.profile.vision is None:
             raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
@@ -204,7 +206,8 @@ class VirtualTarget:
                 **({"recipe": self.recipe.name, "engine_limits": {
                     "num_gpu_blocks": self.profile.num_gpu_blocks, "max_num_seqs": self.profile.max_num_seqs,
                     "max_num_batched_tokens": self.profile.max_num_batched_tokens,
-                    "max_model_len": self.profile.max_model_len, "chunked_prefill": self.chunked_prefill}}
+                    "max_model_len": self.profile.max_model_len, "chunked_prefill": self.chunked_prefill,
+                    "preprocess_slots": self.preprocess_slots}}
                    if self.recipe is not None else {}),
                 "remaining_length": None if self.cfg.cluster.oracle_lengths else self.cfg.cluster.remaining_length,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
@@ -310,6 +313,7 @@ class VirtualTarget:
         cfg = self.cfg
         if ipol != cfg.cluster.instance_policy or self.recipe is not None or cfg.cluster.instance_policies:
             cfg = replace(cfg, cluster=replace(cfg.cluster, instance_policy=ipol, chunked_prefill=self.chunked_prefill,
+                                               preprocess_slots=self.preprocess_slots,
                                                instance_policy_params=self.instance_policy_params(ipol) or None))
         dispatch: Any = self.make_dispatch(rng)
         if cfg.cluster.schedulers > 1:  # one fresh policy per scheduler replica
@@ -415,7 +419,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
     first = dispatch[0] if isinstance(dispatch, list) else dispatch
     res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
                            make_policy, rng,
-                           remaining=bench_remaining(cfg, first), status_interval_s=cfg.cluster.status_interval_s)
+                           remaining=bench_remaining(cfg, first), status_interval_s=cfg.cluster.status_interval_s,
+                           preprocess_slots=cfg.cluster.preprocess_slots)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None
@@ -426,6 +431,7 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
             prompt_tokens=r.prompt_tokens, output_tokens=r.output_tokens if ok else 0,
             output_tokens_source="simulated", expected_output_tokens=v.output_tokens,
             predicted_output_tokens=r.predicted_output_tokens, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
+            engine_arrival_s=r.preprocess_start_s,
             first_token_s=r.first_token_s, finish_s=r.finish_s, success=ok,
             error=None if ok else "did not finish", instance=f"instance-{r.instance}",
             preemptions=r.num_preemptions, predicted_ttft_s=r.predicted_ttft_s, predicted_e2e_s=r.predicted_e2e_s))

@@ -12,7 +12,13 @@ rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
   virtual time; its wall-clock µs are recorded.
 - enqueue: the request reaches the chosen engine's waiting queue after its
   preprocessing time (`preprocess_s`, 0 for text); an idle instance is woken: it forms
-  a step at that instant, after all arrivals and enqueues of the same instant.
+  a step at that instant, after all arrivals and enqueues of the same instant. With
+  `preprocess_slots` = k, each instance's front end preprocesses at most k requests at
+  once, first come first served (k = 1: one event loop, as vLLM's AsyncLLM in the
+  RPS-Serve authors' harness runs input processing): a request starts its
+  preprocessing when a slot frees (`RequestRecord.preprocess_start_s`, the engine's
+  arrival stamp) and a text request, with no preprocessing of its own, still waits for
+  a slot. None (the default): every request preprocesses on its own at once.
 - step end: an instance's step (formed at its start by `InstanceSim.step`) completes;
   its finished requests are recorded and the next step starts at once if work remains.
 
@@ -124,6 +130,8 @@ class RequestRecord:
     policy predicted. decide_us: wall-clock microseconds the decision took.
     cached_tokens: prompt tokens served from the prefix cache at its first admission.
     session_id: its conversation, or None.
+    preprocess_start_s: its own preprocessing started (the engine's arrival stamp, as
+        vLLM's `arrival_time`): = dispatch_s unless it waited for a front-end slot.
     """
 
     request_id: str
@@ -145,6 +153,7 @@ class RequestRecord:
     decide_us: float = 0.0
     cached_tokens: int = 0
     session_id: str | None = None
+    preprocess_start_s: float | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -229,6 +238,7 @@ def simulate_cluster(
     status_interval_s: float = 0.0,
     count_pending: bool = True,
     waiting_hits: bool = True,
+    preprocess_slots: int | None = None,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -249,6 +259,9 @@ def simulate_cluster(
     count_pending: with Δ > 0, each scheduler adds its own sends since the copy.
     waiting_hits: the look-ahead credits queued requests' own prefix-cache hits
         (`sim.lookahead.predict_instance`); False = only the candidate's.
+    preprocess_slots: requests each instance's front end preprocesses at once, FIFO
+        (module docstring); None = unlimited (each on its own). The look-ahead sees the
+        candidate's wait for a slot as part of its preprocessing time.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -257,6 +270,8 @@ def simulate_cluster(
     """
     if num_instances < 1:
         raise AstroUserError(f"must be ≥ 1, got {num_instances}", field="num_instances")
+    if preprocess_slots is not None and preprocess_slots < 1:
+        raise AstroUserError(f"must be ≥ 1 or None, got {preprocess_slots}", field="preprocess_slots")
     schedulers = [dispatch] if isinstance(dispatch, DispatchPolicy) else list(dispatch)
     if not schedulers:
         raise AstroUserError("needs at least one dispatch policy", field="schedulers")
@@ -279,6 +294,8 @@ def simulate_cluster(
     arriving: list[list[SimRequest]] = [[] for _ in range(num_instances)]  # dispatched, still preprocessing
     outstanding = [0] * num_instances
     dispatched = [0] * num_instances
+    # per instance: when each front-end preprocessing slot is next free (virtual s)
+    frontend = [[0.0] * preprocess_slots for _ in range(num_instances)] if preprocess_slots else None
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = any(d.needs_status for d in schedulers)
     needs_hits = needs_status or any(d.needs_prefix_hits for d in schedulers)
@@ -410,6 +427,9 @@ def simulate_cluster(
             for i in cands:
                 t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
                 c = cand
+                if frontend is not None:  # the wait for a front-end slot, then its own preprocessing
+                    cand = replace(cand, preprocess_s=max(0.0, min(frontend[i]) - now) + req.preprocess_s)
+                    c = cand
                 cache = sims[i].cache
                 if hashes and cache is not None:  # the candidate's prefix-cache hit there
                     hit = cache.lookup(hashes, max_hit)[0] * bs
@@ -431,14 +451,20 @@ def simulate_cluster(
         chosen = preds.get(i)
         outstanding[i] += 1
         dispatched[i] += 1
-        enqueue_s = now + req.preprocess_s
+        pre_start = now
+        if frontend is not None:  # FIFO: the earliest-free slot of the chosen instance's front end
+            slots = frontend[i]
+            j = slots.index(min(slots))
+            pre_start = max(now, slots[j])
+            slots[j] = pre_start + req.preprocess_s
+        enqueue_s = pre_start + req.preprocess_s
         if req.session_id is not None:
             last_instance[req.session_id] = i
         records[x] = RequestRecord(
             req.request_id, i, now, now, enqueue_s, None, None, None,
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
             chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
-            session_id=req.session_id,
+            session_id=req.session_id, preprocess_start_s=pre_start,
         )
         sr = SimRequest(
             request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
@@ -448,7 +474,7 @@ def simulate_cluster(
         )
         sim_reqs[x] = sr
         index_of[id(sr)] = x
-        if req.preprocess_s > 0:
+        if enqueue_s > now:
             seq += 1
             heapq.heappush(heap, (enqueue_s, _ENQUEUE, seq, x))
             arriving[i].append(sr)  # what a Predictor sees as `arriving` until then

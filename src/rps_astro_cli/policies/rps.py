@@ -25,9 +25,15 @@ report and the look-ahead see the class the policy used.
 Ties always fall back to arrival time, then queue position (FCFS inside a class; a
 preempted request, which vLLM puts at the queue front, wins ties).
 
-Known difference from RPS-Serve on vLLM: here a higher-priority waiting request never
-preempts a running one to get KV blocks (vLLM V1's priority mode can); preemption
-happens only when a running request cannot grow (the `InstanceSim` contract).
+Waiting-side preemption (`rps` with `preempt_waiting=true`): the RPS-Serve authors'
+scheduler keeps running and waiting requests in one list sorted by priority (age counted
+from arrival for both), and a waiting request whose KV blocks do not fit preempts the
+lowest-priority running request while that one's priority is lower
+(muse-research-lab/rps-serve, rps-serve-changes.patch: scheduler.py's waiting loop;
+../shared/research/rps-serve-testbed.md, "The authors' scheduler"). With the flag off
+(the default, as before) a waiting request never preempts: preemption happens only when
+a running request cannot grow (vLLM V1's own rule). The Predictor's look-ahead predicts
+as if it were off.
 """  # noqa: E501  (the table rows)
 
 from __future__ import annotations
@@ -91,6 +97,9 @@ ALPHA = Param("alpha", object, list(DEFAULT_ALPHA), "α per class (sand, pebbles
 BETA = Param("beta", object, list(DEFAULT_BETA), "β per class (sand, pebbles, rocks), > 0, in s^−α",
              parse=_regulator_values("beta"))
 SLO_SCALE = Param("slo_scale", float, 5.0, "deadline = arrival + slo_scale × isolated E2E", gt=0)
+PREEMPT_WAITING = Param("preempt_waiting", bool, False, "a waiting request that does not fit preempts running "
+                        "requests of lower priority P (the RPS-Serve authors' scheduler); false = vLLM's rule "
+                        "(only a running request that cannot grow preempts)")
 PROFILE = Param("profile", object, None, "execution profile id / JSON path for the isolated E2E (default: the "
                 "shipped default profile; the sim engine passes its own)")
 
@@ -226,11 +235,13 @@ class RPSPolicy(ClassAwarePolicy):
         static_priority, alpha, beta: regulator parameters (3 values sand / pebbles /
             rocks, or a mapping by class); defaults from the paper (see
             `policies/priority.py`).
+        preempt_waiting: waiting-side preemption (module docstring); `outranks` is
+            P_waiting(w) > P_running(w), each at its own wait since arrival.
     """
 
     name = "rps"
     time_dependent = True
-    params = (CLASSIFIER, STATIC_PRIORITY, ALPHA, BETA)
+    params = (CLASSIFIER, STATIC_PRIORITY, ALPHA, BETA, PREEMPT_WAITING)
 
     def __init__(
         self,
@@ -238,9 +249,11 @@ class RPSPolicy(ClassAwarePolicy):
         static_priority: Sequence[float] | Mapping[str, float] = DEFAULT_STATIC,
         alpha: Sequence[float] | Mapping[str, float] = DEFAULT_ALPHA,
         beta: Sequence[float] | Mapping[str, float] = DEFAULT_BETA,
+        preempt_waiting: bool = False,
     ):
         super().__init__(classifier)
         self.regulator = PriorityRegulator(static_priority, alpha, beta)
+        self.preempts_for_waiting = bool(preempt_waiting)
         d = self.regulator.describe()
         self._static = np.array(d["static_priority"])
         self._alpha = np.array(d["alpha"])
@@ -249,6 +262,12 @@ class RPSPolicy(ClassAwarePolicy):
     def score(self, req: SimRequest, now_s: float) -> float:
         """The request's scheduling score −log P_c(w) at `now_s` (lower runs first)."""
         return self.regulator.score(self.classify(req), now_s - req.arrival_s)
+
+    def outranks(self, waiting: SimRequest, running: SimRequest, now_s: float) -> bool:
+        """P_c(w) of `waiting` > P_c(w) of `running`, each at its own wait since arrival."""
+        pr = self.regulator.priority
+        return pr(self.classify(waiting), now_s - waiting.arrival_s) > pr(self.classify(running),
+                                                                           now_s - running.arrival_s)
 
     def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
         n = len(waiting)
@@ -309,7 +328,8 @@ class RPSPolicy(ClassAwarePolicy):
         return running[best]
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), **self.regulator.describe()}
+        return {**super().describe(), **self.regulator.describe(),
+                **({"preempt_waiting": True} if self.preempts_for_waiting else {})}
 
 
 @INSTANCE_POLICIES.register("edf")

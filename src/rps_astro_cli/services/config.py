@@ -12,7 +12,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
     engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill, enable_prefix_caching,
-                served_model_name, extra_args}
+                preprocess_slots, served_model_name, extra_args}
     predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
                 default_output_tokens}
     tagger:    {enabled, length_model}
@@ -54,6 +54,10 @@ class EngineSection(_Strict):
     max_model_len: int | None = Field(None, gt=0)
     chunked_prefill: bool = True
     enable_prefix_caching: bool = Field(True, description="automatic prefix caching (vLLM V1's default: on)")
+    preprocess_slots: int | None = Field(None, gt=0, description="virtual runs (`astro bench --virtual --recipe`): "
+                                         "requests preprocessed at once by each engine's front end, FIFO "
+                                         "(1 = one event loop, as the RPS-Serve authors' AsyncLLM harness); "
+                                         "null = every request preprocesses on its own")
     served_model_name: str | None = None
     extra_args: list[str] = Field(default_factory=list, description="passed through to the backend")
 

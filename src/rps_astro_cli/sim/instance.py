@@ -13,7 +13,12 @@ scheduler.py) then the model runner's output handling:
    request itself.
 2. Only if nothing was preempted: waiting requests, in the policy's order, are admitted
    while the batch has room (`max_num_seqs`), budget is left and their first chunk's
-   blocks fit (head-of-line: the first that does not fit stops admission).
+   blocks fit (head-of-line: the first that does not fit stops admission). A policy
+   with `preempts_for_waiting` (RPS-Serve's scheduler, which keeps running and waiting
+   requests in one priority order: a waiting request may preempt a lower-priority running
+   one for KV) first preempts the policy's victim while the waiting request `outranks`
+   it, retrying after each; a victim already in this step's batch leaves it (its budget
+   returns), as in the running pass.
 3. The step takes `LatencyModel.step_s(...)` seconds. Every scheduled request whose
    whole sequence is now computed samples one token at the step's end; a request that
    reaches its target length finishes and frees its blocks.
@@ -216,22 +221,36 @@ class InstanceSim:
         """Admit waiting requests in the policy's order while the batch has room, budget
         is left and the first chunk's blocks fit (head-of-line: the first that does not
         fit stops admission). Without chunking a prompt must fit the budget whole."""
-        for req in self.policy.order_waiting(self.waiting, now_s):
+        policy = self.policy
+        for req in policy.order_waiting(self.waiting, now_s):
             if len(self.running) >= self.config.max_num_seqs or budget <= 0:
                 break
-            if self.cache is not None and req.kv_blocks == 0 and req.num_computed_tokens == 0:
-                got = self._admit_cached(req, budget, chunked)
-                if got is None:
+            while True:
+                if self.cache is not None and req.kv_blocks == 0 and req.num_computed_tokens == 0:
+                    got = self._admit_cached(req, budget, chunked)
+                else:
+                    got = req.num_tokens - req.num_computed_tokens
+                    if chunked:
+                        got = min(got, budget)
+                    elif got > budget:
+                        got = None
+                    if got is not None and not self._allocate(req, got):
+                        got = None
+                if got is not None or not policy.preempts_for_waiting or not self.running:
                     break
-                num_new = got
-            else:
-                num_new = req.num_tokens - req.num_computed_tokens
-                if chunked:
-                    num_new = min(num_new, budget)
-                elif num_new > budget:
+                victim = policy.preemption_victim(self.running, now_s)
+                if not policy.outranks(req, victim, now_s):
                     break
-                if not self._allocate(req, num_new):
-                    break
+                for j, (r, n) in enumerate(out.scheduled):  # in this step's batch: it leaves it
+                    if r is victim:
+                        budget += n
+                        del out.scheduled[j]
+                        break
+                self._preempt(victim)
+                out.preempted.append(victim)
+            if got is None:
+                break
+            num_new = got
             self.waiting.remove(req)
             self.running.append(req)
             out.scheduled.append((req, num_new))

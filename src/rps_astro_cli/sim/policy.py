@@ -17,6 +17,11 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
   keeps its queue sorted and never asks), `order_groups` / `victim_groups` (a
   time-dependent order that is fixed inside groups: only group heads can come first,
   only each group's last can be the victim).
+- Optional, waiting-side preemption (RPS-Serve's scheduler; off unless a policy sets
+  `preempts_for_waiting`): when a waiting request's first chunk does not fit the free KV
+  blocks, `InstanceSim` preempts `preemption_victim(running, now_s)` while
+  `outranks(waiting_request, victim, now_s)` holds, then retries the admission. The
+  Predictor's look-ahead does not model this (it predicts as if the flag were off).
 """
 
 from __future__ import annotations
@@ -39,6 +44,14 @@ class InstancePolicy:
     # the constructor's keyword parameters, declared (rps_astro_cli.params); make_policy
     # checks given values against them, and describe() reports them by these names
     params: ClassVar[tuple[Param, ...]] = ()
+    # True: a waiting request that does not fit may preempt running requests it outranks
+    # (module docstring); the look-ahead ignores it
+    preempts_for_waiting: bool = False
+
+    def outranks(self, waiting: SimRequest, running: SimRequest, now_s: float) -> bool:
+        """Whether `waiting` has a strictly higher priority than `running` at `now_s`
+        (only asked when `preempts_for_waiting`; the base policy: never)."""
+        return False
 
     def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
         """Waiting requests in admission order (first = admitted first)."""
