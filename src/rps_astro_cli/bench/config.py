@@ -129,7 +129,7 @@ class ClusterSection:
     instance_policies: list[str] | None = None  # --instance-policies: one run per in-instance policy (virtual)
     recipe: str | None = None           # --recipe NAME|PATH: engine limits, profile, instance policy (virtual)
     chunked_prefill: bool = True        # vLLM V1 chunked prefill (virtual; from a recipe's engine, no flag)
-    preprocess_slots: int | None = None  # front-end preprocessing workers per instance (virtual; recipe; None = each its own)
+    preprocess_slots: int | None = None  # front-end preprocessing slots per instance (virtual; recipe)
     policies: list[str] | None = None   # dispatch policies to compare (live: one cluster per policy)
     ks: list[str] | None = None         # power_of_k's k values ("all" = full fan-out)
     objective: str | None = None        # power_of_k objective: e2e or ttft

@@ -126,6 +126,6 @@ class RequestRecord:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(ttft_s=self.ttft_s, ttft_harness_s=self.ttft_harness_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s, truncated=self.truncated,
-                 normalized_s_per_token=self.normalized_s_per_token)
+        d.update(ttft_s=self.ttft_s, ttft_harness_s=self.ttft_harness_s, e2e_s=self.e2e_s, tpot_s=self.tpot_s,
+                 truncated=self.truncated, normalized_s_per_token=self.normalized_s_per_token)
         return d
