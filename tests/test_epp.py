@@ -90,10 +90,11 @@ def header_map(pairs: dict[str, str]) -> base_pb2.HeaderMap:
 
 
 def request_headers(path: str = "/v1/chat/completions", method: str = "POST", eos: bool = False,
-                    mode: int | None = FULL_DUPLEX, subset: list[str] | None = None) -> pb.ProcessingRequest:
+                    mode: int | None = FULL_DUPLEX, subset: list[str] | None = None,
+                    extra: dict[str, str] | None = None) -> pb.ProcessingRequest:
     req = pb.ProcessingRequest(request_headers=pb.HttpHeaders(
         headers=header_map({":method": method, ":path": path, ":authority": "gateway", "content-type":
-                            "application/json"}), end_of_stream=eos))
+                            "application/json", **(extra or {})}), end_of_stream=eos))
     if mode is not None:  # Envoy sends its body modes in the first message of a stream
         req.protocol_config.CopyFrom(pb.ProtocolConfiguration(request_body_mode=mode, response_body_mode=mode))
     if subset is not None:
@@ -129,12 +130,13 @@ def immediate_error(resp: pb.ProcessingResponse) -> tuple[int, dict]:
     return ir.status.code, json.loads(ir.body)["error"]
 
 
-def dispatch(channel: grpc.Channel, body: bytes, chunks: int = 2) -> tuple[str, dict, dict]:
+def dispatch(channel: grpc.Channel, body: bytes, chunks: int = 2, extra: dict[str, str] | None = None
+             ) -> tuple[str, dict, dict]:
     """One full-duplex request through the EPP: headers, the body in `chunks` pieces; then
     the engine's response (headers, one body chunk) echoed back. Returns (picked
     endpoint, the headers set, the body the gateway forwards)."""
     s = ExtProcStream(channel)
-    s.send(request_headers())
+    s.send(request_headers(extra=extra))
     step = -(-len(body) // chunks)
     for i in range(0, len(body), step):
         s.send(request_body(body[i:i + step], eos=i + step >= len(body)))
@@ -148,6 +150,8 @@ def dispatch(channel: grpc.Channel, body: bytes, chunks: int = 2) -> tuple[str, 
     sr = got.request_body.response.body_mutation.streamed_response
     assert sr.end_of_stream
     sent = set_headers(hdr.request_headers.response.header_mutation)
+    overwrite = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD  # a client's own values are replaced
+    assert all(h.append_action == overwrite for h in hdr.request_headers.response.header_mutation.set_headers)
     assert int(sent["content-length"]) == len(sr.body)
     s.send(pb.ProcessingRequest(response_headers=pb.HttpHeaders(headers=header_map({":status": "200"}))))
     assert s.recv().WhichOneof("response") == "response_headers"
@@ -278,9 +282,17 @@ def test_epp_picks_the_instance_astros_dispatch_picks(length_model, tmp_path):
 def test_bad_bodies_get_an_immediate_response_naming_the_field(length_model, tmp_path):
     with ExitStack() as st:
         engs, preds = fleet(st, tmp_path)
-        settings = epp_settings(engs, preds, length_model, max_body_bytes=4000, served_models=(MODEL,))
+        settings = epp_settings(engs, preds, length_model, max_body_bytes=4000, served_models=(MODEL,),
+                                api_key="sekret", internal_token="cluster-token")
         srv = st.enter_context(EppThread(settings))
         channel = st.enter_context(grpc.insecure_channel(srv.address))
+        auth = {"authorization": "Bearer sekret"}
+        for headers in ({}, {"authorization": "Bearer wrong"}):  # the API key is checked on the headers
+            s = ExtProcStream(channel)
+            s.send(request_headers(extra=headers))
+            got, err = immediate_error(s.recv())
+            assert (got, err["param"]) == (401, "authorization")
+            assert s.close() == []
         cases = [
             (b"{not json", "/v1/chat/completions", 400, "body"),
             (json.dumps({"model": MODEL}).encode(), "/v1/chat/completions", 400, "messages"),
@@ -291,7 +303,7 @@ def test_bad_bodies_get_an_immediate_response_naming_the_field(length_model, tmp
         ]
         for data, path, status, param in cases:
             s = ExtProcStream(channel)
-            s.send(request_headers(path))
+            s.send(request_headers(path, extra=auth))
             s.send(request_body(data[:10], eos=False))
             s.send(request_body(data[10:], eos=True))
             got, err = immediate_error(s.recv())
@@ -300,9 +312,11 @@ def test_bad_bodies_get_an_immediate_response_naming_the_field(length_model, tmp
             assert s.close() == []  # the EPP ended the stream after its ImmediateResponse
         # nothing was counted on any instance
         assert srv.call(_dispatched) == [0, 0]
-        # and a good request still works on the same server
-        dest, _, _ = dispatch(channel, chat_body())
+        # a good request still works on the same server; a client's own destination header
+        # is replaced, and the engines' internal token is added (the gateway forwards)
+        dest, sent, _ = dispatch(channel, chat_body(), extra={**auth, DEST: "10.6.6.6:1"})
         assert dest in {endpoint_address(e.url) for e in engs}
+        assert sent["x-astro-internal-token"] == "cluster-token"
 
 
 @pytest.mark.timeout(60)

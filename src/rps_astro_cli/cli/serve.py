@@ -240,6 +240,7 @@ def epp(
     host: HostOpt = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="gRPC listen port (ext_proc + grpc.health.v1; GIE's convention: 9002).")] = 9002,
     ready_file: ReadyOpt = None,
+    api_key: KeyOpt = None,
     log_level: LogOpt = "warning",
 ) -> None:
     """Serve a Gateway API Inference Extension endpoint picker (Envoy ext_proc over gRPC):
@@ -251,7 +252,7 @@ def epp(
     try:
         from rps_astro_cli.services.epp import BODY_MODES, EppSettings, run_epp
     except ImportError as exc:
-        raise AstroUserError(f"needs the epp extra ({exc.name or exc} is missing): pip install "
+        raise AstroUserError(f"needs the epp extra ({exc}): pip install "
                              "'rps_astro_cli[epp]'", field="astro serve epp") from None
     if body_mode not in BODY_MODES:
         raise AstroUserError(f"unknown mode {body_mode!r}; use one of: {', '.join(sorted(BODY_MODES))}",
@@ -261,7 +262,7 @@ def epp(
     settings = _scheduler_settings(
         engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
         llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
-        served_model_name, profile, length_model, seed, 1000, oracle_lengths, max_body_bytes, None)
+        served_model_name, profile, length_model, seed, 1000, oracle_lengths, max_body_bytes, api_key)
     run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
                         metrics_port=metrics_port), host, port, log_level, ready_file)
 

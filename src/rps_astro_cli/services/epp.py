@@ -38,6 +38,12 @@ v1.0.0), with astro's own dispatch deciding:
      in full-duplex mode); the instance's outstanding count and pending entry (the
      pending-request accounting the Predictors get) are released at the response's end
      or when the stream closes, whichever comes first.
+- Access: with an API key (`--api-key` / `$ASTRO_API_KEY`) the request headers must carry
+  `Authorization: Bearer KEY` (or `x-api-key`), else 401 before any body is read. The
+  engines answer only requests carrying the cluster's internal token
+  (`protocol.internal_auth`); the gateway, not astro, forwards the request here, so the
+  EPP adds `x-astro-internal-token` to it. Every header it sets replaces a client's own
+  (`OVERWRITE_IF_EXISTS_OR_ADD`), so a client cannot pick its endpoint or pass a token.
 - Errors are `ImmediateResponse`s with an OpenAI-shaped JSON body, as the GIE protocol
   says: 503 when no endpoint is ready (or none of the gateway's subset hint
   `envoy.lb.subset_hint` / `x-gateway-destination-endpoint-subset` is), 400 bad body,
@@ -57,6 +63,7 @@ time, so import it only behind that extra (the CLI says how to install it).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import signal
@@ -77,6 +84,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol import openai as oa
+from rps_astro_cli.protocol.internal_auth import token_headers
 from rps_astro_cli.services.http_common import HTTPUserError, error_body
 from rps_astro_cli.services.scheduler import Scheduler, SchedulerSettings
 from rps_astro_cli.services.scheduler.front_door import candidate_of
@@ -125,8 +133,12 @@ def _header_value(h: base_pb2.HeaderValue) -> str:
 
 
 def _set_headers(pairs: dict[str, str]) -> pb.HeaderMutation:
+    """Headers set on the request, replacing any the client sent under those names (so a
+    client's own `x-gateway-destination-endpoint` cannot ride along)."""
+    overwrite = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
     return pb.HeaderMutation(set_headers=[base_pb2.HeaderValueOption(
-        header=base_pb2.HeaderValue(key=k, raw_value=v.encode())) for k, v in pairs.items()])
+        header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=overwrite)
+        for k, v in pairs.items()])
 
 
 def immediate(status: int, message: str, param: str | None = None, type_: str | None = None) -> pb.ProcessingResponse:
@@ -216,6 +228,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         kind = req.WhichOneof("request")
         if kind == "request_headers":
             ctx.headers = {h.key.lower(): _header_value(h) for h in req.request_headers.headers.headers}
+            if not self._key_ok(ctx.headers):
+                ctx.done = True
+                self.sched.m.requests.labels("epp", "client_error").inc()
+                return [immediate(401, "missing or wrong API key: send Authorization: Bearer KEY", "authorization",
+                                  "authentication_error")]
             if req.request_headers.end_of_stream or ctx.request_mode == _Mode.NONE:
                 return self._pick_without_body(req, ctx)
             if ctx.request_mode == _Mode.FULL_DUPLEX_STREAMED:
@@ -262,6 +279,25 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         return pb.ProcessingResponse(request_body=br) if request else pb.ProcessingResponse(response_body=br)
 
     # -- picking -----------------------------------------------------------------------------
+    def _key_ok(self, headers: dict[str, str]) -> bool:
+        """The client's API key (`Authorization: Bearer KEY` or `x-api-key`), when one is set."""
+        key = self.s.scheduler.api_key
+        if not key:
+            return True
+        auth = headers.get("authorization", "")
+        given = auth[7:] if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
+        return hmac.compare_digest(given.encode(), key.encode())
+
+    def _route_headers(self, addr: str, content_length: int | None = None) -> pb.HeaderMutation:
+        """The picked endpoint's header, the new body's length, and the cluster's internal
+        token (the engines answer only requests carrying it; the scheduler sends it on its
+        forwards, here the gateway forwards, so the EPP adds it)."""
+        pairs = {self.s.destination_header: addr}
+        if content_length is not None:
+            pairs["content-length"] = str(content_length)
+        pairs.update(token_headers(self.s.scheduler.internal_token))
+        return _set_headers(pairs)
+
     @staticmethod
     def _read_subset(req: pb.ProcessingRequest, ctx: _Stream) -> None:
         """Remember the gateway's subset hint (GIE: filter metadata `envoy.lb.subset_hint`,
@@ -302,7 +338,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         addr = endpoint_address(st.ep.engine_url)
         return [pb.ProcessingResponse(
             request_headers=pb.HeadersResponse(response=pb.CommonResponse(
-                header_mutation=_set_headers({self.s.destination_header: addr}), clear_route_cache=True)),
+                header_mutation=self._route_headers(addr), clear_route_cache=True)),
             dynamic_metadata=self._metadata(addr))]
 
     async def _pick(self, req: pb.ProcessingRequest, ctx: _Stream) -> list[pb.ProcessingResponse]:
@@ -342,7 +378,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         self.sched.m.requests.labels("epp", "ok").inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("picked %s (%s) for %s: %s", st.ep.name, addr, endpoint, dec.to_dict())  # type: ignore[union-attr]
-        headers = _set_headers({self.s.destination_header: addr, "content-length": str(len(payload))})
+        headers = self._route_headers(addr, len(payload))
         md = self._metadata(addr)
         if ctx.request_mode == _Mode.FULL_DUPLEX_STREAMED:
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse(response=pb.CommonResponse(
