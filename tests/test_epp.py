@@ -412,3 +412,37 @@ async def _dispatched(server) -> list[int]:
 
 def _engine_running(url: str) -> int:
     return running(url)
+
+
+def test_manifest_epp_args_give_discovery_settings(monkeypatch):
+    """The exact arguments of the EPP container in deploy/kubernetes/overlays/gie/epp.yaml
+    parse into EPP settings over discovery (in-cluster credentials and the server stubbed),
+    on the port the InferencePool's endpointPickerRef names."""
+    from pathlib import Path
+
+    import yaml
+    from typer.testing import CliRunner
+
+    import rps_astro_cli.services.epp as epp_mod
+    from rps_astro_cli.cli.main import app
+
+    gie = Path(__file__).parents[1] / "deploy/kubernetes/overlays/gie"
+    dep = next(d for d in yaml.safe_load_all((gie / "epp.yaml").read_text()) if d and d["kind"] == "Deployment")
+    args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
+    pool = next(d for d in yaml.safe_load_all((gie / "inferencepool.yaml").read_text())
+                if d and d["kind"] == "InferencePool")
+    got: list = []
+    monkeypatch.setattr(KubeApi, "in_cluster",
+                        classmethod(lambda cls, namespace=None: KubeApi("https://10.96.0.1:443", namespace or "astro",
+                                                                        token="t")))
+    monkeypatch.setattr(epp_mod, "run_epp", lambda settings, host, port, *a, **kw: got.append((settings, port)))
+    monkeypatch.setenv("ASTRO_API_KEY", "k")
+    monkeypatch.setenv("ASTRO_INTERNAL_TOKEN", "tok")
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    s, port = got[-1]
+    assert port == pool["spec"]["endpointPickerRef"]["port"]["number"] == 9002
+    assert s.scheduler.instances == () and s.scheduler.discovery.watch.service == "astro-engine"
+    assert s.scheduler.policy == "power_of_k" and s.scheduler.policy_params["k"] == 2
+    assert (s.scheduler.api_key, s.scheduler.internal_token) == ("k", "tok")
+    assert (s.destination_header, s.metadata_namespace, s.metrics_port) == (DEST, "envoy.lb", 9090)
