@@ -310,6 +310,12 @@ def test_bad_bodies_get_an_immediate_response_naming_the_field(length_model, tmp
             assert (got, err["param"]) == (status, param), (data[:40], err)
             assert err["message"]
             assert s.close() == []  # the EPP ended the stream after its ImmediateResponse
+        # a body mode the EPP cannot serve (Envoy's STREAMED waits on per-chunk answers): a clear 500
+        s = ExtProcStream(channel)
+        s.send(request_headers(mode=Mode.STREAMED, extra=auth))
+        got, err = immediate_error(s.recv())
+        assert got == 500 and "STREAMED" in err["message"] and "FULL_DUPLEX_STREAMED" in err["message"]
+        assert s.close() == []
         # nothing was counted on any instance
         assert srv.call(_dispatched) == [0, 0]
         # a good request still works on the same server; a client's own destination header

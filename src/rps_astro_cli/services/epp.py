@@ -235,6 +235,12 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                                   "authentication_error")]
             if req.request_headers.end_of_stream or ctx.request_mode == _Mode.NONE:
                 return self._pick_without_body(req, ctx)
+            if ctx.request_mode not in (_Mode.FULL_DUPLEX_STREAMED, _Mode.BUFFERED):
+                ctx.done = True  # STREAMED / BUFFERED_PARTIAL / GRPC: Envoy would wait on per-chunk answers
+                mode = _Mode.BodySendMode.Name(ctx.request_mode)
+                log.error("gateway sends request bodies in mode %s; configure FULL_DUPLEX_STREAMED or BUFFERED", mode)
+                return [immediate(500, f"the gateway's ext_proc request_body_mode {mode} is not supported by the "
+                                  "endpoint picker; configure FULL_DUPLEX_STREAMED (GIE's) or BUFFERED")]
             if ctx.request_mode == _Mode.FULL_DUPLEX_STREAMED:
                 return []  # answered once the whole body is here
             return [pb.ProcessingResponse(request_headers=pb.HeadersResponse())]
