@@ -142,3 +142,18 @@ def test_rps_waiting_preemption_takes_kv_from_a_lower_priority_running_request()
         res = sim.step(2.0)
         assert (rock in res.preempted) is expect_victim
         assert (peb in sim.running) is expect_victim and (rock in sim.running) is not expect_victim
+
+
+def test_bench_virtual_recipe_runs_its_dispatch_policy_as_serve_would():
+    # recipes/astrolabe-llama2-7b-a30.yaml: power_of_k, k 2, objective e2e, params kv_reserve_frac 0,
+    # tie_tolerance_s 0 (the paper's Po2) — a virtual run takes them unless a flag says otherwise
+    rep = _bench("--recipe", "astrolabe-llama2-7b-a30", "-n", "6", "--request-rate", "4", "--oracle-lengths")
+    d = rep["runs"][0]["extras"]["dispatch_policy"]
+    assert (d["name"], d["k"], d["objective"], d["kv_reserve_frac"], d["tie_tolerance_s"]) == ("power_of_k", 2, "e2e",
+                                                                                              0.0, 0.0)
+    rep = _bench("--recipe", "astrolabe-llama2-7b-a30", "-n", "6", "--request-rate", "4", "--oracle-lengths",
+                 "--objective", "ttft", "--k", "all")
+    d = rep["runs"][0]["extras"]["dispatch_policy"]
+    assert (d["k"], d["objective"], d["kv_reserve_frac"]) == ("all", "ttft", 0.0)  # flags win; params kept
+    rep = _bench("--recipe", "astrolabe-llama2-7b-a30", "-n", "6", "--request-rate", "4", "--policies", "round_robin")
+    assert rep["runs"][0]["extras"]["dispatch_policy"] == {"name": "round_robin"}

@@ -359,8 +359,9 @@ def bench_remaining(cfg, dispatch: DispatchPolicy):
 def load_bench_recipe(spec: str):
     """The `astro serve` recipe `spec` (a name under recipes/ or a YAML path) for a virtual
     run: its engine section gives the profile, the engine limits, the instance policy and
-    its parameters; `instances` and `scheduler.policy` are the defaults of `--instances` /
-    `--policies` (`recipe_flag_defaults`).
+    its parameters; `instances`, `scheduler.policy` and its `k` / `objective` / `params`
+    are the defaults of `--instances` / `--policies` / `--k` / `--objective` / `--param`
+    (`recipe_flag_defaults`).
 
     Raises:
         AstroUserError: field "--recipe" — missing file, bad YAML or an invalid field.
@@ -374,13 +375,16 @@ def load_bench_recipe(spec: str):
 
 
 def recipe_flag_defaults(spec: str | None) -> dict[str, Any]:
-    """What a recipe sets for the flags a user left out: instances, instance_policy and
-    the dispatch policy ({} without a recipe)."""
+    """What a recipe sets for the flags a user left out: instances, instance_policy, the
+    dispatch policy and its k, objective and params, as `astro serve` would run them
+    ({} without a recipe). A policy takes only the ones it declares."""
     if not spec:
         return {}
     rc = load_bench_recipe(spec)
+    sc = rc.scheduler
     return {"instances": rc.instances, "instance_policy": rc.engine.instance_policy,
-            "policies": [rc.scheduler.policy]}
+            "policies": [sc.policy], "ks": [str(sc.k)], "objective": sc.objective,
+            "policy_params": {k: str(v) for k, v in sc.params.items()} or None}
 
 
 def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile) -> Callable[[], Any]:

@@ -137,6 +137,8 @@ def bench(
         from rps_astro_cli.bench.virtual import recipe_flag_defaults
 
         rdef = recipe_flag_defaults(recipe)
+        if policies:  # the recipe's k / objective / params belong to its own dispatch policy
+            rdef = {k: v for k, v in rdef.items() if k not in ("ks", "objective", "policy_params")}
     out_dir = None if no_report else (out or f"{_DEFAULT_OUT}/{workload}-{time.strftime('%Y%m%d-%H%M%S')}")
     cfg = BenchConfig.flat(
         workload=workload, path=path, num_requests=num_requests, seed=seed, tokenizer=tokenizer,
@@ -148,8 +150,9 @@ def bench(
         profile=profile, instance_policy=instance_policy or rdef.get("instance_policy", "fcfs"),
         instances=instances if instances is not None else rdef.get("instances", 4),
         instance_policies=_split(instance_policies), recipe=recipe,
-        policies=_split(policies) or rdef.get("policies"), ks=_split(k),
-        objective=objective, policy_params=parse_assignments(param) or None,
+        policies=_split(policies) or rdef.get("policies"), ks=_split(k) or rdef.get("ks"),
+        objective=objective or rdef.get("objective"),
+        policy_params={**(rdef.get("policy_params") or {}), **(parse_assignments(param) or {})} or None,
         instance_policy_params=parse_assignments(instance_param, "--instance-param") or None, oracle_lengths=oracle_lengths, prediction_noise=prediction_noise,
         prediction_noise_fraction=prediction_noise_fraction, length_model=length_model, remaining_length=remaining_length,
         max_num_seqs=max_num_seqs, slo=slo, slo_scale=slo_scale, capacity=capacity,
