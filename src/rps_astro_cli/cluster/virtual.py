@@ -427,16 +427,17 @@ def simulate_cluster(
             for i in cands:
                 t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
                 c = cand
+                pre_i = req.preprocess_s
                 if frontend is not None:  # the wait for a front-end slot, then its own preprocessing
-                    cand = replace(cand, preprocess_s=max(0.0, min(frontend[i]) - now) + req.preprocess_s)
-                    c = cand
+                    pre_i += max(0.0, min(frontend[i]) - now)
+                    cand = c = replace(cand, preprocess_s=pre_i)
                 cache = sims[i].cache
                 if hashes and cache is not None:  # the candidate's prefix-cache hit there
                     hit = cache.lookup(hashes, max_hit)[0] * bs
                     if hit:
                         c = replace(c, cached_tokens=hit)
                 if t_snap > now:
-                    c = replace(cand, preprocess_s=max(0.0, now + req.preprocess_s - t_snap))
+                    c = replace(cand, preprocess_s=max(0.0, now + pre_i - t_snap))
                 est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens, remaining=remaining,
                                        waiting_hits=waiting_hits)
