@@ -35,19 +35,16 @@ HERE = Path(__file__).resolve().parent
 
 def worker(args: argparse.Namespace) -> None:
     """One arm: time the look-ahead on the cell's snapshots; JSON to stdout."""
-    import dataclasses
-
     import numpy as np
 
     sys.path.insert(0, str(HERE))
-    from lookahead_speed import load_lengths, make_snapshot
+    from lookahead_speed import label_snapshot, load_lengths, make_snapshot
 
     from rps_astro_cli.policies.rps import make_policy_for_profile
     from rps_astro_cli.sim import lookahead
     from rps_astro_cli.sim.instance import InstanceConfig
     from rps_astro_cli.sim.latency import LatencyModel
     from rps_astro_cli.sim.profile import load_profile
-    from rps_astro_cli.sim.request import SimRequest
 
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
@@ -56,13 +53,8 @@ def worker(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(args.seed)
     lengths = load_lengths()
     snaps = [make_snapshot(lengths, cfg, args.running, args.waiting, rng, mix) for _ in range(args.snapshots)]
-    if args.labelled and hasattr(policy, "classify"):
-        def lab(r):
-            probe = SimRequest(r.request_id, 0.0, r.prompt_tokens, 1, modality=r.modality,
-                               vision_tokens=r.vision_tokens)
-            return dataclasses.replace(r, req_class=policy.classify(probe))
-        snaps = [(dataclasses.replace(st, running=tuple(map(lab, st.running)), waiting=tuple(map(lab, st.waiting))),
-                  c) for st, c in snaps]
+    if args.labelled:
+        snaps = [label_snapshot(s, policy) for s in snaps]
     lat = LatencyModel(prof)
     est = [lookahead.predict(st, c, lat, policy) for st, c in snaps]  # warm the memo
     wall = [float("inf")] * len(snaps)
