@@ -33,11 +33,15 @@ METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
 ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
 
 
-def start_fleet(work: Path, instances: int) -> tuple[subprocess.Popen, Path]:
+def start_fleet(work: Path, instances: int, prefix_caching: bool) -> tuple[subprocess.Popen, Path]:
     cj = work / "cluster.json"
     log = (work / "serve.log").open("w")
+    extra: list[str] = []
+    if not prefix_caching:  # every arm sends the same prompts: a cache would carry one arm's prompts into the next
+        (work / "recipe.yaml").write_text("engine:\n  enable_prefix_caching: false\n")
+        extra = ["--recipe", str(work / "recipe.yaml")]
     p = subprocess.Popen([sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", str(instances),
-                          "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0"],
+                          "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0", *extra],
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -105,6 +109,32 @@ def run_astro(a, cluster: Path, out: Path) -> dict:
             "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
 
 
+def engine_sums(cj: dict) -> dict[str, float]:
+    """Summed over the fleet's engines: the sum and count of `vllm:time_to_first_token_seconds`
+    (the engine's own TTFT: first token − arrival at the engine), for a before/after delta
+    per arm (None values when an engine does not answer)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"ttft_sum": 0.0, "ttft_count": 0.0}
+    tok_file = cj.get("internal_token_file")
+    headers = {"x-astro-internal-token": Path(tok_file).read_text().strip()} if tok_file else {}
+    for inst in cj.get("instances", []):
+        url = inst.get("metrics_url")
+        if not url:
+            continue
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name == "vllm:time_to_first_token_seconds_sum":
+                    out["ttft_sum"] += smp.value
+                elif smp.name == "vllm:time_to_first_token_seconds_count":
+                    out["ttft_count"] += smp.value
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", default="/tmp/.astro-vllm-venv/bin/vllm")
@@ -113,6 +143,9 @@ def main() -> None:
                                              "sharegpt_v3_sample500.json"))
     ap.add_argument("--cluster", help="an astro serve cluster.json (default: start a 2-instance sim fleet)")
     ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                    help="the started fleet's engines cache prefixes (default off: the arms send the same "
+                         "prompts, so a cache warmed by one arm would serve the next one's prefills)")
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -128,7 +161,7 @@ def main() -> None:
         if a.cluster:
             cluster = Path(a.cluster)
         else:
-            fleet, cluster = start_fleet(work, a.instances)
+            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching)
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
         runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
@@ -137,10 +170,15 @@ def main() -> None:
             for arm in order:
                 out = work / f"{arm}-{i}" / ("result.json" if arm == "vllm" else "")
                 out.parent.mkdir(parents=True, exist_ok=True)
+                before = engine_sums(cj)
                 res = run_vllm(a, url, model, out) if arm == "vllm" else run_astro(a, cluster, work / f"astro-{i}")
+                after = engine_sums(cj)
+                n = after["ttft_count"] - before["ttft_count"]
+                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
                 runs[arm].append(res)
                 print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
-                      f"mean E2E {res['mean']['e2el']:.3f} s", file=sys.stderr, flush=True)
+                      f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s "
+                      f"({n:.0f} requests)", file=sys.stderr, flush=True)
         print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
               "astro / vllm (median) | ratio range |")
         print("|---|---|---|---|---|")

@@ -21,7 +21,9 @@ by `InstanceSim`.
 Output length (`target_output_tokens`): `max_tokens` under `ignore_eos`; else the client's
 `vllm_xargs.astro_output_tokens` capped by max_tokens; else a draw from the profile's
 `output_len` lognormal(mu, sigma) rounded and clipped to [1, min(output_len.max_tokens,
-max_tokens)] with the engine's seeded `numpy.random.Generator`.
+max_tokens)] with the engine's seeded `numpy.random.Generator` (with the request's `seed`:
+a Generator of that seed, so the seed repeats the length). `stop` strings can end the
+output earlier (`engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from rps_astro_cli.engine.synthetic import OutputText, plan_output
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
@@ -79,6 +82,8 @@ class EngineRequest:
     ready_s: float | None = None  # engine clock: when preprocessing ends (it joins the queue)
     aborted: bool = False
     done: bool = False
+    # the output text when the request has a seed or stop strings (`engine.synthetic`); None: the plain cycle
+    text: OutputText | None = None
 
     @property
     def request_id(self) -> str:
@@ -218,17 +223,33 @@ class SimEngine:
         return len(self._live)
 
     # -- requests --------------------------------------------------------------------
-    def target_output_tokens(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str]:
-        """(output length, finish_reason) per the module docstring's rule."""
+    def target_output_tokens(self, req: ParsedRequest, max_tokens: int,
+                             rng: np.random.Generator | None = None) -> tuple[int, str]:
+        """(output length, finish_reason) per the module docstring's rule; a drawn length
+        comes from `rng` (default: the engine's Generator)."""
         if req.ignore_eos:
             return max_tokens, "length"
         if req.output_tokens is not None:
             n = min(req.output_tokens, max_tokens)
         else:
             d = self.profile.output_len
-            draw = round(float(self.rng.lognormal(d.mu, d.sigma)))
+            draw = round(float((rng or self.rng).lognormal(d.mu, d.sigma)))
             n = max(1, min(draw, d.max_tokens, max_tokens))
         return n, ("length" if n >= max_tokens else "stop")
+
+    def output_plan(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str, OutputText | None]:
+        """(output length, finish_reason, text) of a request. With a `seed`, its own
+        Generator draws the length (when drawn) and the words, so a seed repeats its
+        output; with `stop` strings, the output ends at the first one the text forms
+        (`engine.synthetic.plan_output`; finish_reason "stop")."""
+        rng = np.random.default_rng(req.seed) if req.seed is not None else None
+        out, reason = self.target_output_tokens(req, max_tokens, rng)
+        if rng is None and not req.stop:
+            return out, reason, None
+        text = plan_output(out, rng, req.stop, req.min_tokens, req.include_stop_str_in_output)
+        if text.stop_reason is not None:
+            return text.num_tokens, "stop", text
+        return out, reason, text
 
     def submit(self, req: ParsedRequest, charge: VisionCharge = VisionCharge(),
                request_id: str | None = None, token_ids: Sequence[int] = ()) -> EngineRequest:
@@ -245,7 +266,7 @@ class SimEngine:
         max_tokens = resolve_max_tokens(req, prompt, self.config.max_model_len)
         if self._wake is None:
             raise RuntimeError("SimEngine.submit before start()")
-        out, reason = self.target_output_tokens(req, max_tokens)
+        out, reason, text = self.output_plan(req, max_tokens)
         rid = request_id or f"req-{next(self._ids)}"
         sim = SimRequest(
             request_id=rid, arrival_s=self.now_s(), prompt_tokens=prompt, target_output_tokens=out,
@@ -253,7 +274,7 @@ class SimEngine:
             req_class=req.req_class, predicted_output_tokens=req.predicted_output_tokens,
             block_hashes=block_hashes(token_ids[:prompt], self.config.block_size) if token_ids else (),
         )
-        er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason)
+        er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason, text=text)
         self._live[rid] = er
         if charge.preprocess_s > 0:
             er.ready_s = sim.arrival_s + charge.preprocess_s
