@@ -71,42 +71,85 @@ def vllm_cmd(vllm: str) -> list[str]:
     return [str(Path(vllm).with_name("python")), "-c", VLLM_SHIM]
 
 
-def run_vllm(a, url: str, model: str, out: Path) -> dict:
+def vllm_args(a, url: str, model: str, out: Path) -> list[str]:
     cmd = [*vllm_cmd(a.vllm), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", url, "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "sharegpt",
            "--dataset-path", a.dataset, "--num-prompts", str(a.num_prompts), "--seed", str(a.seed),
            "--request-rate", str(a.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "99", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
            "--result-filename", out.name, "--disable-tqdm"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    t = time.process_time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
-    if r.returncode:
-        raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    _ = t
+    if a.concurrent:  # no single-prompt test run first: both tools start sending at once
+        cmd += ["--ready-check-timeout-sec", "0"]
+    return cmd
+
+
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def vllm_result(out: Path, cmd: list[str]) -> dict:
     d = json.loads(out.read_text())
     starts = d.get("start_times") or []
+    # vLLM's start_times are perf_counter() (CLOCK_MONOTONIC, shared by every process here)
+    now_unix, now_mono = time.time(), time.perf_counter()
     return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
             "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
             "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [],
-            "cmd": cmd}
+            "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
 
-def run_astro(a, cluster: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--cluster", str(cluster), "-w", "sharegpt",
-           "--path", a.dataset, "--tokenizer", a.tokenizer, "--sampling", "vllm", "--ttft-definition", "vllm",
-           "-n", str(a.num_prompts), "--seed", str(a.seed), "--request-rate", str(a.rate), "--ignore-eos",
-           "--max-tokens", "reference", "--no-send-true-lengths", "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    if r.returncode not in (0,):
-        raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+def run_vllm(a, url: str, model: str, out: Path) -> dict:
+    cmd = vllm_args(a, url, model, out)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=a.timeout)
+    if r.returncode:
+        raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return vllm_result(out, cmd)
+
+
+def astro_args(a, cluster: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--cluster", str(cluster), "-w", "sharegpt",
+            "--path", a.dataset, "--tokenizer", a.tokenizer, "--sampling", "vllm", "--ttft-definition", "vllm",
+            "-n", str(a.num_prompts), "--seed", str(a.seed), "--request-rate", str(a.rate), "--ignore-eos",
+            "--max-tokens", "reference", "--no-send-true-lengths", "--out", str(out)]
+
+
+def astro_result(out: Path, cmd: list[str]) -> dict:
     rep = json.loads((out / "report.json").read_text())
     m = rep["runs"][0]["metrics"]["overall"]
-    sent = [json.loads(line)["sent_s"] for line in (out / "requests.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    sent = [r["sent_s"] for r in rows]
+    # ≈ the run's start: the report is written after the run ends (scrapes, files), so a
+    # little late — an upper bound
+    first = rep["created_unix_s"] - rep["runs"][0]["wall_s"] if rep.get("created_unix_s") else None
     return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
             "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
             "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd,
-            "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
+            "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99"),
+            "first_send_unix": first}
+
+
+def run_astro(a, cluster: Path, out: Path) -> dict:
+    cmd = astro_args(a, cluster, out)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode:
+        raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return astro_result(out, cmd)
+
+
+def run_both(a, url: str, model: str, cluster: Path, vout: Path, aout: Path) -> tuple[dict, dict]:
+    """Both tools at once, each sending the same plan: every prompt is sent twice at about
+    the same moment, so the two copies meet the same fleet and the same machine load."""
+    vcmd, acmd = vllm_args(a, url, model, vout), astro_args(a, cluster, aout)
+    pv = subprocess.Popen(vcmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **VLLM_ENV})
+    time.sleep(max(0.0, a.astro_delay_s))
+    pa = subprocess.Popen(acmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, verr = pv.communicate(timeout=a.timeout)
+    _, aerr = pa.communicate(timeout=a.timeout)
+    if pv.returncode:
+        raise SystemExit(f"vllm bench serve failed ({pv.returncode}):\n{verr[-3000:]}")
+    if pa.returncode:
+        raise SystemExit(f"astro bench failed ({pa.returncode}):\n{aerr[-3000:]}")
+    return vllm_result(vout, vcmd), astro_result(aout, acmd)
 
 
 def engine_sums(cj: dict) -> dict[str, float]:
@@ -152,6 +195,11 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write the raw figures here")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run both tools at the same time (each at --rate, the same plan), so machine load "
+                         "that drifts between arms hits both alike; the fleet then serves 2 × --rate")
+    ap.add_argument("--astro-delay-s", type=float, default=0.0,
+                    help="with --concurrent: start astro bench this long after vllm bench serve (s)")
     a = ap.parse_args()
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
@@ -165,7 +213,22 @@ def main() -> None:
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
         runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
-        for i in range(a.repeats):
+        for i in range(a.repeats if a.concurrent else 0):
+            vout, aout = work / f"vllm-{i}" / "result.json", work / f"astro-{i}"
+            vout.parent.mkdir(parents=True, exist_ok=True)
+            before = engine_sums(cj)
+            rv, ra = run_both(a, url, model, cluster, vout, aout)
+            after = engine_sums(cj)
+            n = after["ttft_count"] - before["ttft_count"]
+            for arm, res in (("vllm", rv), ("astro", ra)):
+                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
+                runs[arm].append(res)
+            off = (ra["first_send_unix"] - rv["first_send_unix"]) if ra["first_send_unix"] and rv["first_send_unix"] \
+                else float("nan")
+            print(f"repeat {i} (both at once; astro's start ≈ {off:+.2f} s after vLLM's first send): mean TTFT vllm "
+                  f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
+                  f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
+        for i in range(0 if a.concurrent else a.repeats):
             order = ("vllm", "astro") if i % 2 == 0 else ("astro", "vllm")
             for arm in order:
                 out = work / f"{arm}-{i}" / ("result.json" if arm == "vllm" else "")

@@ -52,7 +52,8 @@ def metrics(url: str) -> dict[str, float]:
     for line in HTTP.get(url + "/metrics").text.splitlines():
         if line.startswith("vllm:") and "_bucket" not in line:
             name, val = line.rsplit(" ", 1)
-            out[name.split("{")[0]] = float(val)
+            key = name.split("{")[0]
+            out[key] = out.get(key, 0.0) + float(val)  # summed over label sets (finished_reason)
     return out
 
 
@@ -533,3 +534,39 @@ def test_tokenize_and_detokenize_have_vllms_shapes(text_srv):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert HTTP.post(url + "/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
     assert HTTP.post(url + "/tokenize", json={"prompt": 3}).json()["error"]["param"] == "prompt"
+
+
+def test_vllm_request_histograms_hand_computed():
+    """One 40-token prompt, 5 tokens under ignore_eos, alone on the linear profile (step =
+    10 ms + 0.1 ms per token, time scale 1): prefill step 14 ms, then 4 decode steps of
+    10.1 ms. vLLM's families: ITL 4 × 10.1 ms (all in the ≤ 25 ms bucket, none ≤ 10 ms),
+    prefill time 14 ms, decode time 40.4 ms, inference time 54.4 ms, time per output token
+    10.1 ms, prompt 40 / generation 5 / max_tokens 5 tokens, one success with
+    finished_reason "length"; every family labelled model_name and engine."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with serve(make_profile(), time_scale=1.0) as srv:
+        r = HTTP.post(srv.url + "/v1/completions", json={"prompt": words(40), "max_tokens": 5, "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 5
+        text = HTTP.get(srv.url + "/metrics").text
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name.startswith("vllm:"):
+                assert smp.labels.get("model_name") == MODEL and smp.labels.get("engine") == "0", smp
+            key = smp.name + "".join(f"|{k}={v}" for k, v in sorted(smp.labels.items())
+                                     if k not in ("model_name", "engine"))
+            samples[key] = smp.value
+    h = "vllm:inter_token_latency_seconds"
+    assert (samples[h + "_count"], samples[h + "_sum"]) == (4, pytest.approx(0.0404, abs=1e-9))
+    assert (samples[h + "_bucket|le=0.01"], samples[h + "_bucket|le=0.025"]) == (0, 4)
+    for name, want in (("request_prefill_time_seconds", 0.014), ("request_decode_time_seconds", 0.0404),
+                       ("request_inference_time_seconds", 0.0544),
+                       ("request_time_per_output_token_seconds", 0.0101),
+                       ("request_prompt_tokens", 40), ("request_generation_tokens", 5),
+                       ("request_params_max_tokens", 5)):
+        assert samples[f"vllm:{name}_count"] == 1, name
+        assert samples[f"vllm:{name}_sum"] == pytest.approx(want, abs=1e-9), name
+    assert 0 <= samples["vllm:request_queue_time_seconds_sum"] < 0.05  # submit → the loop's next step (wall)
+    assert samples["vllm:request_success_total|finished_reason=length"] == 1
+    assert samples["vllm:request_success_total|finished_reason=stop"] == 0

@@ -84,6 +84,7 @@ class EngineRequest:
     done: bool = False
     # the output text when the request has a seed or stop strings (`engine.synthetic`); None: the plain cycle
     text: OutputText | None = None
+    last_token_s: float | None = None  # engine clock: when its latest token was delivered
 
     @property
     def request_id(self) -> str:
@@ -113,6 +114,9 @@ class EngineCounters:
     generation_tokens_total: int = 0
     requests_finished_total: int = 0
     requests_aborted_total: int = 0
+    # requests ended per vLLM finished_reason ("stop", "length", "abort"; the failed: "error")
+    finished_by_reason: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0,
+                                                                         "error": 0})
     steps_total: int = 0
     steps_late_total: int = 0
     lag_wall_s_max: float = 0.0
@@ -129,7 +133,9 @@ class SimEngine:
     per simulated second (> 0). instance_id: name in `/status`. config_overrides: fields
     of `InstanceConfig` (num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
     max_model_len, chunked_prefill); None values are ignored.
-    on_first_token(ttft_s) / on_finish(e2e_s): optional callbacks (simulated seconds).
+    on_first_token(ttft_s) / on_token(itl_s) (every later token: the gap since the
+    request's previous one) / on_finish(er, end_s) (a request's last token, engine
+    clock): optional callbacks, simulated seconds.
 
     Raises:
         AstroUserError: bad policy name or limits (from the policy registry / InstanceConfig).
@@ -158,6 +164,7 @@ class SimEngine:
         self.max_lag_s = max_lag_s
         self.counters = EngineCounters()
         self.on_first_token = None
+        self.on_token = None
         self.on_finish = None
         self._live: dict[str, EngineRequest] = {}
         self._ids = itertools.count()
@@ -303,11 +310,14 @@ class SimEngine:
         self.inst.abort(er.sim)
         self._live.pop(er.request_id, None)
         self.counters.requests_aborted_total += 1
+        self.counters.finished_by_reason["abort"] += 1
         self._wake.set()
 
     def _fail(self, er: EngineRequest, exc: Exception) -> None:
         self.inst.abort(er.sim)
         self._live.pop(er.request_id, None)
+        if not er.done:
+            self.counters.finished_by_reason["error"] += 1
         er.done = True
         er.queue.put_nowait(exc)
 
@@ -402,8 +412,12 @@ class SimEngine:
                 continue
             n = req.num_generated_tokens
             er.queue.put_nowait(n)
-            if n == 1 and self.on_first_token is not None:
-                self.on_first_token(end_s - req.arrival_s)
+            if er.last_token_s is None:
+                if self.on_first_token is not None:
+                    self.on_first_token(end_s - req.arrival_s)
+            elif self.on_token is not None:
+                self.on_token(end_s - er.last_token_s)
+            er.last_token_s = end_s
         for req in res.finished:
             er = live.pop(req.request_id, None)
             if er is None:
@@ -411,5 +425,6 @@ class SimEngine:
             er.done = True
             er.queue.put_nowait(FINISHED)
             self.counters.requests_finished_total += 1
+            self.counters.finished_by_reason[er.finish_reason] += 1
             if self.on_finish is not None:
-                self.on_finish(end_s - req.arrival_s)
+                self.on_finish(er, end_s)
