@@ -191,6 +191,7 @@ def scheduler(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
@@ -205,6 +206,9 @@ def scheduler(
         engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
         llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
         served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key)
+    from dataclasses import replace
+
+    settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     run_scheduler(settings, host, port, log_level, ready_file)
 
 
@@ -313,6 +317,17 @@ def _scheduler_settings(engine, predictor, discover, discover_service, discover_
         served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, discovery=discovery)
+
+
+def _positive(v: float, field: str) -> float:
+    import math
+
+    from rps_astro_cli.errors import AstroUserError
+
+    if not (v > 0 and math.isfinite(v)):
+        raise AstroUserError(f"must be a finite number > 0, got {v}", field=field,
+                             fix="pass the engines' --time-scale, e.g. 1")
+    return v
 
 
 def _discovery_settings(discover: str | None, service: str | None, namespace: str | None, static: bool):

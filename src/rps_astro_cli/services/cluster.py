@@ -273,6 +273,8 @@ class ClusterSupervisor:
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
+            if cfg.engine.backend == "sim" and cfg.engine.time_scale != 1.0:  # observed wall s → engine s
+                argv += ["--time-scale", repr(cfg.engine.time_scale)]
             for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)
                 argv += ["--param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
