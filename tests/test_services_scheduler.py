@@ -392,3 +392,81 @@ def test_prefix_hits_live_power_of_k_pin_and_cache_aware(length_model, profile_p
         m = httpx.get(engs[xi].url + "/metrics").text
         # B hit 48 tokens, C 96 (its prompt, 1 + 120 ids, caps the hit at 7 blocks; 6 cached)
         assert metric(m, "vllm:prefix_cache_hits_total") == 48 + 96
+
+
+def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
+    """Objective ttft, a text request: the Predictor RPCs go out before the (slow) tag
+    returns; the forward still carries the tag's length. Objective e2e, or early
+    dispatch off: the Predictors are asked only after the tag."""
+    times: dict[str, list[float]] = {"tag_in": [], "tag_out": [], "predict": []}
+    tagger = FastAPI()
+
+    @tagger.post("/tag")
+    async def _tag():
+        times["tag_in"].append(time.monotonic())
+        await asyncio.sleep(0.3)
+        times["tag_out"].append(time.monotonic())
+        return {"predicted_output_tokens": 7, "prompt_tokens": 2, "text_tokens": 2}
+
+    predictor = FastAPI()
+
+    @predictor.post("/predict")
+    async def _predict():
+        times["predict"].append(time.monotonic())
+        return {"ttft_s": 0.01, "e2e_s": 0.1}
+
+    with ExitStack() as st:
+        eng = start(st, engine_app(0))
+        tag_srv, pred_srv = start(st, tagger), start(st, predictor)
+        cases = (({"k": "all"}, True, True), ({"k": "all"}, False, False),
+                 ({"k": "all", "objective": "e2e"}, True, False))
+        for params, early_on, early_expected in cases:
+            s = scheduler(st, [eng.url], [pred_srv.url], policy="power_of_k", policy_params=params,
+                          tagger_url=tag_srv.url, tag_deadline_s=2.0, predict_deadline_s=2.0,
+                          early_dispatch=early_on)
+            for v in times.values():
+                v.clear()
+            with httpx.Client(base_url=s.url, timeout=10) as c:
+                assert c.post("/v1/chat/completions", json=chat(max_tokens=50)).status_code == 200
+                d = c.get("/decisions").json()[-1]
+            assert len(times["predict"]) == 1 and len(times["tag_out"]) == 1, times
+            asked_before_tag = times["predict"][0] < times["tag_out"][0]
+            assert asked_before_tag is early_expected, (params, early_on, times)
+            assert d.get("early_dispatch", False) is early_expected
+            assert d["predicted_output_tokens"] == 7  # the tag's length, early or not
+
+
+def test_status_policy_polls_engines_fast_but_services_at_the_health_period(length_model):
+    """power_of_k reads /status every status_interval_s; the Predictors' and the tagger's
+    /health are asked every health_interval_s — except a Predictor a health check found
+    failing, which is re-checked every status tick (fast readmission)."""
+    calls = {"pred-ok": 0, "pred-bad": 0, "tagger": 0}
+
+    def service(name: str, status: int) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/health")
+        async def _health():
+            calls[name] += 1
+            from fastapi.responses import JSONResponse
+            return JSONResponse({"status": "ok" if status == 200 else "degraded"}, status_code=status)
+
+        return app
+
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(2)]
+        ok, bad, tag = (start(st, service("pred-ok", 200)), start(st, service("pred-bad", 503)),
+                        start(st, service("tagger", 200)))
+        s = scheduler(st, [e.url for e in engs], [ok.url, bad.url], policy="power_of_k", tagger_url=tag.url,
+                      status_interval_s=0.05, health_interval_s=1.0, recheck_interval_s=0.05)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            assert c.get("/health").status_code in (200, 503)
+            for v in calls:
+                calls[v] = 0
+            time.sleep(2.0)
+            inst = c.get("/instances").json()
+        # 2 s at a 1 s health period: 2 (±1) checks each; at the 50 ms status period it would be ~40
+        assert 1 <= calls["pred-ok"] <= 3 and 1 <= calls["tagger"] <= 3, calls
+        assert calls["pred-bad"] >= 10, calls  # the failing one: every status tick
+        states = inst if isinstance(inst, list) else inst.get("instances", inst)
+        assert any("health check" in str(x.get("predictor_error")) for x in states), states
