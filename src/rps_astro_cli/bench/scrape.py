@@ -73,7 +73,9 @@ def decisions_summary(decisions: list[dict[str, Any]]) -> dict[str, Any]:
     overhead_ms: p50/p99/mean of `overhead_us` / 1000 (scheduler time per request, engine
     excluded). decide_ms: the same of `decide_us` (policy decision incl. predict RPCs).
     predictor_e2e: MAE (s) and MAPE of the chosen instance's predicted `e2e_s` against the
-    scheduler-observed `observed_e2e_s` (forward → end of stream); predictor_ttft likewise.
+    scheduler-observed `observed_e2e_s` (forward → end of stream), over the decisions not
+    made early (`early_dispatch`: predicted before the tag, so their e2e assumed the default
+    reply length); predictor_ttft likewise, over all.
     """
     def stats(vals: list[float]) -> dict[str, float | None]:
         return {"count": len(vals), "mean": float(np.mean(vals)) if vals else None,
@@ -85,6 +87,8 @@ def decisions_summary(decisions: list[dict[str, Any]]) -> dict[str, Any]:
     for key, obs in (("e2e_s", "observed_e2e_s"), ("ttft_s", "observed_ttft_s")):
         pairs = []
         for d in decisions:
+            if key == "e2e_s" and d.get("early_dispatch"):
+                continue  # predicted before the tag: its e2e assumed the default reply length
             pred = (d.get("predictions") or {}).get(str(d.get("choice")))
             if (isinstance(pred, dict) and isinstance(pred.get(key), (int, float))
                     and isinstance(d.get(obs), (int, float))):

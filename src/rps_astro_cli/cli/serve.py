@@ -191,6 +191,7 @@ def scheduler(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
@@ -239,7 +240,8 @@ def scheduler(
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
         served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
-        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, discovery=discovery)
+        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
+        discovery=discovery)
     run_scheduler(settings, host, port, log_level, ready_file)
 
 

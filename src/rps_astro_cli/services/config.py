@@ -18,7 +18,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     tagger:    {enabled, length_model}
     scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed, decisions_kept, oracle_lengths}
+                port, seed, decisions_kept, oracle_lengths, early_dispatch}
                 # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
                 # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
                 # k, objective and llumnix's variant
@@ -102,6 +102,8 @@ class SchedulerSection(_Strict):
     seed: int = Field(0, ge=0)
     decisions_kept: int = Field(1000, ge=1, description="decisions kept for GET /decisions")
     oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
+    early_dispatch: bool = Field(True, description="objective ttft, text requests: ask the Predictors while the "
+                                 "tagger works (a text request's TTFT does not depend on its reply length)")
 
     @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod

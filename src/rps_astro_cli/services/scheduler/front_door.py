@@ -122,22 +122,35 @@ class FrontDoor:
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
-        t_tag = time.perf_counter()
-        tag = await self.tags.finish(tag_task, raw)
-        tag_wait_us = (time.perf_counter() - t_tag) * 1e6
-        cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
         hashes: tuple[int, ...] = ()
         bs = 16
         if self.dispatcher.needs_prefix:
             bs = next((st.block_size for st in self.instances if st.block_size), 16)
             hashes = block_hashes(oa.prompt_token_ids(body, endpoint, token_ids_fallback), bs)
+        early = None
+        if self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text":
+            # a text request's TTFT on an instance does not depend on its own reply length,
+            # and its prompt tokens are the parser's (the tagger counts the same way): the
+            # Predictors can be asked while the tagger works (see module docstring)
+            early_cand = candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), hashes, bs))
+            await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
+        t_tag = time.perf_counter()
+        try:
+            tag = await self.tags.finish(tag_task, raw)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
+        tag_wait_us = (time.perf_counter() - t_tag) * 1e6
+        cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
         payload = json.dumps(body).encode()
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
-        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs))
+        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs, early))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -145,6 +158,8 @@ class FrontDoor:
             gone.cancel()
             if not fwd.done():  # the client left (or this handler was cancelled): abort upstream
                 fwd.cancel()
+                if early is not None:
+                    early.cancel()
                 await asyncio.gather(fwd, return_exceptions=True)
         if not fwd.cancelled():
             return fwd.result()
@@ -155,14 +170,19 @@ class FrontDoor:
         return Response(status_code=499)
 
     async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
-                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16) -> Response:
+                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16,
+                       early: asyncio.Future | None = None) -> Response:
         path = _PATHS[endpoint]
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
         first_5xx: tuple[bytes, int, dict[str, str]] | None = None
         overhead = 0.0
         for attempt in range(2):
-            dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
+            if attempt == 0 and early is not None:
+                dec = await early  # chosen while the tagger worked (text, objective ttft)
+                rec.early_dispatch = True
+            else:
+                dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
             if dec is None:
                 break
             st = self.instances.get(dec.choice)
