@@ -10,6 +10,12 @@
    prompt's block hashes are computed here, once per request, from the same token ids
    the sim engine uses (`protocol.openai.prompt_token_ids` with the fallback tokenizer's
    ids; `sim.prefix_cache.block_hashes` of the instances' block size).
+   Early dispatch (`early_dispatch`, on by default): under objective ttft a text
+   request's Predictor RPCs go out right after parsing, while the tagger works — its
+   TTFT on an instance does not depend on its own reply length, and the parser counts
+   prompt tokens as the tagger does. The forward still waits for the tag (the engine's
+   `/status` and the pending list carry the tag's length); the decision's `e2e_s`
+   predictions assume `default_output_tokens` (`DecisionRecord.early_dispatch`).
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). A request whose instance fails before anything was sent to the client
