@@ -12,6 +12,8 @@ drained fleet with a freshly started router. Arms (`--arms`, default all):
 | `astro/power_of_k` | `astro serve scheduler --policy power_of_k` (its defaults: k all, objective ttft, KV headroom gate 0.1, tie tolerance 0.02 s) + default tagger | predicted |
 | `astro/power_of_k-oracle` | same with `--oracle-lengths` (true length from `vllm_xargs`) | oracle |
 | `astro/po2` | the Astrolabe paper's Po2: `… --k 2 --objective e2e --param kv_reserve_frac=0 --param tie_tolerance_s=0` | predicted |
+| `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
+| `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -103,6 +105,7 @@ class Arm:
     oracle: bool = False
     lengths: str = "none"
     args: tuple[str, ...] = ()  # extra `astro serve scheduler` flags (astro arms)
+    tag_in_process: bool = False  # astro arms: the scheduler tags itself (no tagger service RPC)
 
 
 # the Astrolabe paper's Po2 (astro's defaults since issue 13 are k all, objective ttft,
@@ -112,6 +115,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/power_of_k", "astro", "power_of_k", lengths="predicted"),
     Arm("astro/power_of_k-oracle", "astro", "power_of_k", oracle=True, lengths="oracle"),
     Arm("astro/po2", "astro", "power_of_k", lengths="predicted", args=PO2_ARGS),
+    Arm("astro/power_of_k-inproc", "astro", "power_of_k", lengths="predicted", tag_in_process=True),
+    Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
@@ -162,7 +167,7 @@ class Router:
                 cmd += ["--engine", u]
             for i in fleet["instances"]:
                 cmd += ["--predictor", i["predictor_url"]]
-            if fleet.get("tagger"):
+            if fleet.get("tagger") and not arm.tag_in_process:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
                     "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
