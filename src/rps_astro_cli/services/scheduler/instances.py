@@ -90,22 +90,26 @@ class InstanceState:
         return out
 
     def load(self, position: int, excluded: frozenset[int] = frozenset(),
-             prefix: tuple[tuple[int, ...], int, int] | None = None) -> InstanceLoad:
+             prefix: tuple[tuple[int, ...], int, int] | None = None,
+             request_prompt_tokens: int | None = None) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
         `excluded` holds its index (a retry's failed one). `prefix` = (the request's
         block hashes, their block size, its prompt tokens): the load then carries the
-        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`)."""
+        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`) and its
+        prompt tokens; `request_prompt_tokens` sets those without a prefix (the KV
+        headroom gate counts them)."""
         fields: dict[str, int] = self.load_fields
         bs = fields.get("kv_block_size")
         if bs and self.pending:  # forwarded since that status was asked for: not in it yet
             unseen = [p for p in self.pending if p.sent_s >= self.status_s]
             need = sum(-(-p.prompt_tokens // bs) for p in unseen)
             fields = {**fields, "pending_blocks_needed": need, "pending_requests": len(unseen)}
+        healthy = self.healthy and self.index not in excluded
         if prefix is None:
-            return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
-        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
-                            **fields, prefix_hit_tokens=self.hit_tokens(*prefix),
-                            request_prompt_tokens=prefix[2])
+            return InstanceLoad(position, healthy, self.outstanding, **fields,
+                                request_prompt_tokens=request_prompt_tokens)
+        return InstanceLoad(position, healthy, self.outstanding, **fields,
+                            prefix_hit_tokens=self.hit_tokens(*prefix), request_prompt_tokens=prefix[2])
 
     def hit_tokens(self, hashes: tuple[int, ...], block_size: int, prompt_tokens: int) -> int:
         """Tokens of a request's prompt (`hashes` of its full blocks of `block_size`)
