@@ -14,6 +14,7 @@ drained fleet with a freshly started router. Arms (`--arms`, default all):
 | `astro/po2` | the Astrolabe paper's Po2: `… --k 2 --objective e2e --param kv_reserve_frac=0 --param tie_tolerance_s=0` | predicted |
 | `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
 | `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
+| `astro/power_of_k-local` | as `astro/power_of_k`, tagging and look-aheads in the scheduler's process (`--predict-in-process`: no RPC hop) | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -106,6 +107,7 @@ class Arm:
     lengths: str = "none"
     args: tuple[str, ...] = ()  # extra `astro serve scheduler` flags (astro arms)
     tag_in_process: bool = False  # astro arms: the scheduler tags itself (no tagger service RPC)
+    predict_in_process: bool = False  # astro arms: the scheduler runs the look-aheads (no Predictor RPCs)
 
 
 # the Astrolabe paper's Po2 (astro's defaults since issue 13 are k all, objective ttft,
@@ -117,6 +119,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/po2", "astro", "power_of_k", lengths="predicted", args=PO2_ARGS),
     Arm("astro/power_of_k-inproc", "astro", "power_of_k", lengths="predicted", tag_in_process=True),
     Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
+    Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", tag_in_process=True,
+        predict_in_process=True, args=("--predict-in-process",)),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
@@ -165,7 +169,7 @@ class Router:
             cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler"]
             for u in engines:
                 cmd += ["--engine", u]
-            for i in fleet["instances"]:
+            for i in fleet["instances"] if not arm.predict_in_process else ():
                 cmd += ["--predictor", i["predictor_url"]]
             if fleet.get("tagger") and not arm.tag_in_process:
                 cmd += ["--tagger", fleet["tagger"]["url"]]

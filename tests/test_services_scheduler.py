@@ -470,3 +470,39 @@ def test_status_policy_polls_engines_fast_but_services_at_the_health_period(leng
         assert calls["pred-bad"] >= 10, calls  # the failing one: every status tick
         states = inst if isinstance(inst, list) else inst.get("instances", inst)
         assert any("health check" in str(x.get("predictor_error")) for x in states), states
+
+
+def test_in_process_predictions_equal_the_sidecars(length_model, profile_path):
+    """`predict_in_process`: an instance without a Predictor URL is predicted by the
+    scheduler itself with the sidecar's look-ahead — the same estimate a sidecar gives on
+    the same engine state (here: idle engines, so the state cannot move between the two)."""
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i)) for i in range(2)]
+        side = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
+                for e in engs]
+        urls = [e.url for e in engs]
+        params = {"k": "all", "objective": "ttft"}
+        s_side = scheduler(st, urls, [p.url for p in side], policy="power_of_k", policy_params=params,
+                           length_model=length_model, profile=profile_path, predict_deadline_s=2.0)
+        s_local = scheduler(st, urls, None, policy="power_of_k", policy_params=params, length_model=length_model,
+                            profile=profile_path, predict_deadline_s=2.0, predict_in_process=True)
+        s_none = scheduler(st, urls, None, policy="power_of_k", policy_params=params, length_model=length_model,
+                           profile=profile_path, predict_deadline_s=2.0)
+        got = {}
+        for name, s in (("side", s_side), ("local", s_local), ("none", s_none)):
+            with httpx.Client(base_url=s.url, timeout=10) as c:
+                body = chat("one two three four five six seven eight", max_tokens=20, stream=False)
+                assert c.post("/v1/chat/completions", json=body).status_code == 200
+                time.sleep(0.3)  # the engines drain: the next decision sees them idle
+                assert c.post("/v1/chat/completions", json=body).status_code == 200
+                got[name] = c.get("/decisions").json()[-1]
+                m = c.get("/metrics").text
+                got[name]["rpcs"] = {o: metric(m, "astro_predict_rpcs_total", outcome=o) for o in ("ok", "in_process")}
+        assert got["side"]["rpcs"] == {"ok": 4, "in_process": 0}
+        assert got["local"]["rpcs"] == {"ok": 0, "in_process": 4}
+        for i in ("0", "1"):
+            a, b = got["side"]["predictions"][i], got["local"]["predictions"][i]
+            assert a["ttft_s"] == pytest.approx(b["ttft_s"], rel=1e-9) and a["e2e_s"] == pytest.approx(b["e2e_s"], rel=1e-9)
+        # an idle 2-engine fleet: the prefill of 8 + chat-template tokens is the TTFT (> 10 ms step floor)
+        assert got["local"]["predictions"]["0"]["ttft_s"] >= 0.01
+        assert got["none"]["reason"].startswith("fallback")  # no sidecar and not in-process: unscored

@@ -191,6 +191,7 @@ def scheduler(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
@@ -226,7 +227,7 @@ def scheduler(
     # with discovery the fleet size is unknown: k is checked against the largest fleet
     # (power-of-k takes the whole pool when k ≥ the instances discovered)
     n_instances = 256 if discovery is not None else len(engine)
-    predictors = bool(preds) or discovery is not None  # discovered: the pods' `predictor` port
+    predictors = bool(preds) or discovery is not None or predict_in_process  # discovered: the pods' `predictor` port
     sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": predictors}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
@@ -241,7 +242,7 @@ def scheduler(
         served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
-        discovery=discovery)
+        predict_in_process=predict_in_process, discovery=discovery)
     run_scheduler(settings, host, port, log_level, ready_file)
 
 

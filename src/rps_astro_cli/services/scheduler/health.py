@@ -70,6 +70,7 @@ class HealthMonitor:
                 status = InstanceStatus.from_dict(d)
                 st.load_fields = InstanceLoad.status_fields(status)
                 st.status_s = asked_s
+                st.status = status
                 st.block_size = status.limits.block_size
                 if self.needs_prefix and isinstance(d.get("prefix_cache"), dict):
                     st.prefix.apply(d["prefix_cache"])

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 from rps_astro_cli.sim.prefix_cache import PrefixMirror
-from rps_astro_cli.types import CandidateRequest, InstanceLoad, PendingRequest
+from rps_astro_cli.types import CandidateRequest, InstanceLoad, InstanceStatus, PendingRequest
 
 log = logging.getLogger("astro.scheduler")
 
@@ -57,11 +57,13 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
         self.ep = ep
+        # the engine's latest /status (status-based policies), for in-process predictions
+        self.status: InstanceStatus | None = None
         self.healthy = True  # circuit breaker closed
         self.dispatchable = dispatchable  # the fleet lets new requests come (discovery: ready, not terminating)
         self.phase = phase  # static | the discovery phase: not_ready | ready | terminating | removed
