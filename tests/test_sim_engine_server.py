@@ -444,3 +444,26 @@ def test_openai_client_models_version_and_explicit_refusals(text_srv):
     # what it does serve: text response_format, seed, a plain stream
     r = c.chat.completions.create(model=mid, messages=msg, max_tokens=3, seed=1, response_format={"type": "text"})
     assert r.choices[0].message.content and r.usage.completion_tokens >= 1
+
+
+def test_reset_prefix_cache_route():
+    # block 16: a 40-token prompt leaves 2 cached blocks and the second send hits 32
+    # tokens; after POST /reset_prefix_cache the same prompt hits nothing. While a long
+    # request holds blocks the reset is refused with a 409 that says why.
+    with serve(make_profile(), time_scale=0.01) as srv:
+        body = {"prompt": words(40), "max_tokens": 2, "ignore_eos": True}
+        for _ in range(2):
+            assert HTTP.post(srv.url + "/v1/completions", json=body).status_code == 200
+        assert metrics(srv.url)["vllm:prefix_cache_hits_total"] == 32
+        r = HTTP.post(srv.url + "/reset_prefix_cache")
+        assert r.status_code == 200 and r.json() == {"reset": True}
+        assert HTTP.get(srv.url + "/status", params={"prefix_since": 0}).json()["prefix_cache"]["stored"] == []
+        assert HTTP.post(srv.url + "/v1/completions", json=body).status_code == 200
+        assert metrics(srv.url)["vllm:prefix_cache_hits_total"] == 32  # no new hit
+    with serve(make_profile(), time_scale=1.0) as srv:
+        with HTTP.stream("POST", srv.url + "/v1/completions",
+                         json={"prompt": words(40), "max_tokens": 500, "ignore_eos": True, "stream": True}) as s:
+            lines = s.iter_lines()  # kept: a dropped line iterator closes the stream (the engine aborts)
+            next(lines)  # it runs (holds its blocks)
+            r = HTTP.post(srv.url + "/reset_prefix_cache")
+            assert r.status_code == 409 and "still hold KV blocks" in r.json()["error"]["message"], r.text
