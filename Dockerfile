@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
-# One image for every astro role (engine, predictor, tagger, scheduler, bench):
-#   docker build -t astro:0.1.0 .                                          # sim / CPU image
-#   docker build -t astro:0.1.0-vllm --build-arg ASTRO_EXTRAS=vllm .       # + vLLM 0.32 (CUDA wheels from PyPI)
+# One image for every astro role (engine, predictor, tagger, scheduler, epp, bench):
+#   docker build -t astro:0.1.0 .                                          # sim / CPU image (+ the epp extra)
+#   docker build -t astro:0.1.0-vllm --build-arg ASTRO_EXTRAS=vllm,epp .   # + vLLM 0.32 (CUDA wheels from PyPI)
 # Run a role: docker run --rm -p 9000:9000 astro:0.1.0 serve scheduler --help
 # Kubernetes manifests that use it: deploy/kubernetes/ (docs/deploy-kubernetes.md).
 #
@@ -22,7 +22,8 @@ FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update \
  && apt-get install -y --no-install-recommends gcc libc6-dev \
  && rm -rf /var/lib/apt/lists/*
-ARG ASTRO_EXTRAS=""
+# the epp extra (gRPC + Envoy's protobufs, ~15 MB) by default: `astro serve epp` is a role too
+ARG ASTRO_EXTRAS="epp"
 # ASTRO_REQUIRE_BUILD=1: a look-ahead engine that does not compile fails the build (setup.py)
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 ASTRO_REQUIRE_BUILD=1
 WORKDIR /opt/astro

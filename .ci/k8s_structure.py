@@ -7,7 +7,10 @@ its Predictor as a native sidecar reading it over localhost; the scheduler Deplo
 >= 2 replicas; the headless engine Service selects the engine pods and names its ports
 http / predictor (what discovery maps); the discovery Role is exactly get/list/watch on
 endpointslices; the Prometheus Operator monitors (no schema in kubernetes-validate)
-select existing pods / Services and name ports they have. Exit 1 on any problem.
+select existing pods / Services and name ports they have. The GIE overlay (a Deployment
+astro-epp instead of the scheduler): the EPP, its Service, RBAC and probes, and the
+InferencePool (GIE's v1 schema facts: kubernetes-validate has none for it) and HTTPRoute
+wired to the engine pods and the EPP (`check_gie`). Exit 1 on any problem.
 """
 
 from __future__ import annotations
@@ -42,8 +45,11 @@ def check(docs: list[dict]) -> list[str]:
             errors.append("engine pod: no native sidecar 'predictor' (init container, restartPolicy Always)")
         elif "http://127.0.0.1:8000" not in p["args"]:
             errors.append("engine pod: the Predictor does not read its engine over localhost")
+    gie = ("Deployment", "astro-epp") in by  # GIE mode: the gateway + EPP replace the scheduler
     sched = by.get(("Deployment", "astro-scheduler"))
-    if sched is None or sched["spec"].get("replicas", 1) < 2:
+    if gie:
+        errors += check_gie(docs, by, eng)
+    elif sched is None or sched["spec"].get("replicas", 1) < 2:
         errors.append("no Deployment astro-scheduler with >= 2 replicas")
     svc = by.get(("Service", "astro-engine"))
     if svc is None or svc["spec"].get("clusterIP") != "None":
@@ -52,7 +58,7 @@ def check(docs: list[dict]) -> list[str]:
         errors.append("Service astro-engine must name its ports http and predictor (discovery maps them)")
     elif not sel_matches({"matchLabels": svc["spec"]["selector"]}, pod_labels):
         errors.append("Service astro-engine does not select the engine pods")
-    if ("Service", "astro-scheduler") not in by:
+    if ("Service", "astro-scheduler") not in by and not gie:
         errors.append("no Service astro-scheduler")
     role = by.get(("Role", "astro-scheduler-discovery"))
     want = [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": ["get", "list", "watch"]}]
@@ -77,6 +83,117 @@ def check(docs: list[dict]) -> list[str]:
                         errors.append(f"ServiceMonitor {name}: Service {s['metadata']['name']} has no port "
                                       f"{ep['port']!r}")
     return errors
+
+
+# InferencePool inference.networking.k8s.io/v1 (GIE v1.x), as its published CRD defines
+# it: the fields a spec may have (anything else is pruned or refused by the API server),
+# the required ones, the enums and ranges. kubernetes-validate has no schema for CRDs, and
+# CI cannot fetch GIE's CRD (only package registries are reachable), so this is checked here.
+POOL_SPEC = {"selector", "targetPorts", "endpointPickerRef", "appProtocol"}
+POOL_REQUIRED = {"selector", "targetPorts"}
+PICKER_REF = {"name", "kind", "group", "port", "failureMode"}
+
+
+def _port_ok(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 65535
+
+
+def check_inference_pool(d: dict) -> list[str]:
+    """Schema facts of one InferencePool (v1)."""
+    name = d["metadata"]["name"]
+    errs = []
+    if d.get("apiVersion") != "inference.networking.k8s.io/v1":
+        errs.append(f"InferencePool {name}: apiVersion must be inference.networking.k8s.io/v1 (GIE v1.x)")
+    spec = d.get("spec") or {}
+    if set(spec) - POOL_SPEC:
+        errs.append(f"InferencePool {name}: unknown spec fields {sorted(set(spec) - POOL_SPEC)}")
+    if POOL_REQUIRED - set(spec):
+        errs.append(f"InferencePool {name}: missing spec fields {sorted(POOL_REQUIRED - set(spec))}")
+    sel = spec.get("selector") or {}
+    ml = sel.get("matchLabels")
+    if set(sel) != {"matchLabels"} or not isinstance(ml, dict) or not 1 <= len(ml) <= 64 \
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in ml.items()):
+        errs.append(f"InferencePool {name}: selector must be exactly matchLabels (1-64 string pairs)")
+    ports = spec.get("targetPorts")
+    if not isinstance(ports, list) or not 1 <= len(ports) <= 8 \
+            or not all(isinstance(p, dict) and set(p) == {"number"} and _port_ok(p["number"]) for p in ports) \
+            or len({p["number"] for p in ports}) != len(ports):
+        errs.append(f"InferencePool {name}: targetPorts must be 1-8 unique {{number: 1-65535}}")
+    if spec.get("appProtocol", "http") not in ("http", "kubernetes.io/h2c"):
+        errs.append(f"InferencePool {name}: appProtocol must be http or kubernetes.io/h2c")
+    ref = spec.get("endpointPickerRef")
+    if ref is not None:
+        if set(ref) - PICKER_REF or "name" not in ref:
+            errs.append(f"InferencePool {name}: endpointPickerRef fields must be name (required) + {sorted(PICKER_REF)}")
+        if ref.get("failureMode", "FailClose") not in ("FailOpen", "FailClose"):
+            errs.append(f"InferencePool {name}: endpointPickerRef.failureMode must be FailOpen or FailClose")
+        port = ref.get("port")
+        if ref.get("kind", "Service") == "Service" and (not isinstance(port, dict) or set(port) != {"number"}
+                                                        or not _port_ok(port["number"])):
+            errs.append(f"InferencePool {name}: endpointPickerRef.port {{number}} is required for a Service")
+    return errs
+
+
+def check_gie(docs: list[dict], by: dict, eng: dict | None) -> list[str]:
+    """The GIE overlay: the EPP Deployment runs `astro serve epp` with discovery, its
+    Service exposes the gRPC port its probes use, the InferencePool (v1 schema facts)
+    selects the engine pods on their OpenAI port and names the EPP Service and port, the
+    HTTPRoute sends to the pool, the EPP's service account is bound to the discovery Role."""
+    errs = []
+    epp = by[("Deployment", "astro-epp")]
+    pod = epp["spec"]["template"]
+    c = next((c for c in pod["spec"]["containers"] if c["name"] == "epp"), None)
+    if c is None or c["args"][:2] != ["serve", "epp"]:
+        return ["EPP pod: no container 'epp' running `astro serve epp`"]
+    args = c["args"]
+    flag = {a: args[i + 1] for i, a in enumerate(args[:-1]) if a.startswith("--")}
+    if flag.get("--discover") != "kubernetes" or flag.get("--discover-service") != "astro-engine":
+        errs.append("EPP: not `--discover kubernetes --discover-service astro-engine`")
+    grpc_port = int(flag.get("--port", "9002"))
+    cports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    if cports.get("grpc") != grpc_port:
+        errs.append(f"EPP: container port 'grpc' is not its --port {grpc_port}")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        g = (c.get(probe) or {}).get("grpc")
+        if not g or g.get("port") != grpc_port:
+            errs.append(f"EPP: {probe} is not a gRPC health probe on port {grpc_port}")
+    if (c.get("readinessProbe") or {}).get("grpc", {}).get("service") != "readiness":
+        errs.append("EPP: readinessProbe must ask the gRPC health service 'readiness'")
+    sa = pod["spec"].get("serviceAccountName")
+    if not any(d["kind"] == "RoleBinding" and d["roleRef"]["name"] == "astro-scheduler-discovery"
+               and any(x["kind"] == "ServiceAccount" and x["name"] == sa for x in d["subjects"]) for d in docs):
+        errs.append(f"EPP: service account {sa!r} is not bound to Role astro-scheduler-discovery")
+    pools = [d for d in docs if d["kind"] == "InferencePool"]
+    if len(pools) != 1:
+        return errs + [f"want one InferencePool, found {len(pools)}"]
+    pool = pools[0]
+    errs += check_inference_pool(pool)
+    spec = pool.get("spec") or {}
+    if eng is not None:
+        labels = eng["spec"]["template"]["metadata"]["labels"]
+        if not sel_matches(spec.get("selector") or {}, labels):
+            errs.append("InferencePool: its selector does not select the engine pods")
+        http = [p["containerPort"] for c in eng["spec"]["template"]["spec"]["containers"] if c["name"] == "engine"
+                for p in c.get("ports", []) if p["name"] == "http"]
+        if [p.get("number") for p in spec.get("targetPorts") or []] != http:
+            errs.append(f"InferencePool: targetPorts must be the engine's OpenAI port {http}")
+    ref = spec.get("endpointPickerRef") or {}
+    svc = by.get(("Service", ref.get("name")))
+    if svc is None:
+        errs.append(f"InferencePool: endpointPickerRef names no Service ({ref.get('name')!r})")
+    else:
+        if not sel_matches({"matchLabels": svc["spec"]["selector"]}, pod["metadata"]["labels"]):
+            errs.append(f"Service {svc['metadata']['name']} does not select the EPP pods")
+        sp = [p for p in svc["spec"]["ports"] if p["port"] == (ref.get("port") or {}).get("number")]
+        if not sp or sp[0].get("targetPort") not in ("grpc", grpc_port):
+            errs.append("InferencePool: endpointPickerRef.port is not the EPP Service's gRPC port")
+    routes = [d for d in docs if d["kind"] == "HTTPRoute"]
+    to_pool = [b for r in routes for rule in r["spec"].get("rules", []) for b in rule.get("backendRefs", [])
+               if b.get("group") == "inference.networking.k8s.io" and b.get("kind") == "InferencePool"
+               and b.get("name") == pool["metadata"]["name"]]
+    if not to_pool:
+        errs.append("no HTTPRoute sends to the InferencePool")
+    return errs
 
 
 def main() -> int:

@@ -9,7 +9,7 @@ import typer
 
 from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors
 
-serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler), or with no role the "
+serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler, epp), or with no role the "
                         "whole cluster: `astro serve --instances 4`.",
                         invoke_without_command=True)
 
@@ -201,10 +201,84 @@ def scheduler(
     log_level: LogOpt = "warning",
 ) -> None:
     """Serve the global scheduler: OpenAI front door that tags, dispatches and forwards."""
+    from rps_astro_cli.services.scheduler import run_scheduler
+
+    settings = _scheduler_settings(
+        engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
+        llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
+        served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key,
+        early_dispatch, predict_in_process)
+    run_scheduler(settings, host, port, log_level, ready_file)
+
+
+
+@serve_app.command("epp")
+@user_errors
+def epp(
+    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeat per instance); the picked endpoint is its HOST:PORT. Or --discover.")] = None,
+    predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
+    discover: Annotated[str | None, typer.Option("--discover", help="Find the engines instead of --engine: 'kubernetes' (the EndpointSlices of --discover-service, watched).")] = None,
+    discover_service: Annotated[str | None, typer.Option("--discover-service", help="--discover kubernetes: the engines' Service (ports named http and predictor).")] = None,
+    discover_namespace: Annotated[str | None, typer.Option("--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the pod's own).")] = None,
+    tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size or 'all' (the default).")] = None,
+    objective: Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")] = "ttft",
+    llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
+    param: ParamOpt = None,
+    predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
+    tag_deadline_ms: Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")] = 50.0,
+    health_interval_ms: Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")] = 500.0,
+    status_interval_ms: Annotated[float, typer.Option("--status-interval-ms", help="Status poll period for llumnix (ms).")] = 100.0,
+    served_model_name: Annotated[list[str] | None, typer.Option("--served-model-name", help="Accepted model name(s) (others get 404); default: the engines'.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
+    length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from $HOSTNAME).")] = None,
+    oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    destination_header: Annotated[str, typer.Option("--destination-header", help="Header (and metadata key) carrying the picked IP:PORT to the gateway.")] = "x-gateway-destination-endpoint",
+    metadata_namespace: Annotated[str, typer.Option("--metadata-namespace", help="Dynamic-metadata namespace of the picked endpoint ('' = none).")] = "envoy.lb",
+    body_mode: Annotated[str, typer.Option("--body-mode", help="Envoy's body mode when it sends no protocol_config: full_duplex_streamed (GIE's) | buffered.")] = "full_duplex_streamed",
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", help="Serve Prometheus /metrics on this port.")] = None,
+    max_body_bytes: BodyOpt = 1 << 20,
+    host: HostOpt = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="gRPC listen port (ext_proc + grpc.health.v1; GIE's convention: 9002).")] = 9002,
+    ready_file: ReadyOpt = None,
+    api_key: KeyOpt = None,
+    log_level: LogOpt = "warning",
+) -> None:
+    """Serve a Gateway API Inference Extension endpoint picker (Envoy ext_proc over gRPC):
+    each request of an InferencePool is dispatched by astro (tag → Predictors → pick) and
+    the gateway is told the endpoint (header and envoy.lb metadata
+    x-gateway-destination-endpoint). Needs the epp extra."""
+    from rps_astro_cli.errors import AstroUserError
+
+    try:
+        from rps_astro_cli.services.epp import BODY_MODES, EppSettings, run_epp
+    except ImportError as exc:
+        raise AstroUserError(f"needs the epp extra ({exc}): pip install "
+                             "'rps_astro_cli[epp]'", field="astro serve epp") from None
+    if body_mode not in BODY_MODES:
+        raise AstroUserError(f"unknown mode {body_mode!r}; use one of: {', '.join(sorted(BODY_MODES))}",
+                             field="--body-mode")
+    if not destination_header.strip():
+        raise AstroUserError("must not be empty", field="--destination-header")
+    settings = _scheduler_settings(
+        engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
+        llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
+        served_model_name, profile, length_model, seed, 1000, oracle_lengths, max_body_bytes, api_key)
+    run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
+                        metrics_port=metrics_port), host, port, log_level, ready_file)
+
+def _scheduler_settings(engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
+                        objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
+                        status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
+                        oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False):
+    """The `SchedulerSettings` of `astro serve scheduler`'s flags (`astro serve epp` shares
+    them); raises AstroUserError naming the flag."""
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.protocol.internal_auth import internal_token
     from rps_astro_cli.services.config import parse_config
-    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, run_scheduler
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings
 
     engine = engine or []
     preds = predictor or []
@@ -234,7 +308,7 @@ def scheduler(
                         "predictor.enabled": "--predictor",
                         **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
-    settings = SchedulerSettings(
+    return SchedulerSettings(
         instances=eps, policy=policy, policy_params=sec.policy_params(), tagger_url=tagger,
         length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
         tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
@@ -243,7 +317,6 @@ def scheduler(
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery)
-    run_scheduler(settings, host, port, log_level, ready_file)
 
 
 def _discovery_settings(discover: str | None, service: str | None, namespace: str | None, static: bool):

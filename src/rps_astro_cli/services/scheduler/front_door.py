@@ -108,6 +108,26 @@ class FrontDoor:
             raise HTTPUserError(404, f"model {parsed.model!r} is not served here; use one of: "
                                 f"{', '.join(sorted(self.models))}", "model", "NotFoundError")
 
+    def parse(self, raw: bytes, endpoint: str) -> tuple[dict, oa.ParsedRequest]:
+        """The body as JSON and as the engine's parser reads it (`endpoint` chat |
+        completions); raises `oa.ApiError` (400 / 413, naming the field) or
+        `HTTPUserError` (404: a model no engine serves). The EPP mode uses it too."""
+        body = oa.decode_json_body(raw)
+        if endpoint == "chat":
+            parsed = oa.parse_chat_request(body, limits=oa.ApiLimits(max_body_bytes=self.s.max_body_bytes))
+        else:
+            parsed = oa.parse_completion_request(body)
+        self.check_model(parsed)
+        return body, parsed
+
+    def prompt_blocks(self, body: dict, endpoint: str) -> tuple[tuple[int, ...], int]:
+        """The prompt's block hashes and their block size (the instances' KV block size) for
+        a policy that `needs_prefix`; `((), 16)` otherwise."""
+        if not self.dispatcher.needs_prefix:
+            return (), 16
+        bs = next((st.block_size for st in self.instances if st.block_size), 16)
+        return block_hashes(oa.prompt_token_ids(body, endpoint, token_ids_fallback), bs), bs
+
     async def handle(self, request: Request, endpoint: str) -> Response:
         t0 = time.perf_counter()
         check_api_key(request, self.s.api_key)
@@ -116,23 +136,14 @@ class FrontDoor:
         if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
         try:
-            body = oa.decode_json_body(raw)
-            if endpoint == "chat":
-                parsed = oa.parse_chat_request(body, limits=oa.ApiLimits(max_body_bytes=self.s.max_body_bytes))
-            else:
-                parsed = oa.parse_completion_request(body)
-            self.check_model(parsed)
+            body, parsed = self.parse(raw, endpoint)
         except (oa.ApiError, HTTPUserError) as exc:
             self.tags.abandon(tag_task)
             self.m.requests.labels(endpoint, "client_error").inc()
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
-        hashes: tuple[int, ...] = ()
-        bs = 16
-        if self.dispatcher.needs_prefix:
-            bs = next((st.block_size for st in self.instances if st.block_size), 16)
-            hashes = block_hashes(oa.prompt_token_ids(body, endpoint, token_ids_fallback), bs)
+        hashes, bs = self.prompt_blocks(body, endpoint)
         early = None
         if self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text":
             # a text request's TTFT on an instance does not depend on its own reply length,
