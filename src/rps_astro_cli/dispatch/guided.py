@@ -189,7 +189,7 @@ class PowerOfK(DispatchPolicy):
         if len(near) < 2:
             return values, reason
         if self.tie_break == "e2e":
-            tied = {i: round(predictions[i].e2e_s / TIE_RESOLUTION_S) for i in near}
+            tied: dict[int, float] = {i: float(round(predictions[i].e2e_s / TIE_RESOLUTION_S)) for i in near}
             return tied, f"{reason} within {self.tie_tolerance_s:g} s, then lowest e2e"
         by_index = {ld.index: ld for ld in loads}
         tied = self._tie_load.score(by_index, near, predictions)

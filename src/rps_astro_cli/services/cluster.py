@@ -272,8 +272,9 @@ class ClusterSupervisor:
                      "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
-                     "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else []) + ([] if s.early_dispatch else ["--no-early-dispatch"]) \
-                + (["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else [])
+                     "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
+            argv += [] if s.early_dispatch else ["--no-early-dispatch"]
+            argv += ["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else []
             for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)
                 argv += ["--param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}

@@ -9,9 +9,10 @@ every `status_interval_s` with `GET /status` when the policy reads engine status
 (llumnix) or prefix-cache hits (cache_aware, power_of_k's cache pin), storing the
 status's `InstanceLoad` fields. The Predictors' and the tagger's `/health` are asked every
 `health_interval_s` only, also under a status-based policy (at the status period they
-were a third of the scheduler's CPU on a 4-instance fleet: 50 httpx calls/s); for the hits it asks `?prefix_since=N` and applies the
-engine's change of cached block hashes to the instance's `PrefixMirror` (an engine
-that does not answer `prefix_cache` leaves it empty: no hits).
+were a third of the scheduler's CPU on a 4-instance fleet: 50 httpx calls/s); for the
+hits it asks `?prefix_since=N` and applies the engine's change of cached block hashes
+to the instance's `PrefixMirror` (an engine that does not answer `prefix_cache` leaves
+it empty: no hits).
 """
 
 from __future__ import annotations
