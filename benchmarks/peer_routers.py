@@ -14,7 +14,7 @@ each run), so every arm starts from the same drained fleet with a freshly starte
 | `astro/po2` | the Astrolabe paper's Po2: `… --k 2 --objective e2e --param kv_reserve_frac=0 --param tie_tolerance_s=0` | predicted |
 | `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
 | `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
-| `astro/power_of_k-local` | as `astro/power_of_k`, tagging and look-aheads in the scheduler's process (`--predict-in-process`: no RPC hop) | predicted |
+| `astro/power_of_k-local` | as `astro/power_of_k`, the look-aheads in the scheduler's process (`--predict-in-process`: no Predictor RPCs; the tagger service as usual) | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -119,8 +119,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/po2", "astro", "power_of_k", lengths="predicted", args=PO2_ARGS),
     Arm("astro/power_of_k-inproc", "astro", "power_of_k", lengths="predicted", tag_in_process=True),
     Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
-    Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", tag_in_process=True,
-        predict_in_process=True, args=("--predict-in-process",)),
+    Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
+        args=("--predict-in-process",)),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
