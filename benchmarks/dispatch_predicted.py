@@ -154,8 +154,6 @@ ARMS: dict[str, Arm] = {
     "kvtie": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "kvtie_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                        "tie_tolerance_s": 0.02}, lengths="oracle"),
-    "kvtie_e2e": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                    "tie_break": "e2e"}),
     "kvtie05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.05, "tie_tolerance_s": 0.02}),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "pokall_ttft": Arm("power_of_k", {"k": "all", "objective": "ttft"}),

@@ -106,12 +106,8 @@ KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.1,
                         "waiting queue's and this request's prompts (all when none does; 0 = off)",
                         ge=0.0, lt=1.0)
 TIE_TOLERANCE_S = Param("tie_tolerance_s", float, 0.02,
-                        "predictions within this many seconds of the best are ties, broken by `tie_break`, "
-                        "then at random (0 = exact ties only)", ge=0.0, le=60.0)
-TIE_BREAK = Param("tie_break", str, "llumnix",
-                  "how near-best predictions (tie_tolerance_s) are compared: llumnix (the lowest Llumnix- load "
-                  "from engine status) or e2e (the lowest predicted E2E of the same look-ahead)",
-                  choices=("llumnix", "e2e"))
+                        "predictions within this many seconds of the best are ties, broken by the lowest "
+                        "Llumnix- load (engine status), then at random (0 = exact ties only)", ge=0.0, le=60.0)
 
 
 def parse_k(k: int | str) -> int | None:
@@ -155,17 +151,16 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S, TIE_BREAK)
+    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
     def __init__(self, k: int | str = "all", objective: str = "ttft", pin_cached: bool = True,
-                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02, tie_break: str = "llumnix") -> None:
+                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
         self.pin_cached = PIN_CACHED.check(pin_cached)
         self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
         self.tie_tolerance_s = TIE_TOLERANCE_S.check(tie_tolerance_s)
-        self.tie_break = TIE_BREAK.check(tie_break)
         self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
             self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
@@ -188,9 +183,6 @@ class PowerOfK(DispatchPolicy):
         near = [i for i, v in values.items() if v <= best + self.tie_tolerance_s / TIE_RESOLUTION_S]
         if len(near) < 2:
             return values, reason
-        if self.tie_break == "e2e":
-            tied: dict[int, float] = {i: float(round(predictions[i].e2e_s / TIE_RESOLUTION_S)) for i in near}
-            return tied, f"{reason} within {self.tie_tolerance_s:g} s, then lowest e2e"
         by_index = {ld.index: ld for ld in loads}
         tied = self._tie_load.score(by_index, near, predictions)
         if not tied:
@@ -200,7 +192,7 @@ class PowerOfK(DispatchPolicy):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
                 "pin_cached": self.pin_cached, "kv_reserve_frac": self.kv_reserve_frac,
-                "tie_tolerance_s": self.tie_tolerance_s, "tie_break": self.tie_break}
+                "tie_tolerance_s": self.tie_tolerance_s}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]
