@@ -16,12 +16,19 @@ mypyc build, the same snapshots are also timed on the interpreted source in this
 ("src med µs") and the ratio printed ("×src").
 
     .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15] [--policy fcfs]
+
+Multimodal fleets (issue 15): `--profile llava-onevision-7b-a100 --policy rps --mix 0.4,0.2
+--labelled` (RPS-Serve's MH mix: 40 % one image, 20 % an 8-frame video; `--labelled`: the
+requests carry the class the policy gives them, as an engine's `/status` reports them to
+its Predictor). benchmarks/lookahead_ab_proc.py times these snapshots against another
+checkout.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,6 +39,7 @@ from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 
@@ -101,6 +109,21 @@ def make_snapshot(lengths: np.ndarray, cfg: InstanceConfig, n_running: int, n_wa
     return status, CandidateRequest(m["prompt_tokens"], o, modality=m["modality"], vision_tokens=m["vision_tokens"])
 
 
+def label_snapshot(snap: tuple[InstanceStatus, CandidateRequest], policy) -> tuple[InstanceStatus, CandidateRequest]:
+    """The snapshot with each request's `req_class` the one a class-aware `policy` gives it
+    (as its engine labels them); other policies: unchanged."""
+    classify = getattr(policy, "classify", None)
+    if classify is None:
+        return snap
+    st, cand = snap
+
+    def lab(r: RequestStatus) -> RequestStatus:
+        probe = SimRequest(r.request_id, 0.0, r.prompt_tokens, 1, modality=r.modality, vision_tokens=r.vision_tokens)
+        return replace(r, req_class=classify(probe))
+
+    return replace(st, running=tuple(map(lab, st.running)), waiting=tuple(map(lab, st.waiting))), cand
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--snapshots", type=int, default=200, help="snapshots per cell (fast look-ahead)")
@@ -110,6 +133,8 @@ def main() -> None:
     ap.add_argument("--policy", default="fcfs", help="instance policy (fcfs, rps, edf, ...)")
     ap.add_argument("--mix", default="0,0", help="IMAGE,VIDEO: fractions of requests with one image / an "
                     "8-frame video (LLaVA-OneVision token counts); default all text")
+    ap.add_argument("--labelled", action="store_true", help="requests carry the class the policy gives them "
+                    "(req_class), as /status reports them")
     args = ap.parse_args()
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
@@ -130,6 +155,8 @@ def main() -> None:
     for n_run in (8, 48):
         for n_wait in (0, 50, 200):
             snaps = [make_snapshot(lengths, cfg, n_run, n_wait, rng, mix) for _ in range(args.snapshots)]
+            if args.labelled:
+                snaps = [label_snapshot(st, policy) for st in snaps]
             lat = LatencyModel(prof)  # warm memo, as a long-lived Predictor has
             fast_us, cpu_us, steps, events = [], [], [], []
             for st, cand in snaps:

@@ -325,6 +325,51 @@ def test_bad_bodies_get_an_immediate_response_naming_the_field(length_model, tmp
         assert sent["x-astro-internal-token"] == "cluster-token"
 
 
+@pytest.mark.timeout(90)
+def test_discovered_pool_only_ready_endpoints_are_picked(length_model, tmp_path):
+    """The pool from Kubernetes discovery (the fake API server's EndpointSlices, one per
+    pod, pointing at two real sim engines + Predictors): the picked endpoint is the pod's
+    address and `http` port from its slice; the idle pod wins while both are ready; once
+    it turns terminating every pick goes to the loaded one; once both are gone, 503."""
+    from test_scheduler_discovery import A, B, pod_slice
+
+    with ExitStack() as st:
+        engs, preds = fleet(st, tmp_path)
+        url = {A: (engs[0].url, preds[0].url), B: (engs[1].url, preds[1].url)}
+        api = st.enter_context(FakeApiServer())
+        api.lists.put(slice_list("100", [pod_slice("90", A, *url[A], ready=True),
+                                         pod_slice("91", B, *url[B], ready=True)]))
+        watch = api.watch_stream()
+        st.callback(watch.put, END)
+        disc = DiscoverySettings(KubeApi(api.url, NS, token="t"),
+                                 WatchSettings(service=SERVICE, backoff_initial_s=0.01), sync_timeout_s=10)
+        sched = SchedulerSettings(instances=(), discovery=disc, policy="power_of_k",
+                                  policy_params={"k": 2, "objective": "e2e"}, length_model=length_model,
+                                  predict_deadline_s=2.0, health_interval_s=0.05)
+        srv = st.enter_context(EppThread(EppSettings(sched)))
+        channel = st.enter_context(grpc.insecure_channel(srv.address))
+        stop = threading.Event()
+        st.callback(stop.set)
+        wait_for(lambda: srv.call(_ready_count) == 2)
+        addr = {pod: "127.0.0.1:" + url[pod][0].rsplit(":", 1)[1] for pod in (A, B)}
+        load(engs[0].url, 3, 800, stop)  # pod A busy
+        wait_for(lambda: _engine_running(engs[0].url) == 3)
+        assert dispatch(channel, chat_body())[0] == addr[B]
+        watch.put({"type": "MODIFIED", "object": pod_slice("101", B, *url[B], ready=False, terminating=True)})
+        wait_for(lambda: srv.call(_ready_count) == 1)
+        assert [dispatch(channel, chat_body())[0] for _ in range(3)] == [addr[A]] * 3
+        for rv, pod in (("102", A), ("103", B)):
+            watch.put({"type": "MODIFIED", "object": pod_slice(rv, pod, *url[pod], ready=False, present=False)})
+        wait_for(lambda: srv.call(_ready_count) == 0)
+        s = ExtProcStream(channel)
+        s.send(request_headers())
+        s.send(request_body(chat_body(), eos=True))
+        status, err = immediate_error(s.recv())
+        assert status == 503, err
+        assert s.close() == []
+        stop.set()
+
+
 @pytest.mark.timeout(60)
 def test_empty_pool_is_503_and_not_ready(length_model):
     """Discovery (the fake API server) lists no endpoint of the engines' Service."""

@@ -126,7 +126,7 @@ class ClusterSection:
     instances: int = 4                  # virtual instances
     profile: str | None = None          # execution profile id or file; None: chosen by the workload's media
     instance_policy: str = "fcfs"       # in-instance policy of every virtual instance
-    instance_policies: list[str] | None = None  # --instance-policies: one run per in-instance policy (virtual)
+    instance_policies: list[str] | None = None  # --instance-policies: a run each (live: a fresh cluster each)
     recipe: str | None = None           # --recipe NAME|PATH: engine limits, profile, instance policy (virtual)
     chunked_prefill: bool = True        # vLLM V1 chunked prefill (virtual; from a recipe's engine, no flag)
     policies: list[str] | None = None   # dispatch policies to compare (live: one cluster per policy)
@@ -332,7 +332,6 @@ class BenchConfig:
                                      ("--prediction-noise", c.prediction_noise > 0),
                                      ("--objective", c.objective is not None),
                                      ("--instance-param", bool(c.instance_policy_params)),
-                                     ("--instance-policies", bool(c.instance_policies)),
                                      ("--recipe", c.recipe is not None),
                                      ("--length-model", c.length_model is not None),
                                      ("--max-num-seqs", c.max_num_seqs is not None),
@@ -341,6 +340,10 @@ class BenchConfig:
             if flags:
                 raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")
+            if c.instance_policies and not tgt.cluster:
+                raise AstroUserError("live --instance-policies restarts the cluster once per policy from the recipe "
+                                     "in cluster.json", field="--instance-policies",
+                                     fix="pass --cluster cluster.json (written by astro serve), or add --virtual")
         if self.arrivals.max_seconds is not None and self.workload.multi_turn:
             raise AstroUserError("a duration limit cuts sessions mid-conversation", field="--max-seconds",
                                  fix="use -n to size a --multi-turn run")

@@ -4,7 +4,12 @@ With `cluster.json` the bench also scrapes every engine's and predictor's `/metr
 and the scheduler's `/metrics` + `/decisions` around each run. With `--policies` it
 starts a fresh cluster per policy from the recipe recorded in `cluster.json` (same
 instances, profile and engine settings; only `scheduler.policy` / `scheduler.k` change)
-via `services.cluster.ClusterSupervisor`, and stops it after the policy's runs.
+via `services.cluster.ClusterSupervisor`, and stops it after the policy's runs. With
+`--instance-policies` it does the same per in-instance policy (`engine.instance_policy`
+changes; of the recipe's `engine.instance_policy_params` the policy gets those it
+declares), so every policy starts on fresh engines; each run records its
+`instance_policy` and the policy each engine's `/status` reported at the start
+(`extras["engine_instance_policies"]`).
 
 Times are reported in **engine seconds**. A sim cluster with `time_scale` ≠ 1 (cluster.json;
 e.g. `recipes/quick-sim.yaml`, 0.1) runs engine time at `time_scale` wall seconds per
@@ -105,6 +110,8 @@ class LiveTarget:
         self._supervisor = None
         self._tmp: tempfile.TemporaryDirectory | None = None
         self.policy_desc: dict[str, Any] | None = None
+        #: the in-instance policy the next runs use (`use_instance_policy`; None: the cluster's own)
+        self.instance_policy: str | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def open(self) -> None:
@@ -185,35 +192,56 @@ class LiveTarget:
                      instances=len(self.cluster.get("instances") or []),
                      instance_policy=self.cluster.get("instance_policy"),
                      time_scale=self.time_scale)
+            if self.cfg.cluster.instance_policies:
+                d["instance_policies"] = list(self.cfg.cluster.instance_policies)
         d["time_unit"] = ("engine seconds (wall ÷ time_scale)" if self.time_scale != 1.0 else "seconds")
         return d
 
+    def use_instance_policy(self, name: str | None) -> None:
+        """The in-instance policy of the next runs (None: the cluster's own); it takes
+        effect at the next `use_policy`, which restarts the cluster (call this first)."""
+        self.instance_policy = name
+
     def use_policy(self, policy: str | None, k: str | None) -> None:
-        """Restart the cluster with `policy` (and k) when one is asked for."""
-        if policy is None:
+        """Restart the cluster with `policy` (and k) and/or the in-instance policy of
+        `use_instance_policy`, when either is asked for."""
+        ipol = self.instance_policy
+        if policy is None and ipol is None:
             return
         if not self.cluster or not isinstance(self.cluster.get("recipe"), dict):
-            raise AstroUserError("live --policies needs --cluster from `astro serve` (its recipe is reused)",
-                                 field="--policies", fix="use --cluster cluster.json, or --virtual")
+            flag = "--policies" if policy is not None else "--instance-policies"
+            raise AstroUserError(f"live {flag} needs --cluster from `astro serve` (its recipe is reused)",
+                                 field=flag, fix="use --cluster cluster.json, or --virtual")
         from rps_astro_cli.services.cluster import ClusterSupervisor
         from rps_astro_cli.services.config import parse_config
 
         if self._supervisor is not None:
             self._supervisor.stop()
+            self._supervisor = None
         recipe = json.loads(json.dumps(self.cluster["recipe"]))
-        recipe.setdefault("scheduler", {})["policy"] = policy
-        if k is not None:
-            recipe["scheduler"]["k"] = k if k == "all" else int(k)
-        if self.cfg.cluster.policy_params:  # --param: to this policy when it declares the name
-            from rps_astro_cli.dispatch import dispatch_params
+        if policy is not None:
+            recipe.setdefault("scheduler", {})["policy"] = policy
+            if k is not None:
+                recipe["scheduler"]["k"] = k if k == "all" else int(k)
+            if self.cfg.cluster.policy_params:  # --param: to this policy when it declares the name
+                from rps_astro_cli.dispatch import dispatch_params
 
-            declared = {p.name for p in dispatch_params(policy)}
-            params = recipe["scheduler"].setdefault("params", {})
-            params.update({n: v for n, v in self.cfg.cluster.policy_params.items() if n in declared})
-        recipe["scheduler"]["port"] = 0
+                declared = {p.name for p in dispatch_params(policy)}
+                params = recipe["scheduler"].setdefault("params", {})
+                params.update({n: v for n, v in self.cfg.cluster.policy_params.items() if n in declared})
+        if ipol is not None:
+            from rps_astro_cli.policies import INSTANCE_POLICIES
+
+            eng = recipe.setdefault("engine", {})
+            # a recipe written for rps may set its classifier; fcfs declares no parameter
+            own = {p.name for p in INSTANCE_POLICIES.get(ipol).params}
+            eng["instance_policy"] = ipol
+            eng["instance_policy_params"] = {n: v for n, v in (eng.get("instance_policy_params") or {}).items()
+                                             if n in own}
+        recipe.setdefault("scheduler", {})["port"] = 0
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="astro-bench-")
-        run_dir = Path(self._tmp.name) / f"{policy}-{k or 'd'}"
+        run_dir = Path(self._tmp.name) / f"{ipol or 'i'}-{policy or 'p'}-{k or 'd'}"
         sup = ClusterSupervisor(parse_config(recipe, "cluster.json recipe"), run_dir)
         d = sup.start()
         self._supervisor = sup
@@ -285,6 +313,7 @@ class LiveTarget:
             await run_requests(warm, [0.0] * n_warm, self._client_opts(), self.cfg.arrivals.max_concurrency)
         async with httpx.AsyncClient(timeout=10.0, headers=self.side_headers) as c:
             before = await self._scrape_all(c)
+            engine_policies = await self._engine_policies(c) if self.instance_policy is not None else None
         classes: dict[str, str] = {}
         stop = asyncio.Event()
         poller = asyncio.create_task(self._poll_classes(classes, stop))
@@ -301,7 +330,24 @@ class LiveTarget:
             after = await self._scrape_all(c)
             decisions = await scrape.fetch_decisions(c, self._urls()[2], len(requests))
             await self._tag(c, requests, records)
-        return records, self._extras(before, after, decisions)
+        extras = self._extras(before, after, decisions)
+        if self.instance_policy is not None:
+            extras["instance_policy"] = self.instance_policy
+            extras["engine_instance_policies"] = engine_policies
+        return records, extras
+
+    async def _engine_policies(self, client: httpx.AsyncClient) -> list[str | None]:
+        """The in-instance policy each engine's `/status` reports (None: no answer)."""
+        async def one(url: str) -> str | None:
+            try:
+                r = await client.get(url.rstrip("/") + "/status")
+                d = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                return None
+            pol = d.get("policy") if isinstance(d, dict) else None
+            return pol.get("name") if isinstance(pol, dict) else None
+
+        return list(await asyncio.gather(*(one(u) for u in self._urls()[0])))
 
     async def _poll_classes(self, classes: dict[str, str], stop: asyncio.Event, every_s: float = 0.25) -> None:
         """Engine-reported classes: poll each engine's `/status` while the run lasts and

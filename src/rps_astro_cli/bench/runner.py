@@ -8,7 +8,9 @@ Modes:
   scraped before and after each run (preemptions, dispatch overhead, predictor CPU), and
   the scheduler's `/decisions` give predictor error. `policies` in live mode start a
   fresh cluster per policy from the recipe in `cluster.json`
-  (`services.cluster.ClusterSupervisor`), run, and stop it.
+  (`services.cluster.ClusterSupervisor`), run, and stop it; so does
+  `instance_policies` (`--instance-policies fcfs,rps`), one fresh cluster per in-instance
+  policy (with `policies`, one per pair), each run labelled with its policy.
 - **virtual**: the virtual-time cluster simulation (`cluster.virtual.simulate_cluster`)
   with `instances` × `profile`; policies are instantiated directly. `oracle_lengths`
   gives the dispatcher true output lengths instead of the length model's;
@@ -60,7 +62,8 @@ class RunResult:
     records: list[RequestRecord] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
-    instance_policy: str | None = None  # the in-instance policy of a virtual run (None: live, the engines')
+    instance_policy: str | None = None  # the in-instance policy of the run (None: a live run without
+    #                                     --instance-policies, whose engines keep their own)
 
     def summary(self) -> dict[str, Any]:
         return {"label": self.label, "policy": self.policy, "k": self.k, "instance_policy": self.instance_policy,
@@ -132,6 +135,11 @@ def _check(cfg: BenchConfig) -> None:
         from rps_astro_cli.bench.live import read_cluster_json
 
         read_cluster_json(cfg.target.cluster)  # missing / invalid file → error before any data loads
+    if cfg.cluster.instance_policies and not cfg.cluster.virtual:
+        from rps_astro_cli.policies import INSTANCE_POLICIES
+
+        for ipol in cfg.cluster.instance_policies:
+            INSTANCE_POLICIES.get(ipol)  # unknown name: lists the valid ones
     if cfg.cluster.virtual:
         from rps_astro_cli.policies import INSTANCE_POLICIES, make_policy
         from rps_astro_cli.sim.profile import load_profile
@@ -296,9 +304,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             _run_parallel(sweep, variants)
         serial = variants if config.execution.executor == "serial" else []
         for ipol, policy, k in serial:
+            target.use_instance_policy(ipol)  # first: a live target restarts its cluster in use_policy
             target.use_policy(policy, k)
-            if config.cluster.virtual:
-                target.use_instance_policy(ipol)
 
             def run_at(rate: float, _p=policy, _k=k, _ip=ipol) -> RunResult:
                 spec, times, label = sweep.plan(rate, _p, _k, _ip)
@@ -396,7 +403,7 @@ class _Sweep:
         if q:  # vLLM's hit rate, hit tokens / queried tokens (virtual, or scraped from live engines)
             mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q
         return RunResult(label, policy, k, spec.rate_rps, spec.describe(), mets, records, extras, wall_s,
-                         extras.get("instance_policy") if self.config.cluster.virtual else None)
+                         extras.get("instance_policy"))
 
     def goal(self) -> cap.CapacityGoal:
         c = self.config.capacity

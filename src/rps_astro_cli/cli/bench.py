@@ -62,7 +62,7 @@ def bench(
     instances: Annotated[int | None, typer.Option("--instances", help="Virtual: number of instances (default: the recipe's, else 4).")] = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...; default: the recipe's, else fcfs).")] = None,
-    instance_policies: Annotated[str | None, typer.Option("--instance-policies", help="Virtual: compare in-instance policies, one run each, e.g. fcfs,rps.")] = None,
+    instance_policies: Annotated[str | None, typer.Option("--instance-policies", help="Compare in-instance policies, one run each, e.g. fcfs,rps (live: a fresh cluster from cluster.json's recipe per policy).")] = None,
     instance_param: InstanceParamOpt = None,
     policies: Annotated[str | None, typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,

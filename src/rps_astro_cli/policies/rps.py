@@ -32,12 +32,12 @@ happens only when a running request cannot grow (the `InstanceSim` contract).
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, ClassVar, cast
-
-import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param
@@ -47,7 +47,7 @@ from rps_astro_cli.policies.priority import (
     DEFAULT_STATIC,
     PriorityRegulator,
 )
-from rps_astro_cli.rps.classes import CLASS_RANK, naive_class
+from rps_astro_cli.rps.classes import CLASS_RANK, CLASSES, naive_class
 from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy
 from rps_astro_cli.sim.request import SimRequest
 
@@ -241,54 +241,101 @@ class RPSPolicy(ClassAwarePolicy):
     ):
         super().__init__(classifier)
         self.regulator = PriorityRegulator(static_priority, alpha, beta)
-        d = self.regulator.describe()
-        self._static = np.array(d["static_priority"])
-        self._alpha = np.array(d["alpha"])
-        self._beta = np.array(d["beta"])
+        #: class → (S + 1, −β, α): `neg_priority`'s constants (the regulator's P, same operations)
+        self._consts = {c: (q.static + 1.0, -q.beta, q.alpha) for c, q in self.regulator.params.items()}
+        #: the same by class rank
+        self._rank_consts = [self._consts[c] for c in CLASSES]
 
     def score(self, req: SimRequest, now_s: float) -> float:
         """The request's scheduling score −log P_c(w) at `now_s` (lower runs first)."""
         return self.regulator.score(self.classify(req), now_s - req.arrival_s)
 
+    def neg_priority(self, req: SimRequest, now_s: float) -> float:
+        """−P_c(w) of a classified request at `now_s` (lower runs first): the key of the
+        waiting order, and the look-ahead's `order_merge_key`. The regulator's
+        `priority` with the same floating-point operations (tests compare them bit for
+        bit), one function for both so that the look-ahead orders exactly as the engine."""
+        k = self._consts.get(req.req_class)  # type: ignore[arg-type]
+        s1, nb, a = k if k is not None else self._consts[self.classify(req)]
+        w = now_s - req.arrival_s
+        return math.exp(nb * (w if w > 0.0 else 0.0) ** a) - s1
+
     def order_waiting(self, waiting: Sequence[SimRequest], now_s: float) -> list[SimRequest]:
+        """Each class oldest first (ties: queue order), merged by taking next the class
+        head with the highest P_c(w), ties by arrival, then queue position. As P grows
+        with the wait inside a class this is the sort by (−P, arrival, position); it is
+        defined as the merge so that "oldest first inside a class" (`order_groups`) holds
+        exactly, whatever the rounding of P."""
         n = len(waiting)
         if n <= 1:
             return list(waiting)
-        # Vectorized P_c(w) (this runs every step of the engine and of the look-ahead);
-        # order by (−P, arrival, position). numpy for every n ≥ 2 so the engine and the
-        # look-ahead order identically whatever their queue lengths.
         rank = CLASS_RANK
-        ks = list(map(rank.get, map(_GET_CLASS, waiting)))
-        if None in ks:  # unlabelled: classify once (labels them)
-            ks = [k if k is not None else rank[self.classify(waiting[i])] for i, k in enumerate(ks)]
+        got = list(map(rank.get, map(_GET_CLASS, waiting)))
+        ks: list[int] = cast(list[int], got)
+        if None in got:  # unlabelled: classify once (labels them)
+            ks = [k if k is not None else rank[self.classify(waiting[i])] for i, k in enumerate(got)]
         if ks.count(ks[0]) == n:
             # one class: P_c(w) grows with the wait, so the order is oldest first (by
             # definition here, rather than up to float rounding of P), at any time
             return sorted(waiting, key=_GET_ARRIVAL)
-        cls = np.array(ks, dtype=np.intp)
-        arr = np.fromiter(map(_GET_ARRIVAL, waiting), dtype=np.float64, count=n)
-        w = np.maximum(now_s - arr, 0.0)
-        p = self._static[cls] + 1.0 - np.exp(-self._beta[cls] * np.power(w, self._alpha[cls]))
-        order = np.lexsort((np.arange(n), arr, -p))
-        return [waiting[i] for i in order.tolist()]
+        # −P per request: `neg_priority` inlined (the same operations; tests compare the
+        # two bit for bit); sorted by (−P, arrival, position) as two stable sorts
+        consts, exp = self._rank_consts, math.exp
+        arrs = list(map(_GET_ARRIVAL, waiting))
+        negp: list[float] = []
+        for i in range(n):
+            s1, nb, a = consts[ks[i]]
+            w = now_s - arrs[i]
+            negp.append(exp(nb * (w if w > 0.0 else 0.0) ** a) - s1)
+        order = sorted(range(n), key=arrs.__getitem__)
+        order.sort(key=negp.__getitem__)
+        # the merge equals that sort when each class comes out oldest first in it (P is
+        # monotone in the wait); a rounding step of P against the wait would break that
+        last_a, last_i = [-math.inf] * 3, [-1] * 3
+        for i in order:
+            c = ks[i]
+            arr, la = arrs[i], last_a[c]
+            if arr < la or (arr == la and i < last_i[c]):
+                order = _merge_classes([(negp[j], arrs[j], j) for j in range(n)], ks)
+                break
+            last_a[c] = arr
+            last_i[c] = i
+        return [waiting[i] for i in order]
 
     def order_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
         """Arrival time when all `requests` are of one class (then `order_waiting` is
         oldest first at any time, see there); None when classes mix (the order changes
         as requests age)."""
-        classes = {self.classify(r) for r in requests}
-        return _GET_ARRIVAL if len(classes) <= 1 else None
+        it = iter(requests)
+        first = next(it, None)
+        if first is None:
+            return _GET_ARRIVAL
+        c0 = self.classify(first)
+        classify = self.classify
+        for r in it:
+            if classify(r) != c0:
+                return None
+        return _GET_ARRIVAL
+
+    def class_and_arrival(self, req: SimRequest) -> tuple[str, float]:
+        """(class, arrival s) of a request: its `order_groups` and `victim_groups` value."""
+        return self.classify(req), req.arrival_s
 
     def order_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]]:
-        """(class, arrival): inside a class the order is oldest first, since P_c(w)
-        grows with the wait (numpy's P, as computed in `order_waiting`, was checked
-        monotone on 14 M waits; tests/test_lookahead.py checks the contract)."""
-        return lambda r: (self.classify(r), r.arrival_s)
+        """(class, arrival): inside a class the order is oldest first, queue order on
+        ties (`order_waiting` merges the classes; tests/test_lookahead.py checks the
+        contract)."""
+        return self.class_and_arrival
+
+    def order_merge_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest, float], Any]:
+        """`neg_priority`: `order_waiting` merges the classes by the heads' (−P, arrival,
+        queue position)."""
+        return self.neg_priority
 
     def victim_groups(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], tuple[Any, Any]]:
         """(class, arrival): in a class the lowest P_c(w) is the youngest (latest
         scheduled on ties), so the victim is among each class's youngest."""
-        return lambda r: (self.classify(r), r.arrival_s)
+        return self.class_and_arrival
 
     def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
         """Arrival time when all `requests` are of one class (the victim is then the
@@ -310,6 +357,16 @@ class RPSPolicy(ClassAwarePolicy):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **self.regulator.describe()}
+
+
+def _merge_classes(keyed: list[tuple[float, float, int]], ks: list[int]) -> list[int]:
+    """The positions of `keyed` ((−P, arrival, position) per request; `ks[position]` its
+    class rank) in the merge of the classes, each oldest first (ties: position), that
+    takes next the class head of the smallest key."""
+    by_class: list[list[tuple[float, float, int]]] = [[], [], []]
+    for k in sorted(keyed, key=lambda k: (k[1], k[2])):
+        by_class[ks[k[2]]].append(k)
+    return [k[2] for k in heapq.merge(*by_class)]
 
 
 @INSTANCE_POLICIES.register("edf")

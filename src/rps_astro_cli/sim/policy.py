@@ -16,7 +16,9 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
   `order_key` / `victim_key` (the order and the victim are sort keys: the look-ahead
   keeps its queue sorted and never asks), `order_groups` / `victim_groups` (a
   time-dependent order that is fixed inside groups: only group heads can come first,
-  only each group's last can be the victim).
+  only each group's last can be the victim), and with the groups `order_merge_key`
+  (the order is the merge of the groups by a key of their heads: the look-ahead
+  evaluates it for the heads only).
 """
 
 from __future__ import annotations
@@ -75,6 +77,17 @@ class InstancePolicy:
         lists the members of each group in stable key order (ties: queue order). The
         first request in the order is then always some group's head, which is all the
         look-ahead needs to know when nothing can be admitted. None promises nothing.
+        """
+        return None
+
+    def order_merge_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest, float], Any] | None:
+        """With `order_groups`: a function (r, now_s) → key such that, for every subset
+        `ws` of `requests` (in any queue order) and every time `now_s`,
+        `order_waiting(ws, now_s)` is the merge of the groups of `ws`, each in its group
+        order, that takes next, each time, the remaining group head with the smallest
+        (key(head, now_s), its group key, its queue position). The look-ahead then asks
+        for the key of group heads only, instead of for the whole order at each step.
+        None promises nothing.
         """
         return None
 

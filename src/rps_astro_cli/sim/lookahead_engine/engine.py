@@ -10,7 +10,9 @@ O(requests touched) each:
 - other policies / prioritized prefill: `fast_step` for steps without preemption
   (`preemption` for the others); a policy with `order_key` / `victim_key` has the queue
   kept sorted by cached keys (`okey`, `vkey`) and is never asked; one with
-  `order_groups` / `victim_groups` is asked only about group heads / group lasts;
+  `order_groups` / `victim_groups` is asked only about group heads / group lasts, and
+  with `order_merge_key` (mixed-class `rps`) the queue is kept per group and the order
+  taken head by head (`InstanceView.merged`, `MergeCursor`);
 - anything else (a preemption under another policy, an unusual running order) is handed
   to `InstanceSim.step` itself on materialized requests (`InstanceView.careful_step`).
 Under KV pressure most steps are events (admit, preempt, readmit), which bounds the gain

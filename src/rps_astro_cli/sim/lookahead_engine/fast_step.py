@@ -4,7 +4,7 @@ preemption, in O(requests touched): `chunked_step` and `prioritized_step`."""
 from __future__ import annotations
 
 from .apply import apply_step
-from .instance_view import InstanceView
+from .instance_view import InstanceView, MergeCursor
 from .outcome import StepOutcome
 from .preemption import fcfs_preempt_step, policy_preempt_chunked
 from .request import LReq, next_chunk
@@ -39,19 +39,36 @@ def chunked_step(v: InstanceView, t: float) -> StepOutcome:
     if waiting and budget > 0 and len(running) < cfg.max_num_seqs:  # else no admission
         nrun = len(running)
         maxs = cfg.max_num_seqs
-        order: list[LReq] = waiting if v.ordered else v.policy.order_waiting(waiting, t)
         admitted = 0
-        for r in order:
-            if nrun >= maxs or budget <= 0:
-                break
-            n, nb = next_chunk(r, budget, bs)
-            if nb > free:
-                break
-            free -= nb
-            sched.append((r, n, nb))
-            budget -= n
-            nrun += 1
-            admitted += 1
+        if v.merged:  # the policy's order, head by head
+            cur = MergeCursor(v, t)
+            while nrun < maxs and budget > 0:
+                h = cur.peek()
+                if h is None:
+                    break
+                n, nb = next_chunk(h, budget, bs)
+                if nb > free:
+                    break
+                cur.take()
+                free -= nb
+                sched.append((h, n, nb))
+                budget -= n
+                nrun += 1
+                admitted += 1
+            cur.commit()
+        else:
+            order: list[LReq] = waiting if v.ordered else v.policy.order_waiting(waiting, t)
+            for r in order:
+                if nrun >= maxs or budget <= 0:
+                    break
+                n, nb = next_chunk(r, budget, bs)
+                if nb > free:
+                    break
+                free -= nb
+                sched.append((r, n, nb))
+                budget -= n
+                nrun += 1
+                admitted += 1
         if admitted:
             new = [e[0] for e in sched[len(sched) - admitted:]]
             if v.ordered:  # the admitted are the queue's head
@@ -78,9 +95,21 @@ def prioritized_step(v: InstanceView, t: float) -> StepOutcome:
         budget = cfg.prefill_budget
         nrun = len(running)
         maxs = cfg.max_num_seqs
-        order: list[LReq] = waiting if v.ordered else v.policy.order_waiting(waiting, t)
         tokens = 0
-        for r in order:
+        cur = MergeCursor(v, t) if v.merged else None
+        order: list[LReq] = waiting if v.ordered or cur is not None else v.policy.order_waiting(waiting, t)
+        i = 0
+        while True:  # the policy's order (head by head when merged)
+            if cur is not None:
+                q = cur.peek()
+                if q is None:
+                    break
+                r = q
+            elif i < len(order):
+                r = order[i]
+            else:
+                break
+            i += 1
             c = r.num_computed_tokens
             n = r.prompt_tokens + r.num_generated_tokens - c
             if nrun >= maxs or n > budget:
@@ -92,10 +121,14 @@ def prioritized_step(v: InstanceView, t: float) -> StepOutcome:
                 free -= nb
             else:
                 nb = 0
+            if cur is not None:
+                cur.take()
             sched.append((r, n, nb))
             budget -= n
             tokens += n
             nrun += 1
+        if cur is not None:
+            cur.commit()
         if sched:
             new = [e[0] for e in sched]
             if v.ordered:

@@ -31,6 +31,11 @@ def _uncached(cfg: InstanceConfig) -> InstanceConfig:
 _OKEY = attrgetter("okey")
 
 
+def _group_key(r: LReq) -> Any:
+    """The key of a request inside its `order_groups` group."""
+    return r.okey[1]
+
+
 def is_fcfs(policy: InstancePolicy) -> bool:
     """True when the policy orders and preempts exactly like FCFS (identity order, last
     running request as victim), so the look-ahead may skip calling it."""
@@ -103,6 +108,17 @@ class InstanceView:
         self.grouped = False
         #: LReq.vkey is (group, key) (`InstancePolicy.victim_groups`)
         self.vgrouped = False
+        #: the queue order is the merge of the `order_groups` groups by the policy's
+        #: `order_merge_key` of their heads (`MergeCursor`): `groups` holds each group's
+        #: waiting members in group order, `LReq.qpos` their queue order
+        self.merged = False
+        #: the policy's `order_merge_key` (merged queues)
+        self.merge_key: Callable[[Any, float], Any] | None = None
+        #: per group (`LReq.grp`), its waiting requests by (group key, qpos) (merged queues)
+        self.groups: list[list[LReq]] = []
+        #: the qpos the next request put at the front / the back of the queue gets
+        self.q_front = -1
+        self.q_back = 0
         #: the policy's order changes with time and has no key
         self.tdep = False
         #: seconds of the last step that ran (`StepOutcome.RAN`)
@@ -134,6 +150,8 @@ class InstanceView:
         pool.tick += 1
         if self.keyfn is not None:  # victims went to the front: stable re-sort
             self.waiting.sort(key=self.keyfn)
+        if self.merged:
+            self.build_groups()
         self.rebuild()
         if not res.scheduled:
             return StepOutcome.PREEMPTED_ONLY if res.preempted else StepOutcome.IDLE
@@ -150,6 +168,7 @@ class InstanceView:
         policy = self.policy
         if not self.fcfs:
             everyone = [*self.running, *self.waiting, *(r for _t, r in pending)]
+            groups: Any = None
             okey = policy.order_key(everyone)
             if okey is not None:
                 for r in everyone:
@@ -162,6 +181,19 @@ class InstanceView:
                     for r in everyone:
                         r.okey = groups(r)
                     self.grouped = True
+                    mkey = policy.order_merge_key(everyone)
+                    if mkey is not None:
+                        ids: dict[Any, int] = {}
+                        for r in everyone:
+                            g = r.okey[0]
+                            gi = ids.get(g)
+                            if gi is None:
+                                gi = ids[g] = len(ids)
+                            r.grp = gi
+                        self.groups = [[] for _ in range(len(ids))]
+                        self.merge_key = mkey
+                        self.merged = True
+                        self.build_groups()
             vkey = policy.victim_key(everyone)
             if vkey is not None:
                 for r in everyone:
@@ -170,16 +202,38 @@ class InstanceView:
             else:
                 vgroups = policy.victim_groups(everyone)
                 if vgroups is not None:
-                    for r in everyone:
-                        r.vkey = vgroups(r)
+                    if self.grouped and vgroups == groups:  # the same function: the same values
+                        for r in everyone:
+                            r.vkey = r.okey
+                    else:
+                        for r in everyone:
+                            r.vkey = vgroups(r)
                     self.vgrouped = True
         self.ordered = self.fcfs or self.keyfn is not None
         self.tdep = bool(policy.time_dependent) and self.keyfn is None
 
     # -- the queue ----------------------------------------------------------------------
+    def build_groups(self) -> None:
+        """Number the queue in its list order (`qpos`) and sort it into `groups` (merged
+        queues)."""
+        groups = self.groups
+        for gl in groups:
+            gl.clear()
+        waiting = self.waiting
+        for i in range(len(waiting)):
+            w = waiting[i]
+            w.qpos = i
+            groups[w.grp].append(w)
+        for gl in groups:
+            gl.sort(key=_group_key)  # stable: queue order on ties
+        self.q_front = -1
+        self.q_back = len(waiting)
+
     def group_heads(self) -> list[LReq]:
         """The first waiting request of each `order_groups` group (smallest key, queue
         order on ties; `okey` holds (group, key))."""
+        if self.merged:
+            return [gl[0] for gl in self.groups if gl]
         best: dict[Any, LReq] = {}
         for w in self.waiting:
             g = w.okey[0]
@@ -194,6 +248,11 @@ class InstanceView:
         keyfn = self.keyfn
         if keyfn is None:
             self.waiting.insert(0, r)
+            if self.merged:
+                r.qpos = self.q_front
+                self.q_front -= 1
+                gl = self.groups[r.grp]
+                gl.insert(bisect.bisect_left(gl, r.okey[1], key=_group_key), r)
         else:
             self.waiting.insert(bisect.bisect_left(self.waiting, keyfn(r), key=keyfn), r)
 
@@ -203,6 +262,11 @@ class InstanceView:
         keyfn = self.keyfn
         if keyfn is None:
             self.waiting.append(r)
+            if self.merged:
+                r.qpos = self.q_back
+                self.q_back += 1
+                gl = self.groups[r.grp]
+                gl.insert(bisect.bisect_right(gl, r.okey[1], key=_group_key), r)
         else:
             self.waiting.insert(bisect.bisect_right(self.waiting, keyfn(r), key=keyfn), r)
 
@@ -254,3 +318,78 @@ class InstanceView:
             free_after = self.free
         nb = -(-(c + n) // bs) - head.kv_blocks
         return nb > 0 and nb > free_after
+
+
+class MergeCursor:
+    """A merged queue's order at one time `t`, taken lazily from the front (`peek`,
+    `take`, then `commit`): the next request is the group head with the smallest
+    (`order_merge_key`(head, t), group key, qpos). The policy is asked for one key per
+    head, and only while two or more groups have requests left. The
+    `InstancePolicy.order_merge_key` contract makes this `order_waiting`."""
+
+    def __init__(self, view: InstanceView, t: float) -> None:
+        key = view.merge_key
+        assert key is not None
+        #: the view's groups (`InstanceView.groups`)
+        self.groups = view.groups
+        #: the policy's merge key
+        self.key = key
+        #: the time the order is taken at (s)
+        self.t = t
+        n = len(self.groups)
+        #: per group, how many of its requests were taken
+        self.pos = [0] * n
+        #: per group, its current head's merge key (when `known`)
+        self.keys: list[Any] = [None] * n
+        #: per group, whether `keys` holds its current head's key
+        self.known = [False] * n
+        #: the group of the request `peek` returned last
+        self.best = -1
+
+    def peek(self) -> LReq | None:
+        """The next request in the order (None when every request was taken)."""
+        groups, pos = self.groups, self.pos
+        left = 0
+        last = -1
+        for g in range(len(groups)):
+            if pos[g] < len(groups[g]):
+                left += 1
+                last = g
+        if left <= 1:  # one group left: its order
+            self.best = last
+            return groups[last][pos[last]] if left else None
+        keys, known, key, t = self.keys, self.known, self.key, self.t
+        best = -1
+        bk: Any = None
+        bh: LReq | None = None
+        for g in range(len(groups)):
+            gl = groups[g]
+            i = pos[g]
+            if i < len(gl):
+                h = gl[i]
+                if not known[g]:
+                    keys[g] = key(h, t)
+                    known[g] = True
+                k = keys[g]
+                if bh is None or k < bk:
+                    best, bk, bh = g, k, h
+                elif not bk < k:  # equal keys: the group key, then the queue order
+                    hk, bhk = h.okey[1], bh.okey[1]
+                    if hk < bhk or (not bhk < hk and h.qpos < bh.qpos):
+                        best, bk, bh = g, k, h
+        self.best = best
+        return bh
+
+    def take(self) -> None:
+        """Move past the request `peek` returned."""
+        g = self.best
+        self.pos[g] += 1
+        self.known[g] = False
+
+    def commit(self) -> None:
+        """Drop the taken requests from their groups (the caller drops them from the
+        queue list)."""
+        for g in range(len(self.groups)):
+            n = self.pos[g]
+            if n:
+                del self.groups[g][:n]
