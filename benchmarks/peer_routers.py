@@ -66,7 +66,6 @@ import hashlib
 import json
 import math
 import multiprocessing as mp
-import os
 import shutil
 import signal
 import socket

@@ -35,7 +35,6 @@ lean client stays (the guide's "library over own code" threshold was ~25%).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import multiprocessing as mp
 import os

@@ -27,7 +27,6 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import replace
 
 import numpy as np
 

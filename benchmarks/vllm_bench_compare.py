@@ -33,11 +33,15 @@ METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
 ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
 
 
-def start_fleet(work: Path, instances: int) -> tuple[subprocess.Popen, Path]:
+def start_fleet(work: Path, instances: int, prefix_caching: bool) -> tuple[subprocess.Popen, Path]:
     cj = work / "cluster.json"
     log = (work / "serve.log").open("w")
+    extra: list[str] = []
+    if not prefix_caching:  # every arm sends the same prompts: a cache would carry one arm's prompts into the next
+        (work / "recipe.yaml").write_text("engine:\n  enable_prefix_caching: false\n")
+        extra = ["--recipe", str(work / "recipe.yaml")]
     p = subprocess.Popen([sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", str(instances),
-                          "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0"],
+                          "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0", *extra],
                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -67,42 +71,111 @@ def vllm_cmd(vllm: str) -> list[str]:
     return [str(Path(vllm).with_name("python")), "-c", VLLM_SHIM]
 
 
-def run_vllm(a, url: str, model: str, out: Path) -> dict:
+def vllm_args(a, url: str, model: str, out: Path) -> list[str]:
     cmd = [*vllm_cmd(a.vllm), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", url, "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "sharegpt",
            "--dataset-path", a.dataset, "--num-prompts", str(a.num_prompts), "--seed", str(a.seed),
            "--request-rate", str(a.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "99", "--save-result", "--save-detailed", "--result-dir", str(out.parent),
            "--result-filename", out.name, "--disable-tqdm"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
-    t = time.process_time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
-    if r.returncode:
-        raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
-    _ = t
+    if a.concurrent:  # no single-prompt test run first: both tools start sending at once
+        cmd += ["--ready-check-timeout-sec", "0"]
+    return cmd
+
+
+VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
+
+
+def vllm_result(out: Path, cmd: list[str]) -> dict:
     d = json.loads(out.read_text())
     starts = d.get("start_times") or []
+    # vLLM's start_times are perf_counter() (CLOCK_MONOTONIC, shared by every process here)
+    now_unix, now_mono = time.time(), time.perf_counter()
     return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
             "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
             "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [],
-            "cmd": cmd}
+            "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
 
-def run_astro(a, cluster: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--cluster", str(cluster), "-w", "sharegpt",
-           "--path", a.dataset, "--tokenizer", a.tokenizer, "--sampling", "vllm", "--ttft-definition", "vllm",
-           "-n", str(a.num_prompts), "--seed", str(a.seed), "--request-rate", str(a.rate), "--ignore-eos",
-           "--max-tokens", "reference", "--no-send-true-lengths", "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
-    if r.returncode not in (0,):
-        raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+def run_vllm(a, url: str, model: str, out: Path) -> dict:
+    cmd = vllm_args(a, url, model, out)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=a.timeout)
+    if r.returncode:
+        raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return vllm_result(out, cmd)
+
+
+def astro_args(a, cluster: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--cluster", str(cluster), "-w", "sharegpt",
+            "--path", a.dataset, "--tokenizer", a.tokenizer, "--sampling", "vllm", "--ttft-definition", "vllm",
+            "-n", str(a.num_prompts), "--seed", str(a.seed), "--request-rate", str(a.rate), "--ignore-eos",
+            "--max-tokens", "reference", "--no-send-true-lengths", "--out", str(out)]
+
+
+def astro_result(out: Path, cmd: list[str]) -> dict:
     rep = json.loads((out / "report.json").read_text())
     m = rep["runs"][0]["metrics"]["overall"]
-    sent = [json.loads(line)["sent_s"] for line in (out / "requests.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
+    sent = [r["sent_s"] for r in rows]
+    # ≈ the run's start: the report is written after the run ends (scrapes, files), so a
+    # little late — an upper bound
+    first = rep["created_unix_s"] - rep["runs"][0]["wall_s"] if rep.get("created_unix_s") else None
     return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
             "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
             "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd,
-            "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
+            "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99"),
+            "first_send_unix": first}
+
+
+def run_astro(a, cluster: Path, out: Path) -> dict:
+    cmd = astro_args(a, cluster, out)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    if r.returncode:
+        raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
+    return astro_result(out, cmd)
+
+
+def run_both(a, url: str, model: str, cluster: Path, vout: Path, aout: Path) -> tuple[dict, dict]:
+    """Both tools at once, each sending the same plan: every prompt is sent twice at about
+    the same moment, so the two copies meet the same fleet and the same machine load."""
+    vcmd, acmd = vllm_args(a, url, model, vout), astro_args(a, cluster, aout)
+    pv = subprocess.Popen(vcmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **VLLM_ENV})
+    time.sleep(max(0.0, a.astro_delay_s))
+    pa = subprocess.Popen(acmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    _, verr = pv.communicate(timeout=a.timeout)
+    _, aerr = pa.communicate(timeout=a.timeout)
+    if pv.returncode:
+        raise SystemExit(f"vllm bench serve failed ({pv.returncode}):\n{verr[-3000:]}")
+    if pa.returncode:
+        raise SystemExit(f"astro bench failed ({pa.returncode}):\n{aerr[-3000:]}")
+    return vllm_result(vout, vcmd), astro_result(aout, acmd)
+
+
+def engine_sums(cj: dict) -> dict[str, float]:
+    """Summed over the fleet's engines: the sum and count of `vllm:time_to_first_token_seconds`
+    (the engine's own TTFT: first token − arrival at the engine), for a before/after delta
+    per arm (None values when an engine does not answer)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {"ttft_sum": 0.0, "ttft_count": 0.0}
+    tok_file = cj.get("internal_token_file")
+    headers = {"x-astro-internal-token": Path(tok_file).read_text().strip()} if tok_file else {}
+    for inst in cj.get("instances", []):
+        url = inst.get("metrics_url")
+        if not url:
+            continue
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+            text = r.read().decode()
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                if smp.name == "vllm:time_to_first_token_seconds_sum":
+                    out["ttft_sum"] += smp.value
+                elif smp.name == "vllm:time_to_first_token_seconds_count":
+                    out["ttft_count"] += smp.value
+    return out
 
 
 def main() -> None:
@@ -113,12 +186,20 @@ def main() -> None:
                                              "sharegpt_v3_sample500.json"))
     ap.add_argument("--cluster", help="an astro serve cluster.json (default: start a 2-instance sim fleet)")
     ap.add_argument("--instances", type=int, default=2)
+    ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                    help="the started fleet's engines cache prefixes (default off: the arms send the same "
+                         "prompts, so a cache warmed by one arm would serve the next one's prefills)")
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write the raw figures here")
+    ap.add_argument("--concurrent", action="store_true",
+                    help="run both tools at the same time (each at --rate, the same plan), so machine load "
+                         "that drifts between arms hits both alike; the fleet then serves 2 × --rate")
+    ap.add_argument("--astro-delay-s", type=float, default=0.0,
+                    help="with --concurrent: start astro bench this long after vllm bench serve (s)")
     a = ap.parse_args()
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
@@ -128,19 +209,39 @@ def main() -> None:
         if a.cluster:
             cluster = Path(a.cluster)
         else:
-            fleet, cluster = start_fleet(work, a.instances)
+            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching)
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
         runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
-        for i in range(a.repeats):
+        for i in range(a.repeats if a.concurrent else 0):
+            vout, aout = work / f"vllm-{i}" / "result.json", work / f"astro-{i}"
+            vout.parent.mkdir(parents=True, exist_ok=True)
+            before = engine_sums(cj)
+            rv, ra = run_both(a, url, model, cluster, vout, aout)
+            after = engine_sums(cj)
+            n = after["ttft_count"] - before["ttft_count"]
+            for arm, res in (("vllm", rv), ("astro", ra)):
+                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
+                runs[arm].append(res)
+            off = (ra["first_send_unix"] - rv["first_send_unix"]) if ra["first_send_unix"] and rv["first_send_unix"] \
+                else float("nan")
+            print(f"repeat {i} (both at once; astro's start ≈ {off:+.2f} s after vLLM's first send): mean TTFT vllm "
+                  f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
+                  f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
+        for i in range(0 if a.concurrent else a.repeats):
             order = ("vllm", "astro") if i % 2 == 0 else ("astro", "vllm")
             for arm in order:
                 out = work / f"{arm}-{i}" / ("result.json" if arm == "vllm" else "")
                 out.parent.mkdir(parents=True, exist_ok=True)
+                before = engine_sums(cj)
                 res = run_vllm(a, url, model, out) if arm == "vllm" else run_astro(a, cluster, work / f"astro-{i}")
+                after = engine_sums(cj)
+                n = after["ttft_count"] - before["ttft_count"]
+                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
                 runs[arm].append(res)
                 print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
-                      f"mean E2E {res['mean']['e2el']:.3f} s", file=sys.stderr, flush=True)
+                      f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s "
+                      f"({n:.0f} requests)", file=sys.stderr, flush=True)
         print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
               "astro / vllm (median) | ratio range |")
         print("|---|---|---|---|---|")

@@ -127,3 +127,49 @@ def test_capacity_bisection_and_grid():
     assert grid.interpolated_rps == pytest.approx(40.0)
     none = search_capacity(lambda r: math.inf, CapacityGoal(), start_rps=1, min_rps=0.25)
     assert none.capacity_rps is None and "even at" in none.note
+
+
+def test_capacity_probes_left_bounds_the_search_hand_computed():
+    """v(rate) = rate / 10 s against a 1 s goal, start 4 req/s, tolerance 0.02, bound 256:
+    4 and 8 meet it, 16 misses → bracket [8, 16]: at most ⌈log2(1 / 0.02)⌉ = 6 probes
+    left, at least ⌈log2(0.5 / 0.02)⌉ = 5; the bisection then runs 12 ✗, 10 ✓, 11 ✗,
+    10.5 ✗, 10.25 ✗, 10.125 ✗ (6 probes) and stops at [10, 10.125]. Before any miss
+    (after 4 ✓): at least 1, at most 6 doublings to 256 + 6 = 12. Each probe is reported
+    to `on_record` with the search as it stands."""
+    from rps_astro_cli.bench.capacity import CapacityGoal, CapacitySearch, search_capacity
+
+    goal = CapacityGoal("ttft", 99.0, 1.0)
+    s = CapacitySearch(goal, start_rps=4.0, tolerance=0.02, max_rps=256.0)
+    assert s.probes_left() == (1, None)
+    seen = []
+    for _ in range(3):
+        (r,) = s.next_rates()
+        s.record(r, r / 10)
+        seen.append((r, s.probes_left()))
+    assert seen == [(4.0, (1, 12)), (8.0, (1, 11)), (16.0, (5, 6))]
+    left_after = []
+    res = search_capacity(lambda r: r / 10, goal, start_rps=4.0, tolerance=0.02, max_rps=256.0,
+                          on_record=lambda srch, r, ok: left_after.append((r, ok, srch.probes_left()[1])))
+    assert [r for r, _, _ in left_after] == [4.0, 8.0, 16.0, 12.0, 10.0, 11.0, 10.5, 10.25, 10.125]
+    assert [n for _, _, n in left_after][2:] == [6, 5, 4, 3, 2, 1, 0]
+    assert res.capacity_rps == 10.0
+
+
+def test_capacity_probe_line_says_value_bracket_and_time_left():
+    """The console line of a probe, width 2: 4 req/s meets the 1 s goal (0.4 s), 8 req/s
+    meets it out of steady state (a miss): bracket [4, 8]; the mean 10 s per probe so far
+    times the most probes left."""
+    from rps_astro_cli.bench.capacity import CapacitySearch
+    from rps_astro_cli.cli.bench import probe_line
+
+    s = CapacitySearch(CapacityGoal("ttft", 99.0, 1.0), rates=None, start_rps=4.0, width=2, tolerance=0.02)
+    assert s.next_rates() == [4.0, 8.0]
+    s.record(4.0, 0.4)
+    s.record(8.0, (0.8, False))  # met the goal out of steady state: a miss
+    (lo_r, hi_r) = s.bracket()
+    assert (lo_r, hi_r) == (4.0, 8.0)
+    line = probe_line(s, 8.0, False, {"walls": [8.0, 12.0]})
+    # width 2: each round cuts the bracket by 3: ⌈log3(1 / 0.02)⌉ = 4 rounds (8 probes) at most,
+    # ⌈log3(0.5 / 0.02)⌉ = 3 rounds (6) at least; 8 × 10 s
+    assert line == ("  probe 2 at 8 req/s: ttft p99 0.8 s vs 1 s → missed (not in steady state); "
+                    "bracket [4, 8] req/s; 6–8 probes left, ≈ 80 s")

@@ -509,3 +509,67 @@ def test_in_process_predictions_equal_the_sidecars(length_model, profile_path):
         # an idle 2-engine fleet: the prefill of 8 + chat-template tokens is the TTFT (> 10 ms step floor)
         assert got["local"]["predictions"]["0"]["ttft_s"] >= 0.01
         assert got["none"]["reason"].startswith("fallback")  # no sidecar and not in-process: unscored
+
+
+def test_router_metrics_match_the_decisions_the_report_reads(length_model, profile_path):
+    """The prediction-error metrics count the same (predicted, observed) pairs as
+    `GET /decisions`: Δsum / Δcount of `astro_prediction_abs_error_seconds` and
+    `astro_prediction_rel_error` equal `bench.scrape.decisions_summary`'s MAE and MAPE;
+    every decision times its stages (tag, filter, sample, predict, score, pick); with no
+    Predictor answering, each decision is a fallback counted by its reason."""
+    from rps_astro_cli.bench.scrape import decisions_summary
+
+    with ExitStack() as st:
+        engs = [start(st, engine_app(i, time_scale=1.0)) for i in range(2)]
+        preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
+                 for e in engs]
+        s = scheduler(st, [e.url for e in engs], [p.url for p in preds], policy="power_of_k",
+                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=2.0)
+        n = 5
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            for i in range(n):
+                body = chat(f"hello world {i}", ignore_eos=True, stream=i % 2 == 1)
+                assert c.post("/v1/chat/completions", json=body).status_code == 200
+            m = c.get("/metrics").text
+            decs = c.get("/decisions").json()
+    summ = decisions_summary(decs)
+    # TTFT is observed on streamed answers only (2 of the 5)
+    for metric_name, key, want in (("e2e", "predictor_e2e", n), ("ttft", "predictor_ttft", n // 2)):
+        cnt = metric(m, "astro_prediction_abs_error_seconds_count", metric=metric_name)
+        assert cnt == summ[key]["count"] == want, metric_name
+        assert metric(m, "astro_prediction_abs_error_seconds_sum", metric=metric_name) / cnt == \
+            pytest.approx(summ[key]["mae_s"], rel=1e-9)
+        if summ[key]["mape"] is not None:
+            assert metric(m, "astro_prediction_rel_error_sum", metric=metric_name) / cnt == \
+                pytest.approx(summ[key]["mape"], rel=1e-9)
+    for stage in ("tag", "filter", "sample", "predict", "score", "pick"):
+        assert metric(m, "astro_dispatch_stage_seconds_count", stage=stage) == n, stage
+    assert metric(m, "astro_dispatch_fallbacks_total") == 0
+    with ExitStack() as st:  # Predictors that are not there: every decision falls back
+        engs = [start(st, engine_app(i)) for i in range(2)]
+        dead = [f"http://127.0.0.1:{free_port()}" for _ in engs]
+        s = scheduler(st, [e.url for e in engs], dead, policy="power_of_k", policy_params={"k": "all"},
+                      length_model=length_model, predict_deadline_s=0.5, predictor_breaker_failures=100)
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            for _ in range(3):
+                assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+            m = c.get("/metrics").text
+    assert metric(m, "astro_dispatch_fallbacks_total", reason="no predictor answered") == 3
+    assert metric(m, "astro_prediction_abs_error_seconds_count") == 0  # no prediction, no error
+
+
+def test_decisions_summary_compares_in_engine_seconds():
+    """Hand-computed: predicted E2E 2.0 engine s, observed 3.0 wall s at time scale 1.5 →
+    2.0 engine s: error 0; predicted 1.0 vs 3.0 wall s (2.0 engine s): 1.0 s, 50 %. A
+    failed request's pair is not counted."""
+    from rps_astro_cli.bench.scrape import decisions_summary
+
+    decs = [{"choice": 0, "predictions": {"0": {"ttft_s": 0.1, "e2e_s": 2.0}}, "observed_e2e_s": 3.0,
+             "observed_ttft_s": 0.15, "outcome": "ok"},
+            {"choice": 1, "predictions": {"1": {"ttft_s": 0.1, "e2e_s": 1.0}}, "observed_e2e_s": 3.0,
+             "observed_ttft_s": 0.3, "outcome": "ok"},
+            {"choice": 0, "predictions": {"0": {"ttft_s": 0.1, "e2e_s": 9.0}}, "observed_e2e_s": 0.2,
+             "outcome": "midstream_error"}]
+    s = decisions_summary(decs, time_scale=1.5)
+    assert s["predictor_e2e"] == {"count": 2, "mae_s": pytest.approx(0.5), "mape": pytest.approx(0.25)}
+    assert s["predictor_ttft"]["count"] == 2 and s["predictor_ttft"]["mae_s"] == pytest.approx(0.05)

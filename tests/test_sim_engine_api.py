@@ -103,7 +103,7 @@ def test_scalar_fields():
         ({"prompt": "x", "max_tokens": -3}, "max_tokens"),
         ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
         ({"prompt": "x", "max_tokens": True}, "max_tokens"),
-        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "n": 2, "temperature": 0.0}, "n"), ({"prompt": "x", "n": 16385}, "n"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
         ({"prompt": "x", "vllm_xargs": {"astro_class": "gravel"}}, "vllm_xargs.astro_class"),
         ({"prompt": "x", "vllm_xargs": {"astro_output_tokens": 0}}, "vllm_xargs.astro_output_tokens"),

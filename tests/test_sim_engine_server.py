@@ -52,7 +52,8 @@ def metrics(url: str) -> dict[str, float]:
     for line in HTTP.get(url + "/metrics").text.splitlines():
         if line.startswith("vllm:") and "_bucket" not in line:
             name, val = line.rsplit(" ", 1)
-            out[name.split("{")[0]] = float(val)
+            key = name.split("{")[0]
+            out[key] = out.get(key, 0.0) + float(val)  # summed over label sets (finished_reason)
     return out
 
 
@@ -279,7 +280,8 @@ BAD_PNG = "data:image/png;base64," + base64.b64encode(b"not an image at all").de
     ("/v1/completions", ('{"prompt": "' + "x" * 5000 + '"}').encode(), 413, "body"),
     ("/v1/completions", b'{"prompt": "hi", "temperature": "hot"}', 400, "temperature"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "hi"}], "top_p": 0}', 400, "top_p"),
-    ("/v1/completions", b'{"prompt": "hi", "n": 2}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 0}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "hi", "n": 2, "temperature": 0}', 400, "n"),
     ("/v1/completions", b'{"prompt": "hi", "stop": 7}', 400, "stop"),
     ("/v1/completions", b'{"prompt": "hi", "seed": "abc"}', 400, "seed"),
 ])
@@ -467,3 +469,127 @@ def test_reset_prefix_cache_route():
             next(lines)  # it runs (holds its blocks)
             r = HTTP.post(srv.url + "/reset_prefix_cache")
             assert r.status_code == 409 and "still hold KV blocks" in r.json()["error"]["message"], r.text
+
+
+def test_openai_client_stop_strings_end_the_output_as_vllm_does(text_srv):
+    """`stop`: the cycle's text is " the of and to in a is that ..." (token i = WORDS[i % 16]);
+    stop " and" is completed by token 2, so 3 tokens are generated (usage counts them),
+    the text is cut where the stop string begins (" the of"), finish_reason "stop"; with
+    include_stop_str_in_output the stop string stays. Streamed deltas add up to the same
+    text. A stop string the words never form leaves the output at its length."""
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=text_srv.url + "/v1", api_key="none", max_retries=0, timeout=10)
+    msg = [{"role": "user", "content": "hi"}]
+    r = c.chat.completions.create(model=MODEL, messages=msg, max_tokens=10, stop=[" and"])
+    assert r.choices[0].message.content == " the of"
+    assert (r.choices[0].finish_reason, r.usage.completion_tokens) == ("stop", 3)
+    # a stop string is a substring match: "of a" is formed by " of" + the "a" of " and" (token 2)
+    r = c.completions.create(model=MODEL, prompt="hi", max_tokens=10, stop="of a",
+                             extra_body={"include_stop_str_in_output": True})
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == (" the of a", "stop", 3)
+    r = c.completions.create(model=MODEL, prompt="hi", max_tokens=10, stop=["x", "\n"])  # no word holds them
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == \
+        (synthetic_text(10), "length", 10)
+    # the first of several stops to be completed wins, whatever their order in the list
+    r = c.completions.create(model=MODEL, prompt="hi", max_tokens=10, stop=["is", "in a"],
+                             extra_body={"include_stop_str_in_output": True})
+    assert (r.choices[0].text, r.choices[0].finish_reason, r.usage.completion_tokens) == \
+        (" the of and to in a", "stop", 6)
+    # stop spanning two tokens: " to in" ends in token 4; the stream never shows it
+    parts, reasons = [], []
+    for ch in c.chat.completions.create(model=MODEL, messages=msg, max_tokens=10, stop=" to in", stream=True,
+                                        stream_options={"include_usage": True}):
+        if ch.choices:
+            parts.append(ch.choices[0].delta.content or "")
+            reasons.append(ch.choices[0].finish_reason)
+        else:
+            assert ch.usage.completion_tokens == 5
+    assert "".join(parts) == " the of and" and reasons[-1] == "stop"
+    # min_tokens: " the" (token 0) is skipped; the next " the" is token 16
+    r = c.completions.create(model=MODEL, prompt="hi", max_tokens=40, stop=" the", extra_body={"min_tokens": 2})
+    assert (r.choices[0].text, r.usage.completion_tokens) == (synthetic_text(16), 17)
+
+
+def test_openai_client_seed_repeats_the_output_and_n_gives_n_choices(text_srv):
+    """`seed`: the same seed gives the same text and (drawn) length, another seed another
+    text; `n`: n choices (index 0..n-1), usage counts the prompt once and every choice's
+    tokens; n > 1 with temperature 0 is refused with vLLM's message."""
+    openai = pytest.importorskip("openai")
+    c = openai.OpenAI(base_url=text_srv.url + "/v1", api_key="none", max_retries=0, timeout=10)
+    msg = [{"role": "user", "content": "hi"}]
+    a, b, d = (c.chat.completions.create(model=MODEL, messages=msg, max_tokens=30, seed=s) for s in (7, 7, 8))
+    assert a.choices[0].message.content == b.choices[0].message.content != d.choices[0].message.content
+    assert a.usage.completion_tokens == b.usage.completion_tokens
+    words = a.choices[0].message.content.split(" ")[1:]
+    assert len(words) == a.usage.completion_tokens and words != synthetic_text(len(words)).split(" ")[1:]
+    r = c.chat.completions.create(model=MODEL, messages=msg, max_tokens=4, n=3, extra_body={"ignore_eos": True})
+    assert sorted(ch.index for ch in r.choices) == [0, 1, 2]
+    assert all(ch.message.content == synthetic_text(4) and ch.finish_reason == "length" for ch in r.choices)
+    one = c.chat.completions.create(model=MODEL, messages=msg, max_tokens=4, extra_body={"ignore_eos": True})
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (one.usage.prompt_tokens, 12)
+    texts: dict[int, str] = {}
+    usage = None
+    for ch in c.completions.create(model=MODEL, prompt="hi", max_tokens=5, n=2, seed=3, stream=True,
+                                   stream_options={"include_usage": True}, extra_body={"ignore_eos": True}):
+        for choice in ch.choices:
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+        usage = ch.usage or usage
+    assert sorted(texts) == [0, 1] and texts[0] != texts[1] and usage.completion_tokens == 10
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=MODEL, messages=msg, max_tokens=4, n=2, temperature=0)
+    assert e.value.body["param"] == "n" and "greedy sampling" in e.value.body["message"]
+
+
+def test_tokenize_and_detokenize_have_vllms_shapes(text_srv):
+    """/tokenize {prompt} → {count, max_model_len, tokens, token_strs}; the chat form
+    counts what `usage.prompt_tokens` counts; /detokenize {tokens} → {prompt}; an id the
+    tokenizer never made is a 400 naming `tokens`."""
+    url = text_srv.url
+    r = HTTP.post(url + "/tokenize", json={"prompt": "abcdefgh ij", "return_token_strs": True}).json()
+    assert r["count"] == 3 == len(r["tokens"]) and r["max_model_len"] == 256
+    assert r["token_strs"] == ["abcd", "efgh", "ij"]
+    assert HTTP.post(url + "/detokenize", json={"tokens": r["tokens"]}).json() == {"prompt": "abcdefgh ij"}
+    msg = [{"role": "user", "content": "abcd abcd"}]
+    t = HTTP.post(url + "/tokenize", json={"model": MODEL, "messages": msg}).json()
+    u = HTTP.post(url + "/v1/chat/completions", json={"messages": msg, "max_tokens": 1}).json()["usage"]
+    assert t["count"] == len(t["tokens"]) == u["prompt_tokens"] == 3 + 1 + 2 + 3
+    bad = HTTP.post(url + "/detokenize", json={"tokens": [12345]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert HTTP.post(url + "/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
+    assert HTTP.post(url + "/tokenize", json={"prompt": 3}).json()["error"]["param"] == "prompt"
+
+
+def test_vllm_request_histograms_hand_computed():
+    """One 40-token prompt, 5 tokens under ignore_eos, alone on the linear profile (step =
+    10 ms + 0.1 ms per token, time scale 1): prefill step 14 ms, then 4 decode steps of
+    10.1 ms. vLLM's families: ITL 4 × 10.1 ms (all in the ≤ 25 ms bucket, none ≤ 10 ms),
+    prefill time 14 ms, decode time 40.4 ms, inference time 54.4 ms, time per output token
+    10.1 ms, prompt 40 / generation 5 / max_tokens 5 tokens, one success with
+    finished_reason "length"; every family labelled model_name and engine."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with serve(make_profile(), time_scale=1.0) as srv:
+        r = HTTP.post(srv.url + "/v1/completions", json={"prompt": words(40), "max_tokens": 5, "ignore_eos": True})
+        assert r.json()["usage"]["completion_tokens"] == 5
+        text = HTTP.get(srv.url + "/metrics").text
+    samples = {}
+    for fam in text_string_to_metric_families(text):
+        for smp in fam.samples:
+            if smp.name.startswith("vllm:"):
+                assert smp.labels.get("model_name") == MODEL and smp.labels.get("engine") == "0", smp
+            key = smp.name + "".join(f"|{k}={v}" for k, v in sorted(smp.labels.items())
+                                     if k not in ("model_name", "engine"))
+            samples[key] = smp.value
+    h = "vllm:inter_token_latency_seconds"
+    assert (samples[h + "_count"], samples[h + "_sum"]) == (4, pytest.approx(0.0404, abs=1e-9))
+    assert (samples[h + "_bucket|le=0.01"], samples[h + "_bucket|le=0.025"]) == (0, 4)
+    for name, want in (("request_prefill_time_seconds", 0.014), ("request_decode_time_seconds", 0.0404),
+                       ("request_inference_time_seconds", 0.0544),
+                       ("request_time_per_output_token_seconds", 0.0101),
+                       ("request_prompt_tokens", 40), ("request_generation_tokens", 5),
+                       ("request_params_max_tokens", 5)):
+        assert samples[f"vllm:{name}_count"] == 1, name
+        assert samples[f"vllm:{name}_sum"] == pytest.approx(want, abs=1e-9), name
+    assert 0 <= samples["vllm:request_queue_time_seconds_sum"] < 0.05  # submit → the loop's next step (wall)
+    assert samples["vllm:request_success_total|finished_reason=length"] == 1
+    assert samples["vllm:request_success_total|finished_reason=stop"] == 0

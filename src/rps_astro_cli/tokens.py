@@ -78,6 +78,12 @@ class _FastTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
         return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
 
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
+        return [self._tok.id_to_token(i) for i in ids]
+
 
 def _tokenizer_json(tokenizer_path: str | Path) -> Path | None:
     p = Path(tokenizer_path).expanduser()
@@ -131,3 +137,76 @@ def _load_hf(tokenizer_path: str | Path):  # type: ignore[no-untyped-def]
             f"cannot load a tokenizer from {tokenizer_path}: {exc}", field="tokenizer"
         ) from exc
     return tok
+
+
+# -- encode and decode (the sim engine's /tokenize and /detokenize) ---------------------
+class FallbackCodec:
+    """The fallback tokenization as a codec: `encode` is `token_ids_fallback`; `decode`
+    knows the ids of the pieces this codec has encoded (a table of at most `max_ids`
+    entries; ids are CRC-32 hashes, which cannot be inverted) and joins a word's pieces
+    directly and words with one space — the fallback keeps no whitespace, so
+    decode(encode(t)) is t with its whitespace normalized and a space before each
+    punctuation mark. An id it never produced raises KeyError."""
+
+    def __init__(self, max_ids: int = 1_000_000) -> None:
+        self.max_ids = max_ids
+        self._pieces: dict[int, tuple[str, bool]] = {}  # id -> (piece, starts a word)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        out: list[int] = []
+        table = self._pieces
+        for m in _TOKEN.finditer(text):
+            piece = m.group()
+            tid = zlib.crc32(piece.encode("utf-8"))
+            if tid not in table and len(table) < self.max_ids:
+                # a piece starts a word unless it continues a run of word characters
+                # (`\w` is str.isalnum() or "_")
+                at = m.start()
+                prev = text[at - 1] if at else " "
+                cont = (prev.isalnum() or prev == "_") and (piece[0].isalnum() or piece[0] == "_")
+                table[tid] = (piece, not cont)
+            out.append(tid)
+        return out
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        return [self._pieces[i][0] for i in ids]
+
+    def decode(self, ids: list[int]) -> str:
+        parts: list[str] = []
+        for i in ids:
+            piece, starts = self._pieces[i]
+            parts.append((" " + piece) if starts and parts else piece)
+        return "".join(parts)
+
+
+class HFCodec:
+    """A local Hugging Face tokenizer (`tokenizer.json` through `tokenizers`, or
+    transformers) as a codec."""
+
+    def __init__(self, tokenizer_path: str | Path) -> None:
+        self._tok = _load_hf(tokenizer_path)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tok(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+    def token_strs(self, ids: list[int]) -> list[str]:
+        try:
+            strs = self._tok.convert_ids_to_tokens(list(ids))
+        except (IndexError, OverflowError, TypeError):
+            strs = [None]
+        if any(t is None for t in strs):
+            raise KeyError(next((i for i, t in zip(ids, strs) if t is None), ids[0] if ids else None))
+        return list(strs)
+
+    def decode(self, ids: list[int]) -> str:
+        self.token_strs(ids)  # an id outside the vocabulary raises KeyError
+        return self._tok.decode(list(ids))
+
+
+def load_codec(tokenizer_path: str | Path | None) -> FallbackCodec | HFCodec:
+    """The codec of `tokenizer_path` (a local HF tokenizer folder), or the fallback's.
+
+    Raises:
+        AstroUserError: the path is given but no tokenizer loads from it.
+    """
+    return HFCodec(tokenizer_path) if tokenizer_path else FallbackCodec()

@@ -128,7 +128,8 @@ def steady_state(records: Sequence[Any], min_ratio: float = STEADY_MIN_RATIO) ->
 def search_capacity(probe: Callable[[float], Any], goal: CapacityGoal, *,
                     rates: Sequence[float] | None = None, start_rps: float = 4.0, min_rps: float = 0.5,
                     max_rps: float = 256.0, tolerance: float = 0.02, max_probes: int = 24,
-                    label: str = "", width: int = 1) -> CapacityResult:
+                    label: str = "", width: int = 1,
+                    on_record: Callable[[CapacitySearch, float, bool], None] | None = None) -> CapacityResult:
     """Search the SLO capacity with `probe(rate) → percentile value (s)` or
     `→ (value, steady)` (module docstring), one round of `width` rates after another
     (`CapacitySearch`; the rates of a round are probed in ascending order).
@@ -140,7 +141,9 @@ def search_capacity(probe: Callable[[float], Any], goal: CapacityGoal, *,
                             tolerance=tolerance, max_probes=max_probes, label=label, width=width)
     while batch := search.next_rates():
         for r in batch:
-            search.record(r, probe(r))
+            ok = search.record(r, probe(r))
+            if on_record is not None:
+                on_record(search, r, ok)
     return search.result()
 
 
@@ -193,6 +196,46 @@ class CapacitySearch:
 
     def _left(self) -> int:
         return self.max_probes - len(self.probes)
+
+    def probes_left(self) -> tuple[int, int | None]:
+        """(at least, at most) probes still to run, from the bracket and the rules above
+        (None: no bound yet). With a bracket, W-rate rounds cut (hi − lo) by W + 1 each,
+        until it is within the tolerance of lo, which only grows: at most
+        ⌈log_{W+1}((hi − lo) / (tol · lo))⌉ rounds, at least the same with hi for lo
+        (r rounds: r · W probes; width 1 is plain bisection). Before a
+        bracket: at least one more round (a doubling or halving), at most the doublings
+        (halvings) to the search bound plus the bisection of the widest possible bracket
+        (factor 2) after it. Capped by `max_probes`; a grid: its untried rates."""
+        import math
+
+        if self._done:
+            return 0, 0
+        left = self._left()
+        if self.grid is not None:
+            n = 0 if any(not ok for _, _, ok in self.probes) else len([r for r in self.grid if r not in
+                                                                        {p[0] for p in self.probes}])
+            return min(1, n), n
+        w = self.width
+
+        def bisect_probes(ratio: float) -> int:
+            if ratio <= self.tolerance:
+                return 0
+            return math.ceil(math.log(ratio / self.tolerance) / math.log(w + 1) - 1e-9) * w
+
+        if not self.probes:
+            return min(w, left), None
+        lo, hi = self.bracket()
+        if lo is not None and hi is not None:
+            return min(bisect_probes((hi - lo) / hi), left), min(bisect_probes((hi - lo) / lo), left)
+        if hi is None:  # doubling from lo up to max_rps
+            assert lo is not None
+            steps = math.ceil(math.log2(self.max_rps / lo) - 1e-9) if lo < self.max_rps else 0
+        else:  # halving from hi down to min_rps
+            steps = math.ceil(math.log2(hi / self.min_rps) - 1e-9) if hi > self.min_rps else 0
+        if steps == 0:
+            return 0, 0
+        most = min(steps + bisect_probes(1.0), left)  # the last step leaves a factor-2 bracket
+        return min(1, most), most
 
     def next_rates(self) -> list[float]:
         """The next round's rates, ascending ([] when the search is over). Every rate of a

@@ -443,7 +443,7 @@ class LiveTarget:
         n = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_count")
         s = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_sum")
         out["scheduler_overhead_ms_mean"] = (1000 * s / n) if n and s is not None else None
-        out["dispatch"] = scrape.decisions_summary(decisions) if decisions else None
+        out["dispatch"] = scrape.decisions_summary(decisions, self.time_scale) if decisions else None
         out["note"] = ("scraped before/after the run: other traffic on the cluster meanwhile would be counted; "
                        "request latencies are engine seconds (wall ÷ time_scale), scraped overheads wall ms")
         return out

@@ -305,6 +305,8 @@ def markdown(rep: dict[str, Any]) -> str:
         extra_rows.append([run["label"], fmt(m.get("length_mae_tokens")), pct(m.get("length_mape")),
                            fmt(m.get("predictor_e2e_mae_s")) if m.get("predictor_e2e_mae_s") is not None
                            else fmt((disp.get("predictor_e2e") or {}).get("mae_s")),
+                           pct(m.get("predictor_e2e_mape")) if m.get("predictor_e2e_mape") is not None
+                           else pct((disp.get("predictor_e2e") or {}).get("mape")),
                            fmt((disp.get("overhead_ms") or {}).get("p50")),
                            fmt((disp.get("overhead_ms") or {}).get("p99")),
                            fmt((ex.get("decide_us") or {}).get("p50") if ex.get("decide_us")
@@ -312,7 +314,8 @@ def markdown(rep: dict[str, Any]) -> str:
                            fmt(ex.get("predictor_cpu_ms_per_query")), fmt(ex.get("predictor_cpu_percent_mean")),
                            top_errors(m.get("errors") or {}) or "none"])
     lines += ["## Prediction, dispatch and failures", "",
-              _md_table(("run", "length MAE tok", "length MAPE %", "predictor E2E MAE s", "sched overhead p50 ms",
+              _md_table(("run", "length MAE tok", "length MAPE %", "predictor E2E MAE s", "predictor E2E MAPE %",
+                         "sched overhead p50 ms",
                          "p99 ms", "decide p50 µs", "predictor CPU ms/query", "predictor CPU %", "errors"),
                         extra_rows), ""]
     if rep["capacity"]:

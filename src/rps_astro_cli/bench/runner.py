@@ -233,7 +233,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     """Run the benchmark described by `config` (see module docstring).
 
     progress(event, **data) is called with "workload" (workload=Workload),
-    "run_start" (label, total), "request" (record), "run_end" (run=RunResult).
+    "run_start" (label, total), "request" (record), "run_end" (run=RunResult), and with
+    --capacity "probe" (search=CapacitySearch after recording the probe, rate, ok).
 
     Raises:
         AstroUserError: any bad setting or input (names the flag).
@@ -337,7 +338,10 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                 def probe(rate: float, _goal=goal, _short=short) -> tuple[float | None, bool]:
                     return sweep.probe_value(run_at(rate), _goal, _short)
 
-                res = cap.search_capacity(probe, goal, **sweep.search_args(ipol, policy, k))
+                def on_record(search: cap.CapacitySearch, rate: float, ok: bool) -> None:
+                    prog("probe", search=search, rate=rate, ok=ok)
+
+                res = cap.search_capacity(probe, goal, **sweep.search_args(ipol, policy, k), on_record=on_record)
                 result.capacity.append(res)
                 sweep.short_warning(res, short)
             else:
@@ -485,7 +489,8 @@ def _run_parallel(sweep: _Sweep, variants: list[tuple[str | None, str | None, st
                 run = sweep.finish(label, p, k, spec, out.records, out.extras, out.wall_s)
                 prog("run_end", run=run)
                 if goal is not None:
-                    searches[vi].record(rate, sweep.probe_value(run, goal, shorts[vi]))
+                    ok = searches[vi].record(rate, sweep.probe_value(run, goal, shorts[vi]))
+                    prog("probe", search=searches[vi], rate=rate, ok=ok)
                 per_variant[vi].append(run)
     finally:
         if executor is None:

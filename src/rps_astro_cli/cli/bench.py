@@ -206,6 +206,7 @@ def _run_with_progress(cfg, run_bench):
             state["ok"] = state["failed"] = 0
         elif event == "run_end":
             run = data["run"]
+            state.setdefault("walls", []).append(run.wall_s)
             m = run.metrics["overall"]
             prog.console.print(f"  done {run.label}: {m.num_completed}/{m.num_requests} ok, "
                                f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, "
@@ -215,6 +216,9 @@ def _run_with_progress(cfg, run_bench):
 
                 prog.console.print(f"  [bold red]failed {m.num_failed}:[/] {top_errors(m.errors)}",
                                    highlight=False, soft_wrap=True)
+        elif event == "probe":
+            prog.console.print(probe_line(data["search"], data["rate"], data["ok"], state), highlight=False,
+                               soft_wrap=True)
         elif event == "request":
             key = "ok" if data["record"].success else "failed"
             state[key] += 1
@@ -226,6 +230,33 @@ def _run_with_progress(cfg, run_bench):
 
 def _f(v) -> str:
     return "n/a" if v is None else f"{v:.3g}"
+
+
+def probe_line(search, rate: float, ok: bool, state: dict) -> str:
+    """One capacity probe on the console: its value against the goal, the bracket, and
+    how many probes are left (`CapacitySearch.probes_left`) with the time they should
+    take at the mean wall time of the probes so far (`state["walls"]`)."""
+    v = next((val for r, val, _ in reversed(search.probes) if r == rate), None)
+    g = search.goal
+    lo, hi = search.bracket()
+    least, most = search.probes_left()
+    walls = state.get("walls") or []
+    per = sum(walls) / len(walls) if walls else None
+    if most == 0:
+        left = "search done"
+    else:
+        n = f"{least}" if least == most else f"{least}–{most}" if most is not None else f"≥ {least}"
+        eta = f", ≈ {_dur(per * (most if most is not None else least))}" if per and (most or least) else ""
+        left = f"{n} probe{'s' if most != 1 else ''} left{eta}"
+    br = f"[{_f(lo) if lo is not None else '?'}, {_f(hi) if hi is not None else '?'}] req/s"
+    label = f"{search.label} " if search.label else ""
+    verdict = "met" if ok else "missed (not in steady state)" if rate in search.unsteady else "missed"
+    return (f"  probe {len(search.probes)} {label}at {rate:.3g} req/s: {g.metric} p{g.percentile:g} "
+            f"{_f(v)} s vs {g.threshold_s:g} s → {verdict}; bracket {br}; {left}")
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 
 
 COMPACT_COLUMNS = ("run", "ok/all", "TTFT mean", "TTFT p99", "TPOT mean", "ITL p99", "E2E mean", "E2E p99")

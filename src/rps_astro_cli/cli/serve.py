@@ -193,6 +193,7 @@ def scheduler(
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
+    time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
@@ -208,6 +209,9 @@ def scheduler(
         llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
         served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key,
         early_dispatch, predict_in_process)
+    from dataclasses import replace
+
+    settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     run_scheduler(settings, host, port, log_level, ready_file)
 
 
@@ -317,6 +321,17 @@ def _scheduler_settings(engine, predictor, discover, discover_service, discover_
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery)
+
+
+def _positive(v: float, field: str) -> float:
+    import math
+
+    from rps_astro_cli.errors import AstroUserError
+
+    if not (v > 0 and math.isfinite(v)):
+        raise AstroUserError(f"must be a finite number > 0, got {v}", field=field,
+                             fix="pass the engines' --time-scale, e.g. 1")
+    return v
 
 
 def _discovery_settings(discover: str | None, service: str | None, namespace: str | None, static: bool):

@@ -119,7 +119,7 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
                              field="--backend", fix="drop them or use --backend vllm")
     from rps_astro_cli.engine.sim_server import run_engine
     from rps_astro_cli.protocol.openai import ApiLimits
-    from rps_astro_cli.tokens import load_counter
+    from rps_astro_cli.tokens import load_codec, load_counter
 
     if opts.max_body_bytes <= 0:
         raise AstroUserError(f"must be > 0, got {opts.max_body_bytes}", field="--max-body-bytes")
@@ -127,4 +127,5 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
     engine = build_sim_engine(opts)
     limits = ApiLimits(max_body_bytes=opts.max_body_bytes, allow_remote_media=opts.allow_remote_media)
     run_engine(engine, host=opts.host, port=opts.port, api_key=opts.api_key, limits=limits,
-               served_model_name=opts.served_model_name, ready_file=opts.ready_file, counter=counter)
+               served_model_name=opts.served_model_name, ready_file=opts.ready_file, counter=counter,
+               codec=load_codec(opts.tokenizer))

@@ -21,7 +21,9 @@ by `InstanceSim`.
 Output length (`target_output_tokens`): `max_tokens` under `ignore_eos`; else the client's
 `vllm_xargs.astro_output_tokens` capped by max_tokens; else a draw from the profile's
 `output_len` lognormal(mu, sigma) rounded and clipped to [1, min(output_len.max_tokens,
-max_tokens)] with the engine's seeded `numpy.random.Generator`.
+max_tokens)] with the engine's seeded `numpy.random.Generator` (with the request's `seed`:
+a Generator of that seed, so the seed repeats the length). `stop` strings can end the
+output earlier (`engine.synthetic`).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from rps_astro_cli.engine.synthetic import OutputText, plan_output
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
@@ -79,6 +82,9 @@ class EngineRequest:
     ready_s: float | None = None  # engine clock: when preprocessing ends (it joins the queue)
     aborted: bool = False
     done: bool = False
+    # the output text when the request has a seed or stop strings (`engine.synthetic`); None: the plain cycle
+    text: OutputText | None = None
+    last_token_s: float | None = None  # engine clock: when its latest token was delivered
 
     @property
     def request_id(self) -> str:
@@ -108,6 +114,9 @@ class EngineCounters:
     generation_tokens_total: int = 0
     requests_finished_total: int = 0
     requests_aborted_total: int = 0
+    # requests ended per vLLM finished_reason ("stop", "length", "abort"; the failed: "error")
+    finished_by_reason: dict[str, int] = field(default_factory=lambda: {"stop": 0, "length": 0, "abort": 0,
+                                                                         "error": 0})
     steps_total: int = 0
     steps_late_total: int = 0
     lag_wall_s_max: float = 0.0
@@ -124,7 +133,9 @@ class SimEngine:
     per simulated second (> 0). instance_id: name in `/status`. config_overrides: fields
     of `InstanceConfig` (num_gpu_blocks, max_num_seqs, max_num_batched_tokens,
     max_model_len, chunked_prefill); None values are ignored.
-    on_first_token(ttft_s) / on_finish(e2e_s): optional callbacks (simulated seconds).
+    on_first_token(ttft_s) / on_token(itl_s) (every later token: the gap since the
+    request's previous one) / on_finish(er, end_s) (a request's last token, engine
+    clock): optional callbacks, simulated seconds.
 
     Raises:
         AstroUserError: bad policy name or limits (from the policy registry / InstanceConfig).
@@ -153,6 +164,7 @@ class SimEngine:
         self.max_lag_s = max_lag_s
         self.counters = EngineCounters()
         self.on_first_token = None
+        self.on_token = None
         self.on_finish = None
         self._live: dict[str, EngineRequest] = {}
         self._ids = itertools.count()
@@ -218,17 +230,33 @@ class SimEngine:
         return len(self._live)
 
     # -- requests --------------------------------------------------------------------
-    def target_output_tokens(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str]:
-        """(output length, finish_reason) per the module docstring's rule."""
+    def target_output_tokens(self, req: ParsedRequest, max_tokens: int,
+                             rng: np.random.Generator | None = None) -> tuple[int, str]:
+        """(output length, finish_reason) per the module docstring's rule; a drawn length
+        comes from `rng` (default: the engine's Generator)."""
         if req.ignore_eos:
             return max_tokens, "length"
         if req.output_tokens is not None:
             n = min(req.output_tokens, max_tokens)
         else:
             d = self.profile.output_len
-            draw = round(float(self.rng.lognormal(d.mu, d.sigma)))
+            draw = round(float((rng or self.rng).lognormal(d.mu, d.sigma)))
             n = max(1, min(draw, d.max_tokens, max_tokens))
         return n, ("length" if n >= max_tokens else "stop")
+
+    def output_plan(self, req: ParsedRequest, max_tokens: int) -> tuple[int, str, OutputText | None]:
+        """(output length, finish_reason, text) of a request. With a `seed`, its own
+        Generator draws the length (when drawn) and the words, so a seed repeats its
+        output; with `stop` strings, the output ends at the first one the text forms
+        (`engine.synthetic.plan_output`; finish_reason "stop")."""
+        rng = np.random.default_rng(req.seed) if req.seed is not None else None
+        out, reason = self.target_output_tokens(req, max_tokens, rng)
+        if rng is None and not req.stop:
+            return out, reason, None
+        text = plan_output(out, rng, req.stop, req.min_tokens, req.include_stop_str_in_output)
+        if text.stop_reason is not None:
+            return text.num_tokens, "stop", text
+        return out, reason, text
 
     def submit(self, req: ParsedRequest, charge: VisionCharge = VisionCharge(),
                request_id: str | None = None, token_ids: Sequence[int] = ()) -> EngineRequest:
@@ -245,7 +273,7 @@ class SimEngine:
         max_tokens = resolve_max_tokens(req, prompt, self.config.max_model_len)
         if self._wake is None:
             raise RuntimeError("SimEngine.submit before start()")
-        out, reason = self.target_output_tokens(req, max_tokens)
+        out, reason, text = self.output_plan(req, max_tokens)
         rid = request_id or f"req-{next(self._ids)}"
         sim = SimRequest(
             request_id=rid, arrival_s=self.now_s(), prompt_tokens=prompt, target_output_tokens=out,
@@ -253,7 +281,7 @@ class SimEngine:
             req_class=req.req_class, predicted_output_tokens=req.predicted_output_tokens,
             block_hashes=block_hashes(token_ids[:prompt], self.config.block_size) if token_ids else (),
         )
-        er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason)
+        er = EngineRequest(sim=sim, max_tokens=max_tokens, finish_reason=reason, text=text)
         self._live[rid] = er
         if charge.preprocess_s > 0:
             er.ready_s = sim.arrival_s + charge.preprocess_s
@@ -282,11 +310,14 @@ class SimEngine:
         self.inst.abort(er.sim)
         self._live.pop(er.request_id, None)
         self.counters.requests_aborted_total += 1
+        self.counters.finished_by_reason["abort"] += 1
         self._wake.set()
 
     def _fail(self, er: EngineRequest, exc: Exception) -> None:
         self.inst.abort(er.sim)
         self._live.pop(er.request_id, None)
+        if not er.done:
+            self.counters.finished_by_reason["error"] += 1
         er.done = True
         er.queue.put_nowait(exc)
 
@@ -381,8 +412,12 @@ class SimEngine:
                 continue
             n = req.num_generated_tokens
             er.queue.put_nowait(n)
-            if n == 1 and self.on_first_token is not None:
-                self.on_first_token(end_s - req.arrival_s)
+            if er.last_token_s is None:
+                if self.on_first_token is not None:
+                    self.on_first_token(end_s - req.arrival_s)
+            elif self.on_token is not None:
+                self.on_token(end_s - er.last_token_s)
+            er.last_token_s = end_s
         for req in res.finished:
             er = live.pop(req.request_id, None)
             if er is None:
@@ -390,5 +425,6 @@ class SimEngine:
             er.done = True
             er.queue.put_nowait(FINISHED)
             self.counters.requests_finished_total += 1
+            self.counters.finished_by_reason[er.finish_reason] += 1
             if self.on_finish is not None:
-                self.on_finish(end_s - req.arrival_s)
+                self.on_finish(er, end_s)

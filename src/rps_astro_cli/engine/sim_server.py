@@ -6,7 +6,13 @@ Routes:
   synthetic: one short word per token; counts are exact), ending `data: [DONE]`; with
   `stream_options.include_usage` a usage-only chunk (`choices: []`) precedes `[DONE]`.
   Chat streams send the `{"role": "assistant"}` delta together with the first token (as
-  vLLM does), so a client's first chunk marks the first token.
+  vLLM does), so a client's first chunk marks the first token. Honoured as vLLM does:
+  `stop` strings and `seed` (`engine.synthetic`: the cut text, finish_reason "stop",
+  `stop_reason`), and `n` (n sequences, one engine request each, choices indexed
+  0..n−1; usage counts the prompt once; child i's seed is seed + i).
+- `POST /tokenize`, `POST /detokenize`: vLLM's shapes (`{prompt | messages}` →
+  `{count, max_model_len, tokens, token_strs}`; `{tokens}` → `{prompt}`), with the
+  engine's tokenizer (`tokens.FallbackCodec` or `HFCodec` for `--tokenizer`).
 - `GET /v1/models`, `GET /health` (liveness), `GET /ready` (readiness: 503 before the
   engine loop runs and while draining), `GET /status` (the `InstanceStatus` snapshot; requests
   still in multimodal preprocessing are not in it yet: they are not schedulable; waiting
@@ -15,15 +21,20 @@ Routes:
   the whole set for N = 0: `sim.prefix_cache.PrefixCache.delta`),
   `POST /reset_prefix_cache` (vLLM's dev-mode route: forget every cached block; 409 while
   requests hold blocks, where vLLM logs and answers 200),
-  `GET /metrics` (Prometheus text, vLLM's metric names, one CollectorRegistry per app):
-  gauges `vllm:num_requests_running`, `vllm:num_requests_waiting`,
-  `vllm:kv_cache_usage_perc` (used blocks / total, 0–1); counters
-  `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
-  `vllm:generation_tokens_total`, `vllm:request_success_total`,
-  `vllm:prefix_cache_queries_total` / `vllm:prefix_cache_hits_total` (tokens); histograms
-  `vllm:time_to_first_token_seconds` (first token − arrival) and
-  `vllm:e2e_request_latency_seconds` (last token − arrival), in engine (simulated) seconds,
-  which equal wall seconds at time_scale 1.0; and astro's own `astro:engine_steps_total`,
+  `GET /metrics` (Prometheus text, vLLM 0.32's metric names, labels `model_name` and
+  `engine` ("0"), one CollectorRegistry per app): gauges `vllm:num_requests_running`,
+  `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (used blocks / total, 0–1);
+  counters `vllm:num_preemptions_total`, `vllm:prompt_tokens_total`,
+  `vllm:generation_tokens_total`, `vllm:request_success_total{finished_reason}` (stop |
+  length | abort | error), `vllm:prefix_cache_queries_total` /
+  `vllm:prefix_cache_hits_total` (tokens); histograms (vLLM's buckets and definitions:
+  `_RequestHistograms`) `vllm:time_to_first_token_seconds`,
+  `vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds`,
+  `vllm:e2e_request_latency_seconds`, `vllm:request_queue_time_seconds`,
+  `vllm:request_prefill_time_seconds`, `vllm:request_decode_time_seconds`,
+  `vllm:request_inference_time_seconds`, `vllm:request_prompt_tokens`,
+  `vllm:request_generation_tokens`, `vllm:request_params_max_tokens`, in engine
+  (simulated) seconds, which equal wall seconds at time_scale 1.0; and astro's own `astro:engine_steps_total`,
   `astro:engine_steps_late_total` (delivered > 5 ms wall after the scheduled end),
   `astro:engine_lag_seconds_max` (wall seconds): whether the loop keeps up.
 
@@ -35,6 +46,7 @@ its request, which frees its KV blocks.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -42,7 +54,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -54,10 +66,15 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutdown, SimEngine
+from rps_astro_cli.engine.synthetic import WORDS, synthetic_text
+from rps_astro_cli.engine.synthetic import WORDS_JSON as _WORDS_JSON
 from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.protocol.openai import (
+    CHAT_TOKENS_PER_MESSAGE,
+    CHAT_TOKENS_REPLY_PRIMER,
     ApiError,
     ApiLimits,
+    chat_prompt_tokens,
     decode_json_body,
     http_error_body,
     parse_chat_request,
@@ -66,22 +83,80 @@ from rps_astro_cli.protocol.openai import (
     refuse_unsimulated,
     vision_charge,
 )
-from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
+from rps_astro_cli.tokens import FallbackCodec, count_tokens_fallback, token_ids_fallback
 
 log = logging.getLogger(__name__)
 
-WORDS = (" the", " of", " and", " to", " in", " a", " is", " that",
-         " for", " it", " as", " was", " with", " be", " by", " on")
-_WORDS_JSON = tuple(json.dumps(w) for w in WORDS)
+# vLLM 0.32's default buckets (vllm/v1/metrics/buckets.py), so a vLLM dashboard's quantiles match
 TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 E2E_BUCKETS_S = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                  50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+ITL_BUCKETS_S = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                 7.5, 10.0, 20.0, 40.0, 80.0)
+ENGINE_INDEX = "0"  # vLLM's `engine` label: the engine-core index (one per sim engine process)
 
 
-def synthetic_text(num_tokens: int) -> str:
-    """The engine's output text for `num_tokens` tokens (token i is WORDS[i % 16])."""
-    return "".join(WORDS[i % len(WORDS)] for i in range(num_tokens))
+def tokens_buckets(max_model_len: int) -> tuple[int, ...]:
+    """vLLM's request-token buckets: the 1-2-5 series up to max_model_len."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_model_len:
+                return tuple(out)
+            out.append(m * scale)
+        scale *= 10
+
+
+class _RequestHistograms:
+    """vLLM's per-request histograms, observed as tokens are delivered and requests end
+    (engine seconds; vLLM's definitions, vllm/v1/metrics/stats.py): TTFT (first token −
+    arrival), ITL (gap between a request's consecutive tokens), E2E (last token −
+    arrival), queue time (first scheduled − joining the waiting queue: arrival, or the
+    end of multimodal preprocessing), prefill time (first token − first scheduled),
+    decode time (last − first token), inference time (last token − first scheduled),
+    time per output token (decode time / (tokens − 1)), prompt and generation tokens,
+    max_tokens; labels `model_name`, `engine`."""
+
+    def __init__(self, registry: CollectorRegistry, model: str, max_model_len: int):
+        lab = (model, ENGINE_INDEX)
+        tok = tokens_buckets(max_model_len)
+
+        def h(name: str, doc: str, buckets) -> Any:
+            return Histogram(name, doc, ["model_name", "engine"], buckets=buckets, registry=registry).labels(*lab)
+
+        self.ttft = h("vllm:time_to_first_token_seconds", "Time to first token (engine seconds).", TTFT_BUCKETS_S)
+        self.itl = h("vllm:inter_token_latency_seconds", "Inter-token latency (engine seconds).", ITL_BUCKETS_S)
+        self.tpot = h("vllm:request_time_per_output_token_seconds",
+                      "Time per output token per request: decode time / (tokens - 1).", ITL_BUCKETS_S)
+        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency (engine seconds).",
+                     E2E_BUCKETS_S)
+        self.queue = h("vllm:request_queue_time_seconds", "Time in the waiting queue before first scheduled.",
+                       E2E_BUCKETS_S)
+        self.prefill = h("vllm:request_prefill_time_seconds", "First scheduled to first token.", E2E_BUCKETS_S)
+        self.decode = h("vllm:request_decode_time_seconds", "First token to last token.", E2E_BUCKETS_S)
+        self.inference = h("vllm:request_inference_time_seconds", "First scheduled to last token.", E2E_BUCKETS_S)
+        self.prompt = h("vllm:request_prompt_tokens", "Prompt tokens per request.", tok)
+        self.generation = h("vllm:request_generation_tokens", "Generation tokens per request.", tok)
+        self.max_tokens = h("vllm:request_params_max_tokens", "The max_tokens bound per request.", tok)
+
+    def finished(self, er: EngineRequest, end_s: float) -> None:
+        s = er.sim
+        sched = s.first_scheduled_s if s.first_scheduled_s is not None else s.arrival_s
+        first = s.first_token_s if s.first_token_s is not None else end_s
+        queued = er.ready_s if er.ready_s is not None else s.arrival_s
+        self.e2e.observe(end_s - s.arrival_s)
+        self.queue.observe(max(0.0, sched - queued))
+        self.prefill.observe(first - sched)
+        self.decode.observe(end_s - first)
+        self.inference.observe(end_s - sched)
+        n = s.num_generated_tokens
+        if n > 1:
+            self.tpot.observe((end_s - first) / (n - 1))
+        self.prompt.observe(s.prompt_tokens)
+        self.generation.observe(n)
+        self.max_tokens.observe(er.max_tokens)
 
 
 # -- metrics ---------------------------------------------------------------------------
@@ -94,48 +169,52 @@ class _EngineCollector:
         self.model = model
 
     def collect(self):
-        e, lab = self.engine, [self.model]
+        e, lab, labels = self.engine, [self.model, ENGINE_INDEX], ["model_name", "engine"]
         for name, doc, val in (
             ("vllm:num_requests_running", "Requests in the running batch.", e.num_running),
             ("vllm:num_requests_waiting", "Requests in the waiting queue.", e.num_waiting),
             ("vllm:kv_cache_usage_perc", "KV-cache usage: used blocks / total (0-1).", e.kv_cache_usage),
         ):
-            g = GaugeMetricFamily(name, doc, labels=["model_name"])
+            g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(lab, val)
             yield g
         from rps_astro_cli.rps.queue_metrics import PROMETHEUS_GAUGES
 
         classes = e.class_metrics()
         for key, (name, doc) in PROMETHEUS_GAUGES.items():
-            g = GaugeMetricFamily(name, doc, labels=["model_name", "class"])
+            g = GaugeMetricFamily(name, doc, labels=[*labels, "class"])
             for cls, vals in classes.items():
-                g.add_metric([self.model, cls], vals[key])
+                g.add_metric([*lab, cls], vals[key])
             yield g
         c = e.counters
         for name, doc, val in (
             ("vllm:num_preemptions", "Preemptions by recompute.", e.inst.num_preemptions_total),
             ("vllm:prompt_tokens", "Prompt tokens of admitted requests.", c.prompt_tokens_total),
             ("vllm:generation_tokens", "Output tokens sampled.", c.generation_tokens_total),
-            ("vllm:request_success", "Requests finished.", c.requests_finished_total),
             ("vllm:prefix_cache_queries", "Prefix cache queries, in prompt tokens looked up.",
              e.inst.prefix_cache_queries_tokens),
             ("vllm:prefix_cache_hits", "Prefix cache hits, in prompt tokens served from the cache.",
              e.inst.prefix_cache_hits_tokens),
         ):
-            m = CounterMetricFamily(name, doc, labels=["model_name"])
+            m = CounterMetricFamily(name, doc, labels=labels)
             m.add_metric(lab, val)
             yield m
+        m = CounterMetricFamily("vllm:request_success", "Requests ended, by vLLM's finished_reason.",
+                                labels=[*labels, "finished_reason"])
+        for reason, val in c.finished_by_reason.items():
+            m.add_metric([*lab, reason], val)
+        yield m
         # astro's own: is the wall-clock loop keeping up with the model's step times?
         for name, doc, val in (
             ("astro:engine_steps", "Engine steps run.", c.steps_total),
             ("astro:engine_steps_late", "Steps delivered > 5 ms (wall) after their scheduled end.",
              c.steps_late_total),
         ):
-            m = CounterMetricFamily(name, doc, labels=["model_name"])
+            m = CounterMetricFamily(name, doc, labels=labels)
             m.add_metric(lab, val)
             yield m
         g = GaugeMetricFamily("astro:engine_lag_seconds_max", "Largest wall-clock delivery delay "
-                              "behind a step's scheduled end.", labels=["model_name"])
+                              "behind a step's scheduled end.", labels=labels)
         g.add_metric(lab, c.lag_wall_s_max)
         yield g
 
@@ -182,24 +261,26 @@ class _Ctx:
 
 
 def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimits = ApiLimits(),
-               served_model_name: str | None = None, counter=count_tokens_fallback) -> FastAPI:
+               served_model_name: str | None = None, counter=count_tokens_fallback, codec=None) -> FastAPI:
     """An OpenAI-compatible app over `engine` (started/stopped by the app's lifespan).
 
     api_key: when set, /v1 routes need `Authorization: Bearer <api_key>` (else 401).
     limits: body size / media bounds. served_model_name: the model name clients use
     (default: the profile's `model`). counter: prompt token counter (text → tokens).
+    codec: `tokens.FallbackCodec` / `HFCodec` for /tokenize and /detokenize (default: the
+    fallback's when `counter` is the fallback counter; else those routes answer 501).
     The app's Prometheus registry is `app.state.registry`; the engine is `app.state.engine`.
     """
     ctx = _Ctx(engine, served_model_name or engine.profile.model, api_key, limits, counter,
                token_ids_fallback if counter is count_tokens_fallback else None)
+    if codec is None and counter is count_tokens_fallback:
+        codec = FallbackCodec()
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_EngineCollector(engine, ctx.model))
-    ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token (engine seconds).",
-                     ["model_name"], buckets=TTFT_BUCKETS_S, registry=registry).labels(ctx.model)
-    e2e = Histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency (engine seconds).",
-                    ["model_name"], buckets=E2E_BUCKETS_S, registry=registry).labels(ctx.model)
-    engine.on_first_token = ttft.observe
-    engine.on_finish = e2e.observe
+    hists = _RequestHistograms(registry, ctx.model, engine.config.max_model_len)
+    engine.on_first_token = hists.ttft.observe
+    engine.on_token = hists.itl.observe
+    engine.on_finish = hists.finished
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -274,6 +355,70 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
 
         return {"version": __version__, "engine": "astro-sim"}
 
+    def _codec_model(body: dict[str, Any]):
+        if codec is None:
+            raise ApiError(501, "this engine counts tokens with a counter that has no token ids; start it with "
+                           "--tokenizer PATH (or the fallback counter) to use /tokenize and /detokenize",
+                           param=None, err_type="NotImplementedError")
+        m = body.get("model")
+        if m is not None and m != ctx.model:
+            raise ApiError(404, f"model: the model {m!r} does not exist; this engine serves {ctx.model!r}",
+                           param="model")
+        return codec
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> JSONResponse:
+        """vLLM's /tokenize: {prompt, add_special_tokens (default true)} or {messages}
+        (chat: the count is the prompt's `usage.prompt_tokens`, astro's chat accounting;
+        the formatting tokens are id 0) → {count, max_model_len, tokens, token_strs}."""
+        _check_key(request)
+        body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
+        c = _codec_model(body)
+        strs = _bool_field_of(body, "return_token_strs")
+        if body.get("messages") is not None:
+            text, images, frames = chat_prompt_tokens(body["messages"], ctx.counter, ctx.limits)
+            if images or frames:
+                raise ApiError(400, "messages: /tokenize counts text only; remove image_url / video_url parts",
+                               param="messages")
+            ids: list[int] = []
+            for m in body["messages"]:
+                ids += [0] * CHAT_TOKENS_PER_MESSAGE + c.encode(m["role"])
+                content = m.get("content")
+                for t in ([content] if isinstance(content, str) else
+                          [p["text"] for p in content or () if p.get("type") == "text"]):
+                    ids += c.encode(t)
+            ids += [0] * CHAT_TOKENS_REPLY_PRIMER
+            if len(ids) != text:  # pragma: no cover - the counter and the codec disagree
+                log.warning("tokenize: %d ids for a %d-token chat prompt", len(ids), text)
+        elif isinstance(body.get("prompt"), str):
+            add = body.get("add_special_tokens", True)
+            ids = c.encode(body["prompt"], add_special_tokens=bool(add))
+        else:
+            raise ApiError(400, "prompt: required: a string (or send messages for a chat prompt)", param="prompt")
+        out: dict[str, Any] = {"count": len(ids), "max_model_len": engine.config.max_model_len, "tokens": ids,
+                               "token_strs": None}
+        if strs:
+            chat = body.get("messages") is not None
+            out["token_strs"] = ["" if chat and i == 0 else c.token_strs([i])[0] for i in ids]
+        return JSONResponse(out)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> JSONResponse:
+        """vLLM's /detokenize: {tokens: [int ≥ 0]} → {prompt}."""
+        _check_key(request)
+        body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
+        c = _codec_model(body)
+        toks = body.get("tokens")
+        if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                 for t in toks):
+            raise ApiError(400, "tokens: must be a list of token ids (integers ≥ 0)", param="tokens")
+        try:
+            text = c.decode(toks)
+        except KeyError as exc:
+            raise ApiError(400, f"tokens: {exc.args[0]} is not a token id of this engine's tokenizer",
+                           param="tokens") from None
+        return JSONResponse({"prompt": text})
+
     @app.get("/status")
     async def status(prefix_since: int | None = None) -> JSONResponse:
         # the codec's dict rendered directly (the same bytes as returning the dict, without
@@ -318,12 +463,16 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         charge = vision_charge(req, engine.profile.vision)
         rid = ("cmpl-" if endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex
         ids = prompt_token_ids(body, endpoint, ctx.token_ids) if ctx.token_ids is not None else ()
-        er = engine.submit(req, charge, request_id=rid, token_ids=ids)
+        ers = [engine.submit(req, charge, request_id=rid, token_ids=ids)]
+        for i in range(1, req.n):  # n > 1: one sequence per choice (child i's seed: seed + i)
+            child = replace(req, seed=req.seed + i) if req.seed is not None else req
+            ers.append(engine.submit(child, charge, request_id=f"{rid}-{i}", token_ids=ids))
         fmt = _Format(rid, ctx.model, endpoint)
         if req.stream:
-            return _SSEResponse(_stream(engine, er, fmt, req.include_usage), media_type="text/event-stream",
-                                headers={"Cache-Control": "no-cache"})
-        return await _complete(request, engine, er, fmt)
+            body_iter = (_stream(engine, ers[0], fmt, req.include_usage) if len(ers) == 1 and ers[0].text is None
+                         else _stream_choices(engine, ers, fmt, req.include_usage))
+            return _SSEResponse(body_iter, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return await _complete(request, engine, ers, fmt)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -334,6 +483,13 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         return await _handle(request, "chat")
 
     return app
+
+
+def _bool_field_of(body: dict[str, Any], key: str) -> bool:
+    v = body.get(key, False)
+    if v is not None and not isinstance(v, bool):
+        raise ApiError(400, f"{key}: must be true or false, got {v!r}", param=key)
+    return bool(v)
 
 
 # -- response formatting ---------------------------------------------------------------
@@ -367,15 +523,32 @@ class _Format:
         extra = ',"astro_timing":' + json.dumps(timing) if timing else ''
         return 'data: ' + self.head + '"choices":[],"usage":' + json.dumps(usage) + extra + '}\n\n'
 
-    def full(self, er: EngineRequest, usage: dict[str, int]) -> dict[str, Any]:
-        text = synthetic_text(er.output_tokens)
+    def chunk(self, index: int, text: str | None, finish: str | None = None, stop_reason: str | None = None) -> str:
+        """One stream chunk of choice `index` built field by field (the path for seeded or
+        stopped text and n > 1): a token's `text`, or the chat role delta when None."""
         if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": er.finish_reason}
+            delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": er.finish_reason}
+            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+        if stop_reason is not None:
+            choice["stop_reason"] = stop_reason
+        return 'data: ' + self.head + '"choices":[' + json.dumps(choice) + ']}\n\n'
+
+    def full(self, ers: list[EngineRequest], usage: dict[str, int]) -> dict[str, Any]:
+        choices = []
+        for i, er in enumerate(ers):
+            text = er.text.text if er.text is not None else synthetic_text(er.output_tokens)
+            if self.chat:
+                choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
+                                          "logprobs": None, "finish_reason": er.finish_reason}
+            else:
+                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": er.finish_reason}
+            if er.text is not None and er.text.stop_reason is not None:
+                choice["stop_reason"] = er.text.stop_reason
+            choices.append(choice)
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": usage}
+                "created": self.created, "model": self.model, "choices": choices, "usage": usage}
 
 
 def _astro_timing(er: EngineRequest) -> dict[str, Any]:
@@ -390,9 +563,11 @@ def _astro_timing(er: EngineRequest) -> dict[str, Any]:
             "prefill_s": first - sched - s.encoder_s}
 
 
-def _usage(er: EngineRequest) -> dict[str, int]:
-    return {"prompt_tokens": er.prompt_tokens, "completion_tokens": er.output_tokens,
-            "total_tokens": er.prompt_tokens + er.output_tokens}
+def _usage(er: EngineRequest, others: list[EngineRequest] | None = None) -> dict[str, int]:
+    """The usage object: the prompt once, the output tokens of every choice (`others`: the
+    n > 1 request's choices, `er` among them)."""
+    out = sum(e.output_tokens for e in others) if others else er.output_tokens
+    return {"prompt_tokens": er.prompt_tokens, "completion_tokens": out, "total_tokens": er.prompt_tokens + out}
 
 
 def _error_event(exc: Exception) -> str:
@@ -426,24 +601,77 @@ async def _stream(engine: SimEngine, er: EngineRequest, fmt: _Format, include_us
             engine.abort(er)
 
 
-async def _complete(request: Request, engine: SimEngine, er: EngineRequest, fmt: _Format) -> Response:
-    """Wait for the whole output, aborting the request if the client disconnects."""
+async def _stream_choices(engine: SimEngine, ers: list[EngineRequest], fmt: _Format,
+                          include_usage: bool) -> AsyncIterator[str]:
+    """The stream of a request with n ≥ 1 choices and/or planned text (seed, stop): each
+    choice's tokens as they are generated, tagged with its index; the usage chunk (prompt
+    once, every choice's tokens) after the last choice finishes."""
+    merged: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, er: EngineRequest) -> None:
+        while True:
+            item = await er.queue.get()
+            merged.put_nowait((i, item))
+            if isinstance(item, Exception) or item == FINISHED:
+                return
+
+    pumps = [asyncio.ensure_future(pump(i, er)) for i, er in enumerate(ers)]
+    sent = [0] * len(ers)
+    deltas = [er.text.deltas() if er.text is not None else None for er in ers]
+    live = len(ers)
+    try:
+        while live:
+            i, item = await merged.get()
+            if isinstance(item, Exception):
+                yield _error_event(item) + "data: [DONE]\n\n"
+                return
+            if item == FINISHED:
+                live -= 1
+                continue
+            er, d = ers[i], deltas[i]
+            parts = [fmt.chunk(i, None)] if fmt.chat and sent[i] == 0 else []
+            while sent[i] < item:
+                k = sent[i]
+                last = k + 1 == er.output_tokens
+                stop = er.text.stop_reason if last and er.text is not None else None
+                parts.append(fmt.chunk(i, d[k] if d is not None else WORDS[k % len(WORDS)],
+                                       er.finish_reason if last else None, stop))
+                sent[i] += 1
+            yield "".join(parts)
+        tail = fmt.usage_chunk(_usage(ers[0], ers), _astro_timing(ers[0])) if include_usage else ""
+        yield tail + "data: [DONE]\n\n"
+    finally:
+        for t in pumps:
+            t.cancel()
+        for er in ers:
+            if not er.done:
+                engine.abort(er)
+
+
+async def _complete(request: Request, engine: SimEngine, ers: list[EngineRequest], fmt: _Format) -> Response:
+    """Wait for the whole output of every choice, aborting them if the client disconnects."""
     result: list[Any] = []
 
     async with anyio.create_task_group() as tg:
 
         async def wait_done() -> None:
-            while True:
-                item = await er.queue.get()
-                if isinstance(item, Exception) or item == FINISHED:
-                    result.append(item)
-                    tg.cancel_scope.cancel()
-                    return
+            for er in ers:
+                while True:
+                    item = await er.queue.get()
+                    if isinstance(item, Exception):
+                        result.append(item)
+                        tg.cancel_scope.cancel()
+                        return
+                    if item == FINISHED:
+                        break
+            result.append(FINISHED)
+            tg.cancel_scope.cancel()
 
         async def watch() -> None:
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            engine.abort(er)
+            for er in ers:
+                engine.abort(er)
             tg.cancel_scope.cancel()
 
         tg.start_soon(wait_done)
@@ -454,15 +682,17 @@ async def _complete(request: Request, engine: SimEngine, er: EngineRequest, fmt:
         return JSONResponse({"error": {"message": str(result[0]), "type": "engine_unavailable", "param": None,
                                        "code": 503}}, status_code=503)
     if isinstance(result[0], Exception):
+        for er in ers:
+            engine.abort(er)
         raise result[0]
-    return JSONResponse(fmt.full(er, _usage(er)))
+    return JSONResponse(fmt.full(ers, _usage(ers[0], ers)))
 
 
 # -- running ---------------------------------------------------------------------------
 def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
                api_key: str | None = None, limits: ApiLimits = ApiLimits(),
                served_model_name: str | None = None, log_level: str = "warning",
-               ready_file: str | None = None, counter=count_tokens_fallback) -> None:
+               ready_file: str | None = None, counter=count_tokens_fallback, codec=None) -> None:
     """Serve `engine` over HTTP until interrupted (blocking). `counter` counts prompt
     tokens (default `tokens.count_tokens_fallback`).
 
@@ -485,7 +715,7 @@ def run_engine(engine: SimEngine, *, host: str = "127.0.0.1", port: int = 8000,
     if (msg := exposure_warning(host, "engine", bool(token or api_key), f"${TOKEN_ENV} (or --api-key)")):
         print(msg, file=sys.stderr, flush=True)
     app = create_app(engine, api_key=api_key, limits=limits, served_model_name=served_model_name,
-                     counter=counter)
+                     counter=counter, codec=codec)
     drain_s = drain_seconds()
     serve_blocking(guard(app, token), host, port, log_level, ready_file, on_exit=lambda: start_drain(engine, drain_s),
                    drain_s=drain_s + 1.0)

@@ -11,7 +11,11 @@ engine's output length does not depend on them; see `check_sampling_fields`):
   `{"type": "text", "text"}`, `{"type": "image_url", "image_url": {"url"}}`,
   `{"type": "video_url", "video_url": {"url", "num_frames"?}}`,
 - `max_tokens` / `max_completion_tokens` (int ≥ 1; default max_model_len − prompt, as
-  vLLM), `ignore_eos`, `stream`, `stream_options.include_usage`, `n` (must be 1),
+  vLLM), `ignore_eos`, `stream`, `stream_options.include_usage`,
+- `n` (1 to `MAX_N`; n > 1 with temperature 0 is refused as vLLM refuses it: "n must be
+  1 when using greedy sampling"), `stop` (strings), `seed`, `min_tokens`,
+  `include_stop_str_in_output` (carried in `ParsedRequest`; the sim engine honours them:
+  `engine.synthetic`),
 - `vllm_xargs` (the extra-args dict a real vLLM accepts and hands to its scheduler):
   `astro_output_tokens` (true output length the bench sends; the engine stops there,
   capped by max_tokens), `astro_predicted_output_tokens` (the tagger's predicted length,
@@ -58,6 +62,8 @@ CHAT_TOKENS_REPLY_PRIMER = 3
 DEFAULT_NUM_FRAMES = 32
 REQ_CLASSES = ("sand", "pebbles", "rocks")
 _ROLES = ("system", "user", "assistant", "tool", "developer", "function")
+MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES: the most choices one request may ask for
+GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy sampling
 
 
 class ApiError(Exception):
@@ -133,6 +139,11 @@ class ParsedRequest:
     output_tokens: int | None = None
     predicted_output_tokens: int | None = None
     req_class: str | None = None
+    n: int = 1  # choices asked for (vLLM: n sequences from one prompt)
+    stop: tuple[str, ...] = ()  # stop strings (`stop`, a string or a list)
+    seed: int | None = None  # the client's `seed`
+    min_tokens: int = 0  # tokens before stop strings are checked (vLLM's `min_tokens`)
+    include_stop_str_in_output: bool = False  # keep the stop string in the text (vLLM extension)
 
     @property
     def prompt_param(self) -> str:
@@ -272,7 +283,7 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
     vLLM); seed: integer; stop: string or list of strings; logit_bias: object;
     logprobs: true/false (chat) or integer ≥ 0 (completions); top_logprobs: integer ≥ 0;
     best_of: integer ≥ 1; min_tokens: integer ≥ 0; echo: true/false; user: string.
-    (`n` is checked in `_common`: the sim serves n = 1 only.)
+    (`n` is checked in `_common`.)
 
     Raises:
         ApiError: 400 naming the field.
@@ -310,9 +321,8 @@ def refuse_unsimulated(body: dict[str, Any], endpoint: str) -> None:
     vLLM engine honours them), so a client is told instead of silently ignored.
     `response_format` other than text, a non-empty `tools` list, `echo: true`, and
     log-probabilities (chat `logprobs: true` or `top_logprobs` ≥ 1; completions
-    `logprobs` ≥ 1). Accepted as before: `logprobs: 0`/`false`, `seed` (the sim's output
-    does not depend on sampling) and `stop` (its filler text is words only, so a stop
-    string is matched only if it is one of them — not simulated).
+    `logprobs` ≥ 1). Honoured, not refused: `logprobs: 0`/`false`, `seed`, `stop` and
+    `n` (`engine.synthetic`, `sim_server`).
 
     Raises:
         ApiError: 400 naming the field.
@@ -341,9 +351,14 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         if body.get(key) is not None:
             max_tokens = _int_field(body[key], key, 1)
             break
-    n = body.get("n")
-    if n is not None and _int_field(n, "n", 1) != 1:
-        raise bad(f"must be 1 (one choice per request), got {n}", "n")
+    n = 1 if body.get("n") is None else _int_field(body["n"], "n", 1)
+    if n > MAX_N:
+        raise bad(f"must be at most {MAX_N}, got {n}", "n")
+    temp = body.get("temperature")
+    if n > 1 and isinstance(temp, (int, float)) and temp < GREEDY_EPS:  # vLLM's SamplingParams rule
+        raise bad(f"n must be 1 when using greedy sampling, got {n}", "n")
+    stop = body.get("stop")
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     stream = _bool_field(body, "stream")
     include_usage = False
     so = body.get("stream_options")
@@ -363,7 +378,9 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
         raise bad(f"must be one of {', '.join(REQ_CLASSES)}, got {cls!r}", "vllm_xargs.astro_class")
     return dict(model=model, max_tokens=max_tokens, ignore_eos=_bool_field(body, "ignore_eos"),
                 stream=stream, include_usage=include_usage, output_tokens=out,
-                predicted_output_tokens=pred, req_class=cls)
+                predicted_output_tokens=pred, req_class=cls, n=n, stop=tuple(x for x in stops if x),
+                seed=body.get("seed"), min_tokens=int(body.get("min_tokens") or 0),
+                include_stop_str_in_output=_bool_field(body, "include_stop_str_in_output"))
 
 
 # -- completions -----------------------------------------------------------------------

@@ -275,6 +275,8 @@ class ClusterSupervisor:
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             argv += [] if s.early_dispatch else ["--no-early-dispatch"]
             argv += ["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else []
+            if cfg.engine.backend == "sim" and cfg.engine.time_scale != 1.0:  # observed wall s → engine s
+                argv += ["--time-scale", repr(cfg.engine.time_scale)]
             for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)
                 argv += ["--param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}

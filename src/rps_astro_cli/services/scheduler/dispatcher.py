@@ -99,6 +99,7 @@ class Dispatcher:
                           predictions={pool[j].index: p for j, p in dec.predictions.items()})
         self.m.decisions.labels(self.policy_name, dec.reason).inc()
         self.m.decide.labels(self.policy_name).observe(dt)
+        self.m.record_decision(self.policy_name, dec.reason, dec.stage_us)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision %s", dec.to_dict())
         return dec

@@ -160,6 +160,9 @@ class FrontDoor:
                 early.cancel()
             raise
         tag_wait_us = (time.perf_counter() - t_tag) * 1e6
+        self.m.stage.labels(self.dispatcher.policy_name, "tag").observe(tag_wait_us / 1e6)
+        if tag is None:
+            self.m.fallbacks.labels(self.dispatcher.policy_name, "no tag").inc()
         cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
@@ -295,6 +298,14 @@ class FrontDoor:
         rec.outcome = outcome
         self.m.overhead.observe(overhead_s)
         self.decisions.append(rec)
+        dec = rec.decision
+        if outcome == "ok" and dec is not None and rec.instance and dec.choice in dec.predictions:
+            ttft_s, e2e_s = dec.predictions[dec.choice]
+            ts = self.s.time_scale  # the engines' seconds, as the predictions are
+            # an early decision's e2e assumed the default reply length: not an E2E prediction
+            self.m.record_outcome(rec.instance, {"ttft": ttft_s, "e2e": None if rec.early_dispatch else e2e_s},
+                                  {"ttft": None if rec.observed_ttft_s is None else rec.observed_ttft_s / ts,
+                                   "e2e": None if rec.observed_e2e_s is None else rec.observed_e2e_s / ts})
 
 
 def _error_text(data: bytes) -> str:

@@ -11,6 +11,20 @@
   excluded (see the package docstring); `astro_scheduler_retries_total`.
 - per instance: `astro_instance_healthy`, `astro_instance_outstanding_requests`,
   `astro_instance_dispatched_total`, `astro_breaker_trips_total`.
+- router quality (what a dashboard of the dispatch reads; `record_outcome`):
+  `astro_prediction_abs_error_seconds{instance,metric}` |predicted − observed| and
+  `astro_prediction_rel_error{instance,metric}` |predicted − observed| / observed, for
+  metric ttft and e2e (e2e not for early-dispatch decisions, whose e2e assumed the default
+  reply length), per request that finished ok with a prediction for the chosen
+  instance (observed: the scheduler's own forward → first chunk / end of stream, the same
+  pairs `GET /decisions` holds, so Δsum/Δcount are the report's predictor MAE and MAPE);
+  `astro_prediction_error_seconds{instance,metric}` (a summary of predicted − observed,
+  signed: Δsum / Δcount is the bias); `astro_dispatch_stage_seconds{policy,stage}` per decision stage
+  (tag: the front door's wait for the tagger; filter, sample, predict (the Predictor
+  fan-out), score, pick: `DispatchDecision.stage_us`); `astro_dispatch_fallbacks_total
+  {policy,reason}` — a decision the policy made without its signal (its "fallback: ..."
+  reason) and `reason="no tag"` (the tag missed its deadline or failed: the default
+  length was used).
 """
 
 from __future__ import annotations
@@ -18,13 +32,15 @@ from __future__ import annotations
 from rps_astro_cli.services.http_common import new_registry
 
 _FAST_BUCKETS_S = (2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
+_ERROR_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_REL_BUCKETS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0)
 
 
 class SchedulerMetrics:
     """The metric objects, registered on `registry` (see module docstring)."""
 
     def __init__(self) -> None:
-        from prometheus_client import Counter, Gauge, Histogram
+        from prometheus_client import Counter, Gauge, Histogram, Summary
 
         self.registry = r = new_registry()
         fast = _FAST_BUCKETS_S
@@ -42,3 +58,34 @@ class SchedulerMetrics:
         self.outstanding = Gauge("astro_instance_outstanding_requests", "Requests in flight", ["instance"], registry=r)
         self.dispatched = Counter("astro_instance_dispatched", "Requests sent", ["instance"], registry=r)
         self.trips = Counter("astro_breaker_trips", "Times the instance was taken out", ["instance"], registry=r)
+        self.pred_abs = Histogram("astro_prediction_abs_error_seconds", "|predicted - observed| latency (s)",
+                                  ["instance", "metric"], buckets=_ERROR_BUCKETS_S, registry=r)
+        self.pred_rel = Histogram("astro_prediction_rel_error", "|predicted - observed| / observed",
+                                  ["instance", "metric"], buckets=_REL_BUCKETS, registry=r)
+        self.pred_signed = Summary("astro_prediction_error_seconds", "predicted - observed latency (s), signed",
+                                   ["instance", "metric"], registry=r)
+        self.stage = Histogram("astro_dispatch_stage_seconds", "Time per dispatch stage (s)", ["policy", "stage"],
+                               buckets=_FAST_BUCKETS_S, registry=r)
+        self.fallbacks = Counter("astro_dispatch_fallbacks", "Decisions made without the policy's signal",
+                                 ["policy", "reason"], registry=r)
+
+    def record_decision(self, policy: str, reason: str, stage_us: dict[str, float]) -> None:
+        """A decision's stage times and, when it fell back, its reason."""
+        for stage, us in stage_us.items():
+            self.stage.labels(policy, stage).observe(us / 1e6)
+        if reason.startswith("fallback:"):
+            self.fallbacks.labels(policy, reason[len("fallback:"):].split(";")[0].strip()).inc()
+
+    def record_outcome(self, instance: str, predicted: dict[str, float | None],
+                       observed: dict[str, float | None]) -> None:
+        """Prediction error of a finished request on its instance: `predicted` /
+        `observed` map "ttft" / "e2e" to seconds (None: not known)."""
+        for metric, p in predicted.items():
+            a = observed.get(metric)
+            if p is None or a is None:
+                continue
+            err = p - a
+            self.pred_abs.labels(instance, metric).observe(abs(err))
+            self.pred_signed.labels(instance, metric).observe(err)
+            if a > 0:
+                self.pred_rel.labels(instance, metric).observe(abs(err) / a)

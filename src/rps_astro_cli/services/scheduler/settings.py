@@ -80,6 +80,10 @@ class SchedulerSettings:
     `/status` may not show yet (`types.PendingRequest`; issue 13 §2); pending_keep_s: how
     long after it was sent a request is still listed (≥ the Predictor's
     status_max_age_s + its pending margin, else a stale snapshot misses it).
+    time_scale: wall seconds per engine second of the sim engines behind it (their
+    `--time-scale`; 1 for vLLM): the scheduler observes latencies in wall seconds and the
+    Predictors answer in engine seconds, so the observed ones are divided by it before
+    the prediction-error metrics compare them.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -109,3 +113,4 @@ class SchedulerSettings:
     count_pending: bool = True
     pending_keep_s: float = 1.0
     discovery: DiscoverySettings | None = None
+    time_scale: float = 1.0
