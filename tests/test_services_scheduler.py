@@ -523,9 +523,24 @@ def test_router_metrics_match_the_decisions_the_report_reads(length_model, profi
         engs = [start(st, engine_app(i, time_scale=1.0)) for i in range(2)]
         preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
                  for e in engs]
+        # early dispatch off: its decisions' e2e assume the default reply length and are
+        # left out of the E2E error (checked below), so this run has E2E pairs to compare
         s = scheduler(st, [e.url for e in engs], [p.url for p in preds], policy="power_of_k",
-                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=2.0)
+                      policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=2.0,
+                      early_dispatch=False)
+        early = scheduler(st, [e.url for e in engs], [p.url for p in preds], policy="power_of_k",
+                          policy_params={"k": "all"}, length_model=length_model, predict_deadline_s=2.0)
         n = 5
+        with httpx.Client(base_url=early.url, timeout=10) as c:
+            for i in range(2):
+                body = chat(f"hello world {i}", ignore_eos=True, stream=True)
+                assert c.post("/v1/chat/completions", json=body).status_code == 200
+            m_early = c.get("/metrics").text
+            summ_early = decisions_summary(c.get("/decisions").json())
+        assert summ_early["predictor_e2e"]["count"] == 0 == metric(
+            m_early, "astro_prediction_abs_error_seconds_count", metric="e2e")
+        assert summ_early["predictor_ttft"]["count"] == 2 == metric(
+            m_early, "astro_prediction_abs_error_seconds_count", metric="ttft")
         with httpx.Client(base_url=s.url, timeout=10) as c:
             for i in range(n):
                 body = chat(f"hello world {i}", ignore_eos=True, stream=i % 2 == 1)
