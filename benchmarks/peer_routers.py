@@ -4,14 +4,17 @@ One sim fleet (`services.cluster.ClusterSupervisor`, what `astro serve --instanc
 runs: N sim engines + N Predictors + the tagger, all on 127.0.0.1) serves every arm.
 Per run, the harness starts ONE fresh front door on loopback, sends the request list,
 and stops it; engines, Predictors and tagger stay up (they hold no state between runs
-once drained: the sim engine has no prefix cache), so every arm starts from the same
-drained fleet with a freshly started router. Arms (`--arms`, default all):
+once drained: the sim engines' prefix cache is off, or with `--prefix-cache` reset before
+each run), so every arm starts from the same drained fleet with a freshly started router. Arms (`--arms`, default all):
 
 | arm | front door | lengths it dispatches on |
 | --- | --- | --- |
 | `astro/power_of_k` | `astro serve scheduler --policy power_of_k` (its defaults: k all, objective ttft, KV headroom gate 0.1, tie tolerance 0.02 s) + default tagger | predicted |
 | `astro/power_of_k-oracle` | same with `--oracle-lengths` (true length from `vllm_xargs`) | oracle |
 | `astro/po2` | the Astrolabe paper's Po2: `… --k 2 --objective e2e --param kv_reserve_frac=0 --param tie_tolerance_s=0` | predicted |
+| `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
+| `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
+| `astro/power_of_k-local` | as `astro/power_of_k`, the look-aheads in the scheduler's process (`--predict-in-process`: no Predictor RPCs; the tagger service as usual) | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -102,6 +105,8 @@ class Arm:
     oracle: bool = False
     lengths: str = "none"
     args: tuple[str, ...] = ()  # extra `astro serve scheduler` flags (astro arms)
+    tag_in_process: bool = False  # astro arms: the scheduler tags itself (no tagger service RPC)
+    predict_in_process: bool = False  # astro arms: the scheduler runs the look-aheads (no Predictor RPCs)
 
 
 # the Astrolabe paper's Po2 (astro's defaults since issue 13 are k all, objective ttft,
@@ -111,6 +116,10 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/power_of_k", "astro", "power_of_k", lengths="predicted"),
     Arm("astro/power_of_k-oracle", "astro", "power_of_k", oracle=True, lengths="oracle"),
     Arm("astro/po2", "astro", "power_of_k", lengths="predicted", args=PO2_ARGS),
+    Arm("astro/power_of_k-inproc", "astro", "power_of_k", lengths="predicted", tag_in_process=True),
+    Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
+    Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
+        args=("--predict-in-process",)),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
@@ -159,9 +168,9 @@ class Router:
             cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler"]
             for u in engines:
                 cmd += ["--engine", u]
-            for i in fleet["instances"]:
+            for i in fleet["instances"] if not arm.predict_in_process else ():
                 cmd += ["--predictor", i["predictor_url"]]
-            if fleet.get("tagger"):
+            if fleet.get("tagger") and not arm.tag_in_process:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
                     "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
@@ -250,13 +259,16 @@ class Fleet:
     """The sim fleet: engines + Predictors + tagger via `ClusterSupervisor` (its own
     scheduler is stopped at once: every run brings its own front door)."""
 
-    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path):
-        # no prefix caching: every arm of a repeat sends the same prompts, and a cache left
-        # by the previous arm would favour whoever routes to it next (astro reads the engines'
-        # cached blocks; the peers keep their own per-run view). internal_token off: the peer
-        # routers forward to the engines and cannot send astro's token
+    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path, prefix_cache: bool = False):
+        # prefix caching off by default: every arm of a repeat sends the same prompts, and a
+        # cache left by the previous arm would favour whoever routes to it next (astro reads
+        # the engines' cached blocks; the peers keep their own per-run view). With
+        # `prefix_cache` on, every run starts with the engines' caches reset
+        # (`POST /reset_prefix_cache`, vLLM's route) once they are drained. internal_token
+        # off: the peer routers forward to the engines and cannot send astro's token
+        self.prefix_cache = prefix_cache
         self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale,
-                                                                    "enable_prefix_caching": False},
+                                                                    "enable_prefix_caching": prefix_cache},
                                  "scheduler": {"policy": "round_robin"}, "internal_token": False}, "peer harness")
         self.run_dir = run_dir
         self.sup: ClusterSupervisor | None = None
@@ -315,6 +327,20 @@ def wait_drained(urls: list[str], timeout_s: float = 120.0) -> None:
         if time.monotonic() > deadline:
             raise HarnessError(f"engines still busy after {timeout_s:.0f} s: {urls}")
         time.sleep(0.5)
+
+
+def reset_prefix_caches(urls: list[str], timeout_s: float = 30.0) -> None:
+    """`POST /reset_prefix_cache` on every (drained) engine until each says it reset."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as c:
+        for u in urls:
+            while True:
+                r = c.post(u.rstrip("/") + "/reset_prefix_cache")
+                if r.status_code == 200 and r.json().get("reset"):
+                    break
+                if time.monotonic() > deadline:
+                    raise HarnessError(f"{u} did not reset its prefix cache: HTTP {r.status_code} {r.text[:120]}")
+                time.sleep(0.2)
 
 
 def digest(requests: list[BenchRequest], times_s: list[float]) -> str:
@@ -393,6 +419,8 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
     model = fleet.info.get("model")
     urls = fleet.engine_urls()
     wait_drained(urls)
+    if fleet.prefix_cache:
+        reset_prefix_caches(urls)
     router = Router(arm, fleet.info, log_dir / f"{arm.name.replace('/', '_')}.log", seed)
     out: dict[str, Any] = {"arm": arm.name, "router": arm.router, "policy": arm.policy, "lengths": arm.lengths,
                            "digest": digest(requests, times_s), "num_requests": len(requests)}
@@ -570,6 +598,8 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--instances", type=int, default=4, help="sim engines in the fleet")
     ap.add_argument("--profile", default="llama-2-7b-a30", help="execution profile of the engines")
     ap.add_argument("--time-scale", type=float, default=1.0, help="sim wall s per engine s (≥ 1 keeps lag low)")
+    ap.add_argument("--prefix-cache", action="store_true",
+                    help="engines cache prefixes; each run starts with every engine's cache reset")
     ap.add_argument("-w", "--workload", default="sharegpt")
     ap.add_argument("--path", default=None, help="dataset file (default: astro's data resolution)")
     ap.add_argument("-n", "--num-requests", type=int, default=300, help="requests per run")
@@ -671,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = schedule(args.arm_list, rates, args.repeats)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir)
+    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir, prefix_cache=args.prefix_cache)
     runs: list[dict[str, Any]] = []
     retries: dict[tuple[int, int, str], int] = {}
 

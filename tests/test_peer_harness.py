@@ -165,3 +165,30 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
     again = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(out / "peer_routers.json")],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == md  # the table re-renders from the JSON alone
+
+
+def test_reset_prefix_caches_empties_a_drained_engines_cache() -> None:
+    """--prefix-cache: before each run the harness resets every drained engine's cache, so
+    the next arm's first request hits nothing (vllm:prefix_cache_hits_total stays put)."""
+    import httpx
+
+    from rps_astro_cli.engine import sim_server
+    from rps_astro_cli.engine.sim_engine import SimEngine
+    from rps_astro_cli.protocol.http_server import ServerThread
+    from rps_astro_cli.sim.profile import load_profile
+
+    body = {"prompt": "abcd " * 40, "max_tokens": 2, "ignore_eos": True}
+
+    def hits(url: str) -> float:
+        text = httpx.get(url + "/metrics").text
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("vllm:prefix_cache_hits_total"))
+
+    with ServerThread(sim_server.create_app(SimEngine(load_profile("llama-2-7b-a30"), time_scale=0.01))) as srv:
+        for _ in range(2):
+            assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        before = hits(srv.url)
+        assert before == 32  # the second send hit 2 full 16-token blocks of 40 tokens
+        pr.reset_prefix_caches([srv.url])
+        assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
+        assert hits(srv.url) == before

@@ -303,3 +303,32 @@ def test_snapshot_shows_a_waiting_requests_hit_and_the_lookahead_credits_it() ->
     sim.add(SimRequest("plain", 1.0, 24, 1))
     assert snapshot("e", 1.0, sim).waiting[1].cached_tokens == 0
     assert "cached_tokens" not in snapshot("e", 1.0, sim).waiting[1].to_dict()
+
+
+def test_reset_forgets_every_cached_block_only_when_none_is_held() -> None:
+    # 4 blocks of 4 tokens: A (8 tokens) leaves hA0, hA1 cached and free; a reset forgets
+    # both (2 removal events, a mirror follows) and A again gets no hit. While B holds its
+    # 2 blocks, a reset is refused and changes nothing.
+    from rps_astro_cli.sim.prefix_cache import PrefixMirror
+
+    sim = make(4)
+    cache = sim.cache
+    assert cache is not None
+    cache.track_events(100)
+    A, B = [1, 2, 3, 4, 5, 6, 7, 8], [11, 12, 13, 14, 15, 16, 17, 18]
+    hA = block_hashes(A, BS)
+    sim.add(req("A", A, 8, 1))
+    run_all(sim)
+    mirror = PrefixMirror()
+    mirror.apply(cache.delta(0))
+    assert mirror.hit_blocks(hA, 2) == 2 and cache.num_cached_free == 2 and sim.free_blocks == 4
+    assert cache.reset()
+    assert cache.refs == {} and cache.num_cached_free == 0 and cache.lookup(hA, 2) == (0, 0)
+    mirror.apply(cache.delta(mirror.seq))
+    assert mirror.hit_blocks(hA, 2) == 0
+    sim.add(req("B", B, 8, 50))
+    sim.step(0.0)  # B's prefill: it holds its prompt's 2 blocks (at least) and keeps decoding
+    assert sim.has_work and 4 - sim.free_blocks >= 2
+    before = (dict(cache.refs), list(cache.queue.items()))
+    assert not cache.reset()  # refused, nothing changed
+    assert (dict(cache.refs), list(cache.queue.items())) == before

@@ -448,6 +448,29 @@ def test_openai_client_models_version_and_explicit_refusals(text_srv):
     assert r.choices[0].message.content and r.usage.completion_tokens >= 1
 
 
+def test_reset_prefix_cache_route():
+    # block 16: a 40-token prompt leaves 2 cached blocks and the second send hits 32
+    # tokens; after POST /reset_prefix_cache the same prompt hits nothing. While a long
+    # request holds blocks the reset is refused with a 409 that says why.
+    with serve(make_profile(), time_scale=0.01) as srv:
+        body = {"prompt": words(40), "max_tokens": 2, "ignore_eos": True}
+        for _ in range(2):
+            assert HTTP.post(srv.url + "/v1/completions", json=body).status_code == 200
+        assert metrics(srv.url)["vllm:prefix_cache_hits_total"] == 32
+        r = HTTP.post(srv.url + "/reset_prefix_cache")
+        assert r.status_code == 200 and r.json() == {"reset": True}
+        assert HTTP.get(srv.url + "/status", params={"prefix_since": 0}).json()["prefix_cache"]["stored"] == []
+        assert HTTP.post(srv.url + "/v1/completions", json=body).status_code == 200
+        assert metrics(srv.url)["vllm:prefix_cache_hits_total"] == 32  # no new hit
+    with serve(make_profile(), time_scale=1.0) as srv:
+        with HTTP.stream("POST", srv.url + "/v1/completions",
+                         json={"prompt": words(40), "max_tokens": 500, "ignore_eos": True, "stream": True}) as s:
+            lines = s.iter_lines()  # kept: a dropped line iterator closes the stream (the engine aborts)
+            next(lines)  # it runs (holds its blocks)
+            r = HTTP.post(srv.url + "/reset_prefix_cache")
+            assert r.status_code == 409 and "still hold KV blocks" in r.json()["error"]["message"], r.text
+
+
 def test_openai_client_stop_strings_end_the_output_as_vllm_does(text_srv):
     """`stop`: the cycle's text is " the of and to in a is that ..." (token i = WORDS[i % 16]);
     stop " and" is completed by token 2, so 3 tokens are generated (usage counts them),

@@ -753,6 +753,9 @@ class DecisionRecord:
     observed_e2e_s: float | None = None
     # scheduler overhead (µs; see services/scheduler)
     overhead_us: float | None = None
+    # the decision was made while the tagger worked (text, objective ttft): its
+    # predictions' e2e_s assume the scheduler's default reply length
+    early_dispatch: bool = False
     # ok | client_error | engine_error | midstream_error | no_instance |
     # client_disconnected
     outcome: str | None = None
@@ -772,6 +775,8 @@ class DecisionRecord:
             v = getattr(self, k)
             if v is not None:
                 d[k] = v
+        if self.early_dispatch:
+            d["early_dispatch"] = True
         return d
 
 

@@ -191,6 +191,8 @@ def scheduler(
     seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
+    early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
@@ -205,7 +207,8 @@ def scheduler(
     settings = _scheduler_settings(
         engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
         llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
-        served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key)
+        served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key,
+        early_dispatch, predict_in_process)
     from dataclasses import replace
 
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
@@ -273,7 +276,7 @@ def epp(
 def _scheduler_settings(engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
                         objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
                         status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
-                        oracle_lengths, max_body_bytes, api_key):
+                        oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False):
     """The `SchedulerSettings` of `astro serve scheduler`'s flags (`astro serve epp` shares
     them); raises AstroUserError naming the flag."""
     from rps_astro_cli.errors import AstroUserError
@@ -302,7 +305,7 @@ def _scheduler_settings(engine, predictor, discover, discover_service, discover_
     # with discovery the fleet size is unknown: k is checked against the largest fleet
     # (power-of-k takes the whole pool when k ≥ the instances discovered)
     n_instances = 256 if discovery is not None else len(engine)
-    predictors = bool(preds) or discovery is not None  # discovered: the pods' `predictor` port
+    predictors = bool(preds) or discovery is not None or predict_in_process  # discovered: the pods' `predictor` port
     sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": predictors}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
@@ -316,7 +319,8 @@ def _scheduler_settings(engine, predictor, discover, discover_service, discover_
         status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
         served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
-        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, discovery=discovery)
+        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
+        predict_in_process=predict_in_process, discovery=discovery)
 
 
 def _positive(v: float, field: str) -> float:

@@ -19,6 +19,8 @@ Routes:
   requests carry their prefix-cache hit `cached_tokens`; `?prefix_since=N` adds
   `prefix_cache`, the change of the set of cached block hashes since cache event N, or
   the whole set for N = 0: `sim.prefix_cache.PrefixCache.delta`),
+  `POST /reset_prefix_cache` (vLLM's dev-mode route: forget every cached block; 409 while
+  requests hold blocks, where vLLM logs and answers 200),
   `GET /metrics` (Prometheus text, vLLM 0.32's metric names, labels `model_name` and
   `engine` ("0"), one CollectorRegistry per app): gauges `vllm:num_requests_running`,
   `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` (used blocks / total, 0–1);
@@ -426,6 +428,18 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         if prefix_since is not None and cache is not None:
             body["prefix_cache"] = cache.delta(prefix_since)
         return JSONResponse(body)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> JSONResponse:
+        # vLLM's route (its dev mode): forget every cached block; vLLM answers 200 and
+        # only logs when blocks are still in use — here that is a 409 the caller can see
+        cache = engine.inst.cache
+        if cache is None:
+            return JSONResponse({"reset": False, "reason": "prefix caching is off"})
+        if not cache.reset():
+            raise ApiError(409, "prefix cache not reset: requests still hold KV blocks; reset when the engine is "
+                           "idle", None, "conflict")
+        return JSONResponse({"reset": True})
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -245,7 +245,7 @@ class ClusterSupervisor:
                 c.launch()
             self._wait_ready(phase1, timeout_s)
             self.model = self._served_model(self.engines[0])
-            if cfg.predictor.enabled:
+            if cfg.predictor.enabled and not cfg.predictor.in_process:
                 p = cfg.predictor
                 self.predictors = [
                     self._child(f"predictor-{i}", "predictor", [
@@ -273,6 +273,8 @@ class ClusterSupervisor:
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
+            argv += [] if s.early_dispatch else ["--no-early-dispatch"]
+            argv += ["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else []
             if cfg.engine.backend == "sim" and cfg.engine.time_scale != 1.0:  # observed wall s → engine s
                 argv += ["--time-scale", repr(cfg.engine.time_scale)]
             for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)

@@ -13,12 +13,12 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill, enable_prefix_caching,
                 preprocess_slots, served_model_name, extra_args}
-    predictor: {enabled, status_cache_ms, status_max_age_ms, extension_tokens,
+    predictor: {enabled, in_process, status_cache_ms, status_max_age_ms, extension_tokens,
                 default_output_tokens}
     tagger:    {enabled, length_model}
     scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed, decisions_kept, oracle_lengths}
+                port, seed, decisions_kept, oracle_lengths, early_dispatch}
                 # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
                 # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
                 # k, objective and llumnix's variant
@@ -66,6 +66,8 @@ class PredictorSection(_Strict):
     """Predictor sidecars (one per engine)."""
 
     enabled: bool = True
+    in_process: bool = Field(False, description="no sidecars: the scheduler runs each instance's look-ahead "
+                             "itself on the engine's /status (a small fleet on few cores)")
     status_cache_ms: float = Field(20.0, ge=0, description="reuse an engine /status this long (ms)")
     status_max_age_ms: float = Field(250.0, ge=0, description="use a stale status up to this age while "
                                      "refreshing it in the background (ms)")
@@ -106,6 +108,8 @@ class SchedulerSection(_Strict):
     seed: int = Field(0, ge=0)
     decisions_kept: int = Field(1000, ge=1, description="decisions kept for GET /decisions")
     oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
+    early_dispatch: bool = Field(True, description="objective ttft, text requests: ask the Predictors while the "
+                                 "tagger works (a text request's TTFT does not depend on its reply length)")
 
     @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod

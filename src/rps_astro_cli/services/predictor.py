@@ -243,6 +243,14 @@ class Predictor:
         st = await asyncio.shield(self._inflight)
         return st, time.monotonic() - self._status_at
 
+    def adopt(self, status: InstanceStatus, fetched_at: float) -> None:
+        """Use `status`, fetched by someone else at `fetched_at` (time.monotonic() when it
+        was asked for), when it is newer than the one held (the scheduler's status poll
+        feeding its in-process Predictors)."""
+        if self._status is None or fetched_at > self._status_at:
+            self._status, self._status_at = status, fetched_at
+            self.last_error = None
+
     async def _fetch(self) -> InstanceStatus:
         try:
             resp = await asyncio.wait_for(self.pool.request("GET", "/status"), self.settings.status_timeout_s)

@@ -76,6 +76,7 @@ class PrefixCache:
         # the free queue, front = next to reuse: _Run → count, or hash → 0
         self.queue: OrderedDict[object, int] = OrderedDict()
         self.queue[_Run()] = num_blocks
+        self.num_blocks = num_blocks
         # hashes evicted so far (blocks reused while still cached)
         self.evictions_total = 0
         # cache events (module docstring): changes of the cached set so far, and the
@@ -181,6 +182,20 @@ class PrefixCache:
                 q[h] = 0
                 freed += 1
         return freed
+
+    def reset(self) -> bool:
+        """Forget every cached block (vLLM's `reset_prefix_cache`): only when no request
+        holds a block (every block is in the free queue); False, changing nothing,
+        otherwise. Each forgotten hash is a removal event, so a mirror follows."""
+        free = sum(c for k, c in self.queue.items() if isinstance(k, _Run)) + self.num_cached_free
+        if free != self.num_blocks:
+            return False
+        for h in list(self.refs):
+            self._event(h, False)
+        self.refs.clear()
+        self.queue.clear()
+        self.queue[_Run()] = self.num_blocks
+        return True
 
     @property
     def num_cached_free(self) -> int:

@@ -69,10 +69,9 @@ class Dispatcher:
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
         prefix = (block_hashes, block_size, candidate.prompt_tokens) if block_hashes else None
-        loads = [st.load(j, excluded, prefix) for j, st in enumerate(pool)]
-        if self.policy.needs_status:  # the request's own prompt counts against KV headroom
-            loads = [ld if ld.request_prompt_tokens is not None
-                     else replace(ld, request_prompt_tokens=candidate.prompt_tokens) for ld in loads]
+        # the request's own prompt counts against KV headroom (status-based policies)
+        own = candidate.prompt_tokens if self.policy.needs_status else None
+        loads = [st.load(j, excluded, prefix, own) for j, st in enumerate(pool)]
         if not any(ld.healthy for ld in loads):
             # every instance broken: still try the non-excluded ones (a health check may lag)
             loads = [replace(ld, healthy=pool[ld.index].index not in excluded) for ld in loads]

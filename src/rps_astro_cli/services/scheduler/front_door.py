@@ -10,6 +10,12 @@
    prompt's block hashes are computed here, once per request, from the same token ids
    the sim engine uses (`protocol.openai.prompt_token_ids` with the fallback tokenizer's
    ids; `sim.prefix_cache.block_hashes` of the instances' block size).
+   Early dispatch (`early_dispatch`, on by default): under objective ttft a text
+   request's Predictor RPCs go out right after parsing, while the tagger works — its
+   TTFT on an instance does not depend on its own reply length, and the parser counts
+   prompt tokens as the tagger does. The forward still waits for the tag (the engine's
+   `/status` and the pending list carry the tag's length); the decision's `e2e_s`
+   predictions assume `default_output_tokens` (`DecisionRecord.early_dispatch`).
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). A request whose instance fails before anything was sent to the client
@@ -137,21 +143,34 @@ class FrontDoor:
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
+        hashes, bs = self.prompt_blocks(body, endpoint)
+        early = None
+        if self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text":
+            # a text request's TTFT on an instance does not depend on its own reply length,
+            # and its prompt tokens are the parser's (the tagger counts the same way): the
+            # Predictors can be asked while the tagger works (see module docstring)
+            early_cand = candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), hashes, bs))
+            await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         t_tag = time.perf_counter()
-        tag = await self.tags.finish(tag_task, raw)
+        try:
+            tag = await self.tags.finish(tag_task, raw)
+        except BaseException:
+            if early is not None:
+                early.cancel()
+            raise
         tag_wait_us = (time.perf_counter() - t_tag) * 1e6
         self.m.stage.labels(self.dispatcher.policy_name, "tag").observe(tag_wait_us / 1e6)
         if tag is None:
             self.m.fallbacks.labels(self.dispatcher.policy_name, "no tag").inc()
         cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
-        hashes, bs = self.prompt_blocks(body, endpoint)
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
         payload = json.dumps(body).encode()
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
-        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs))
+        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs, early))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -159,6 +178,8 @@ class FrontDoor:
             gone.cancel()
             if not fwd.done():  # the client left (or this handler was cancelled): abort upstream
                 fwd.cancel()
+                if early is not None:
+                    early.cancel()
                 await asyncio.gather(fwd, return_exceptions=True)
         if not fwd.cancelled():
             return fwd.result()
@@ -169,14 +190,19 @@ class FrontDoor:
         return Response(status_code=499)
 
     async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
-                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16) -> Response:
+                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16,
+                       early: asyncio.Future | None = None) -> Response:
         path = _PATHS[endpoint]
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
         first_5xx: tuple[bytes, int, dict[str, str]] | None = None
         overhead = 0.0
         for attempt in range(2):
-            dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
+            if attempt == 0 and early is not None:
+                dec = await early  # chosen while the tagger worked (text, objective ttft)
+                rec.early_dispatch = True
+            else:
+                dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
             if dec is None:
                 break
             st = self.instances.get(dec.choice)
@@ -276,7 +302,8 @@ class FrontDoor:
         if outcome == "ok" and dec is not None and rec.instance and dec.choice in dec.predictions:
             ttft_s, e2e_s = dec.predictions[dec.choice]
             ts = self.s.time_scale  # the engines' seconds, as the predictions are
-            self.m.record_outcome(rec.instance, {"ttft": ttft_s, "e2e": e2e_s},
+            # an early decision's e2e assumed the default reply length: not an E2E prediction
+            self.m.record_outcome(rec.instance, {"ttft": ttft_s, "e2e": None if rec.early_dispatch else e2e_s},
                                   {"ttft": None if rec.observed_ttft_s is None else rec.observed_ttft_s / ts,
                                    "e2e": None if rec.observed_e2e_s is None else rec.observed_e2e_s / ts})
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 from rps_astro_cli.sim.prefix_cache import PrefixMirror
-from rps_astro_cli.types import CandidateRequest, InstanceLoad, PendingRequest
+from rps_astro_cli.types import CandidateRequest, InstanceLoad, InstanceStatus, PendingRequest
 
 log = logging.getLogger("astro.scheduler")
 
@@ -57,11 +57,13 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
         self.ep = ep
+        # the engine's latest /status (status-based policies), for in-process predictions
+        self.status: InstanceStatus | None = None
         self.healthy = True  # circuit breaker closed
         self.dispatchable = dispatchable  # the fleet lets new requests come (discovery: ready, not terminating)
         self.phase = phase  # static | the discovery phase: not_ready | ready | terminating | removed
@@ -90,22 +92,26 @@ class InstanceState:
         return out
 
     def load(self, position: int, excluded: frozenset[int] = frozenset(),
-             prefix: tuple[tuple[int, ...], int, int] | None = None) -> InstanceLoad:
+             prefix: tuple[tuple[int, ...], int, int] | None = None,
+             request_prompt_tokens: int | None = None) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
         `excluded` holds its index (a retry's failed one). `prefix` = (the request's
         block hashes, their block size, its prompt tokens): the load then carries the
-        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`)."""
+        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`) and its
+        prompt tokens; `request_prompt_tokens` sets those without a prefix (the KV
+        headroom gate counts them)."""
         fields: dict[str, int] = self.load_fields
         bs = fields.get("kv_block_size")
         if bs and self.pending:  # forwarded since that status was asked for: not in it yet
             unseen = [p for p in self.pending if p.sent_s >= self.status_s]
             need = sum(-(-p.prompt_tokens // bs) for p in unseen)
             fields = {**fields, "pending_blocks_needed": need, "pending_requests": len(unseen)}
+        healthy = self.healthy and self.index not in excluded
         if prefix is None:
-            return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding, **fields)
-        return InstanceLoad(position, self.healthy and self.index not in excluded, self.outstanding,
-                            **fields, prefix_hit_tokens=self.hit_tokens(*prefix),
-                            request_prompt_tokens=prefix[2])
+            return InstanceLoad(position, healthy, self.outstanding, **fields,
+                                request_prompt_tokens=request_prompt_tokens)
+        return InstanceLoad(position, healthy, self.outstanding, **fields,
+                            prefix_hit_tokens=self.hit_tokens(*prefix), request_prompt_tokens=prefix[2])
 
     def hit_tokens(self, hashes: tuple[int, ...], block_size: int, prompt_tokens: int) -> int:
         """Tokens of a request's prompt (`hashes` of its full blocks of `block_size`)

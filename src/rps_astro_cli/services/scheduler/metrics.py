@@ -5,7 +5,8 @@
 - `astro_dispatch_decisions_total{policy,reason}`; `astro_dispatch_decide_seconds{policy}`
   (decision time incl. predict RPCs); `astro_predict_rpcs_total{policy,outcome}` (ok |
   timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
-  "skipped" = not sent, the Predictor's breaker is open); `astro_tag_rpcs_total{outcome}`.
+  "skipped" = not sent, the Predictor's breaker is open; "in_process" = predicted in the
+  scheduler's own process, `predict_in_process`); `astro_tag_rpcs_total{outcome}`.
 - `astro_scheduler_overhead_seconds`: what the scheduler adds per request, engine time
   excluded (see the package docstring); `astro_scheduler_retries_total`.
 - per instance: `astro_instance_healthy`, `astro_instance_outstanding_requests`,
@@ -13,7 +14,8 @@
 - router quality (what a dashboard of the dispatch reads; `record_outcome`):
   `astro_prediction_abs_error_seconds{instance,metric}` |predicted − observed| and
   `astro_prediction_rel_error{instance,metric}` |predicted − observed| / observed, for
-  metric ttft and e2e, per request that finished ok with a prediction for the chosen
+  metric ttft and e2e (e2e not for early-dispatch decisions, whose e2e assumed the default
+  reply length), per request that finished ok with a prediction for the chosen
   instance (observed: the scheduler's own forward → first chunk / end of stream, the same
   pairs `GET /decisions` holds, so Δsum/Δcount are the report's predictor MAE and MAPE);
   `astro_prediction_error_seconds{instance,metric}` (a summary of predicted − observed,

@@ -1,5 +1,8 @@
 """The predict client: one `POST /predict` per candidate instance to its Predictor, in
-parallel, with a deadline, and a breaker per Predictor.
+parallel, with a deadline, and a breaker per Predictor; or, with `predict_in_process`,
+for an instance without a Predictor URL, the same look-ahead here (one
+`services.predictor.Predictor` per engine, fed the scheduler's own `/status` polls),
+after the RPCs went out.
 
 Bodies are `rps_astro_cli.types`' codec (`PredictRequest` out, `PredictReply` back),
 the same the Predictor decodes and encodes.
@@ -13,6 +16,9 @@ import logging
 import time
 from dataclasses import replace
 
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.services.predictor import Predictor, PredictorSettings, with_pending
+from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, pending_wire
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
@@ -32,6 +38,26 @@ class PredictClient:
         self.clients = clients
         self.m = metrics
         self.policy_name = policy_name
+        self._local: dict[str, Predictor] = {}  # engine URL → in-process Predictor
+
+    def local_predictor(self, st: InstanceState) -> Predictor:
+        """The in-process Predictor of `st`'s engine (made on first use). Its status cache
+        outlives one status poll period, so the poll keeps it fresh without fetches of its own."""
+        pred = self._local.get(st.ep.engine_url)
+        if pred is None:
+            cache_s = self.s.status_interval_s + 0.05
+            pred = self._local[st.ep.engine_url] = Predictor(PredictorSettings(
+                st.ep.engine_url, status_cache_s=cache_s, status_max_age_s=max(0.25, 2 * cache_s),
+                profile=self.s.profile, default_output_tokens=self.s.default_output_tokens,
+                internal_token=self.s.internal_token))
+        if st.status is not None:
+            pred.adopt(st.status, st.status_s)
+        return pred
+
+    async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate:
+        pred = self.local_predictor(st)
+        status, age_s = await pred.status()
+        return pred.predict(status, q.candidate, with_pending(status, q.pending, age_s))
 
     async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate:
         status, body = await self.clients.post_json(url, "/predict", payload)
@@ -52,9 +78,10 @@ class PredictClient:
         tasks: dict[asyncio.Task, int] = {}
         states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
         now = time.monotonic()
+        local: list[tuple[int, PredictRequest]] = []
         for i in candidates:
             st = states[i] = self.instances[i]
-            if not st.ep.predictor_url:
+            if not st.ep.predictor_url and not self.s.predict_in_process:
                 continue
             if st.predictor_skip_until > now:
                 self.m.predict_rpcs.labels(self.policy_name, "skipped").inc()
@@ -66,13 +93,32 @@ class PredictClient:
                 q = replace(q, candidate=replace(q.candidate, cached_tokens=hit))
             if self.s.count_pending and st.pending:  # this engine's not-yet-visible requests
                 q = replace(q, pending=pending_wire(st.pending, now, self.s.pending_keep_s))
+            if not st.ep.predictor_url:
+                local.append((i, q))
+                continue
             if q is not query:
                 body = json.dumps(q.to_dict()).encode()
             tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, body))] = i
-        if not tasks:
-            return {}
-        done, pending = await asyncio.wait(tasks, timeout=self.s.predict_deadline_s)
         out: dict[int, LatencyEstimate] = {}
+        if local:  # after the RPCs went out: the look-aheads run while the sidecars work
+            got = await asyncio.gather(*(asyncio.wait_for(self._predict_local(states[i], q),
+                                                          self.s.predict_deadline_s) for i, q in local),
+                                       return_exceptions=True)
+            for (i, _), est in zip(local, got):
+                if isinstance(est, LatencyEstimate):
+                    out[i] = est
+                    self.m.predict_rpcs.labels(self.policy_name, "in_process").inc()
+                    states[i].predictor_failures = 0
+                    states[i].predictor_error = None
+                elif isinstance(est, (TimeoutError, RpcError, AstroUserError, ValueError, OSError)):
+                    outcome = "timeout" if isinstance(est, TimeoutError) else "error"
+                    self.m.predict_rpcs.labels(self.policy_name, outcome).inc()
+                    self._failed(states[i], f"in-process {outcome}: {type(est).__name__}: {est}"[:200])
+                elif isinstance(est, BaseException):
+                    raise est
+        if not tasks:
+            return out
+        done, pending = await asyncio.wait(tasks, timeout=self.s.predict_deadline_s)
         for t in pending:  # late: skipped; left to finish in the background
             t.add_done_callback(swallow)
             self.m.predict_rpcs.labels(self.policy_name, "timeout").inc()

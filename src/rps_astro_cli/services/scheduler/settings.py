@@ -67,6 +67,15 @@ class SchedulerSettings:
     oracle_lengths: use the request's true length (`vllm_xargs.astro_output_tokens`, which
     the bench sends) as the predicted length when present — the Astrolabe "oracle"
     ablation; the tagger is still called for the modality facts.
+    early_dispatch: with objective ttft, a text request's Predictor RPCs go out while the
+        tagger works, on the parser's prompt tokens (the tagger counts the same way) and
+        `default_output_tokens` (its own reply length does not change its TTFT); the
+        decision's `e2e_s` predictions then assume that length.
+    predict_in_process: an instance without a Predictor URL is predicted in the
+        scheduler's own process — the sidecar's `services.predictor.Predictor` look-ahead
+        on the engine's `/status` from the scheduler's status poll (or its own fetch),
+        with the pending list — instead of being left unscored: no RPC hop, for a small
+        fleet on few cores (the sidecars' reason is spreading look-ahead CPU over pods).
     count_pending: send each Predictor the requests forwarded to its engine that its
     `/status` may not show yet (`types.PendingRequest`; issue 13 §2); pending_keep_s: how
     long after it was sent a request is still listed (≥ the Predictor's
@@ -99,6 +108,8 @@ class SchedulerSettings:
     predictor_breaker_failures: int = 3
     predictor_breaker_s: float = 1.0
     oracle_lengths: bool = False
+    early_dispatch: bool = True
+    predict_in_process: bool = False
     count_pending: bool = True
     pending_keep_s: float = 1.0
     discovery: DiscoverySettings | None = None
