@@ -32,8 +32,12 @@ def test_hand_counted_cases() -> None:
     assert ids == [zlib.crc32(b"abcd"), zlib.crc32(b"efgh"), zlib.crc32(b"i"), zlib.crc32(b"!")]
 
 
+# any character but a surrogate (not UTF-8-encodable), astral ones included
+_CHARS = st.one_of(st.characters(max_codepoint=0xD7FF), st.characters(min_codepoint=0xE000))
+
+
 @settings(max_examples=300, derandomize=True, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=200))
+@given(st.text(alphabet=_CHARS, max_size=200))
 def test_matches_the_rule_written_out(text: str) -> None:
     pieces = _reference_pieces(text)
     assert count_tokens_fallback(text) == len(pieces)
