@@ -220,6 +220,8 @@ def test_epp_picks_the_instance_astros_dispatch_picks(length_model, tmp_path):
         # engine-0 runs 3 long streams, engine-1 nothing: the dispatch must pick engine-1
         load(engs[0].url, 3, 800, stop)
         wait_for(lambda: _engine_running(engs[0].url) == 3)
+        # the picker's own view (its /status poll) must show them too, else both look idle
+        wait_for(lambda: srv.call(_running_seen) == [3, 0])
         dest, headers, fwd = dispatch(channel, chat_body())
         assert dest == addr[1]
         assert fwd["vllm_xargs"]["astro_predicted_output_tokens"] == 40  # the tagger's length, sent on
@@ -227,6 +229,7 @@ def test_epp_picks_the_instance_astros_dispatch_picks(length_model, tmp_path):
         # now engine-1 runs 6 (more than engine-0's 3): the dispatch must pick engine-0
         load(engs[1].url, 6, 800, stop)
         wait_for(lambda: _engine_running(engs[1].url) == 6)
+        wait_for(lambda: srv.call(_running_seen) == [3, 6])
         dest, _, _ = dispatch(channel, chat_body("another one"), chunks=3)
         assert dest == addr[0]
         # each stream released its instance at the response's end (the load went straight to the engines)
@@ -451,6 +454,11 @@ def test_cli_flag_errors_are_one_line():
 
 async def _ready_count(server) -> int:
     return server.picker.ready_instances()
+
+
+async def _running_seen(server) -> list[int | None]:
+    """Each instance's running count as the picker's latest engine /status showed it."""
+    return [st.load_fields.get("num_running") for st in server.picker.instances]
 
 
 async def _outstanding(server) -> list[int]:
