@@ -9,7 +9,8 @@ checkout, same seed and cell), best of `--passes` timings per snapshot (process 
 and wall clock; the machine is shared), and report the median. Arms alternate run by
 run (base, new, new, base, base, new, ...): each repeat's ratio is new / base of one
 adjacent pair; the summary is the median ratio over the repeats and its spread. The
-estimates of the two arms are compared snapshot by snapshot (TTFT, E2E, steps).
+estimates of the two arms are compared snapshot by snapshot (TTFT, E2E, steps): beyond
+a relative 1e-9, and bit for bit.
 
     .venv/bin/python benchmarks/lookahead_ab_proc.py --base /tmp/base [--repeats 5]
         [--profile llava-onevision-7b-a100] [--policy rps] [--mix 0.4,0.2] [--labelled]
@@ -128,9 +129,12 @@ def main() -> None:
             meds["base", c].append(mb)
             meds["new", c].append(mn)
             row.append(f"{mb:>11.0f} {mn:>10.0f} {mn / mb:>8.3f}")
-        ndiff = sum(1 for x, y in zip(res["base"]["est"], res["new"]["est"])
+        pairs = list(zip(res["base"]["est"], res["new"]["est"]))
+        ndiff = sum(1 for x, y in pairs
                     if x[2] != y[2] or abs(x[0] - y[0]) > 1e-9 * abs(x[0]) or abs(x[1] - y[1]) > 1e-9 * abs(x[1]))
-        print(f"{rep:>6} | {row[0]} | {row[1]:>1} | {ndiff} of {args.snapshots}", flush=True)
+        nbits = sum(1 for x, y in pairs if tuple(x) != tuple(y))  # not equal bit for bit
+        print(f"{rep:>6} | {row[0]} | {row[1]:>1} | {ndiff} of {args.snapshots} ({nbits} not bit for bit)",
+              flush=True)
     for c, rs in ratios.items():
         print(f"{c}: base median {np.median(meds['base', c]):.0f} µs, new {np.median(meds['new', c]):.0f} µs; "
               f"ratio new/base median {np.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f}, "

@@ -33,7 +33,7 @@ lowest-priority running request while that one's priority is lower
 ../shared/research/rps-serve-testbed.md, "The authors' scheduler"). With the flag off
 (the default, as before) a waiting request never preempts: preemption happens only when
 a running request cannot grow (vLLM V1's own rule). The Predictor's look-ahead predicts
-as if it were off.
+with it as the engine runs it.
 """  # noqa: E501  (the table rows)
 
 from __future__ import annotations
@@ -355,6 +355,24 @@ class RPSPolicy(ClassAwarePolicy):
         """(class, arrival): in a class the lowest P_c(w) is the youngest (latest
         scheduled on ties), so the victim is among each class's youngest."""
         return self.class_and_arrival
+
+    def victim_merge_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest, float], Any]:
+        """`victim_rank`: among each class's youngest, `preemption_victim` takes the
+        smallest (sand last, P_c(w), −arrival), the latest scheduled on ties."""
+        return self.victim_rank
+
+    def victim_rank(self, req: SimRequest, now_s: float) -> tuple[bool, float, float]:
+        """(is sand, P_c(w), −arrival) of a classified request at `now_s`: the
+        `victim_merge_key` (the smallest is preempted first). P with the regulator's
+        `priority` operations (S + 1 − exp(−β w^α), negative waits as 0), bit for bit."""
+        c = req.req_class
+        k = self._consts.get(c)  # type: ignore[arg-type]
+        if k is None:
+            c = self.classify(req)
+            k = self._consts[c]
+        s1, nb, a = k
+        w = now_s - req.arrival_s
+        return c == "sand", s1 - math.exp(nb * (w if w > 0.0 else 0.0) ** a), -req.arrival_s
 
     def victim_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest], Any] | None:
         """Arrival time when all `requests` are of one class (the victim is then the

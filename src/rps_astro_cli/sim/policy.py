@@ -18,12 +18,14 @@ Contract used by `InstanceSim`, the look-ahead and the vLLM plugin:
   time-dependent order that is fixed inside groups: only group heads can come first,
   only each group's last can be the victim), and with the groups `order_merge_key`
   (the order is the merge of the groups by a key of their heads: the look-ahead
-  evaluates it for the heads only).
+  evaluates it for the heads only), and with `victim_groups` `victim_merge_key` (the
+  victim is the representative of the smallest key: the look-ahead never calls
+  `preemption_victim`).
 - Optional, waiting-side preemption (RPS-Serve's scheduler; off unless a policy sets
   `preempts_for_waiting`): when a waiting request's first chunk does not fit the free KV
   blocks, `InstanceSim` preempts `preemption_victim(running, now_s)` while
   `outranks(waiting_request, victim, now_s)` holds, then retries the admission. The
-  Predictor's look-ahead does not model this (it predicts as if the flag were off).
+  Predictor's look-ahead models it too (it hands such steps to `InstanceSim.step`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class InstancePolicy:
     # checks given values against them, and describe() reports them by these names
     params: ClassVar[tuple[Param, ...]] = ()
     # True: a waiting request that does not fit may preempt running requests it outranks
-    # (module docstring); the look-ahead ignores it
+    # (module docstring)
     preempts_for_waiting: bool = False
 
     def outranks(self, waiting: SimRequest, running: SimRequest, now_s: float) -> bool:
@@ -109,6 +111,17 @@ class InstancePolicy:
         non-empty subset `running` of `requests` and every time, the victim among
         `running` is the victim among its representatives: in each group the member
         with the largest (key, index), kept in running order. None promises nothing.
+        """
+        return None
+
+    def victim_merge_key(self, requests: Sequence[SimRequest]) -> Callable[[SimRequest, float], Any] | None:
+        """With `victim_groups`: a function (r, now_s) → key such that, for every
+        non-empty subset `running` of `requests` (in any order) and every time `now_s`,
+        `preemption_victim(running, now_s)` is the representative (each group's member
+        with the largest (group key, index), see `victim_groups`) with the smallest
+        key(r, now_s), the latest in running order on equal keys. The look-ahead then
+        evaluates the key of each representative instead of calling
+        `preemption_victim`. None promises nothing.
         """
         return None
 

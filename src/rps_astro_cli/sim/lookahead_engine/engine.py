@@ -14,7 +14,11 @@ O(requests touched) each:
   with `order_merge_key` (mixed-class `rps`) the queue is kept per group and the order
   taken head by head (`InstanceView.merged`, `MergeCursor`);
 - anything else (a preemption under another policy, an unusual running order) is handed
-  to `InstanceSim.step` itself on materialized requests (`InstanceView.careful_step`).
+  to `InstanceSim.step` itself on materialized requests (`InstanceView.careful_step`);
+- waiting-side preemption (`preempts_for_waiting`, `rps preempt_waiting=true`): no decode
+  run is jumped while a queued request is blocked on KV blocks; a step whose admission
+  stops at a request that outranks the policy's victim (`preemption.waiting_preempts`)
+  is handed to `InstanceSim.step`.
 Under KV pressure most steps are events (admit, preempt, readmit), which bounds the gain
 there (benchmarks/lookahead_speed.py).
 """
@@ -84,6 +88,8 @@ class FastLookahead:
                 W = v.waiting
                 if not W or B >= maxs or (chunked and max_tok <= B):
                     blocked = True
+                elif v.pwait:  # a head that does not fit may preempt (`preempt_waiting`): step
+                    blocked = False
                 elif v.ordered and not tdep:  # `InstanceView.admission_blocked` for the head, inlined
                     head = W[0]
                     c = head.num_computed_tokens

@@ -6,8 +6,14 @@ from __future__ import annotations
 from .apply import apply_step
 from .instance_view import InstanceView, MergeCursor
 from .outcome import StepOutcome
-from .preemption import fcfs_preempt_step, policy_preempt_chunked
+from .preemption import fcfs_preempt_step, policy_preempt_chunked, waiting_preempts
 from .request import LReq, next_chunk
+
+
+def _with_new(running: list[LReq], sched: list[tuple[LReq, int, int]], admitted: int) -> list[LReq]:
+    """The running list as `InstanceSim` holds it during admission: the running requests,
+    then the last `admitted` entries of `sched` (admitted in this step, in order)."""
+    return running + [e[0] for e in sched[len(sched) - admitted:]] if admitted else running
 
 
 def chunked_step(v: InstanceView, t: float) -> StepOutcome:
@@ -48,6 +54,8 @@ def chunked_step(v: InstanceView, t: float) -> StepOutcome:
                     break
                 n, nb = next_chunk(h, budget, bs)
                 if nb > free:
+                    if v.pwait and waiting_preempts(v, h, _with_new(running, sched, admitted), t, True):
+                        return StepOutcome.UNSUPPORTED  # (nothing changed yet)
                     break
                 cur.take()
                 free -= nb
@@ -63,6 +71,8 @@ def chunked_step(v: InstanceView, t: float) -> StepOutcome:
                     break
                 n, nb = next_chunk(r, budget, bs)
                 if nb > free:
+                    if v.pwait and waiting_preempts(v, r, _with_new(running, sched, admitted), t, True):
+                        return StepOutcome.UNSUPPORTED  # (nothing changed yet)
                     break
                 free -= nb
                 sched.append((r, n, nb))
@@ -112,12 +122,16 @@ def prioritized_step(v: InstanceView, t: float) -> StepOutcome:
             i += 1
             c = r.num_computed_tokens
             n = r.prompt_tokens + r.num_generated_tokens - c
-            if nrun >= maxs or n > budget:
+            if nrun >= maxs:
                 break
             nb = -(-(c + n) // bs) - r.kv_blocks
+            if n > budget or (nb > 0 and nb > free):
+                # (InstanceSim tries waiting-side preemption for either shortage)
+                if v.pwait and budget > 0 and waiting_preempts(v, r, _with_new(running, sched, len(sched)), t,
+                                                               False):
+                    return StepOutcome.UNSUPPORTED  # (nothing changed yet)
+                break
             if nb > 0:
-                if nb > free:
-                    break
                 free -= nb
             else:
                 nb = 0

@@ -93,8 +93,11 @@ class InstanceView:
         self.dec = latency._dec
         #: seconds of prefill attention per token pair
         self.pre = latency._pre
+        #: the policy's waiting-side preemption (`InstancePolicy.preempts_for_waiting`):
+        #: a waiting request that does not fit may preempt running ones it outranks
+        self.pwait = bool(policy.preempts_for_waiting)
         #: the policy orders and preempts as FCFS (it is never asked)
-        self.fcfs = is_fcfs(policy)
+        self.fcfs = is_fcfs(policy) and not self.pwait
         # Queue order: FCFS keeps the list order; a policy with an `order_key` for these
         # requests has the list kept sorted by that key (`keyfn`), so its head is the
         # policy's head without asking; any other policy is asked at each step that admits.
@@ -106,8 +109,14 @@ class InstanceView:
         self.vkeyed = False
         #: LReq.okey is (group, key) (`InstancePolicy.order_groups`)
         self.grouped = False
-        #: LReq.vkey is (group, key) (`InstancePolicy.victim_groups`)
+        #: `InstancePolicy.victim_groups`: LReq.vgrp is the group's index, LReq.vkey the
+        #: key inside its group
         self.vgrouped = False
+        #: victim groups (`vgrp` runs over 0 .. vgroup_count - 1)
+        self.vgroup_count = 0
+        #: the policy's `victim_merge_key` (with `vgrouped`), else None: then the policy
+        #: is asked for the victim among the groups' representatives
+        self.vmerge_key: Callable[[Any, float], Any] | None = None
         #: the queue order is the merge of the `order_groups` groups by the policy's
         #: `order_merge_key` of their heads (`MergeCursor`): `groups` holds each group's
         #: waiting members in group order, `LReq.qpos` their queue order
@@ -164,7 +173,8 @@ class InstanceView:
         and cache them on the requests:
         an `order_key` makes the queue key-sorted (`keyfn`, `ordered`); else, for a
         time-dependent policy, `order_groups` (`grouped`); a `victim_key` (`vkeyed`),
-        else `victim_groups` (`vgrouped`). Then `ordered` and `tdep` are set."""
+        else `victim_groups` (`vgrouped`, with its `victim_merge_key` if any). Then
+        `ordered` and `tdep` are set."""
         policy = self.policy
         if not self.fcfs:
             everyone = [*self.running, *self.waiting, *(r for _t, r in pending)]
@@ -208,6 +218,16 @@ class InstanceView:
                     else:
                         for r in everyone:
                             r.vkey = vgroups(r)
+                    vids: dict[Any, int] = {}
+                    for r in everyone:  # (group, key) → the group's index and the key
+                        g, k = r.vkey
+                        gi = vids.get(g)
+                        if gi is None:
+                            gi = vids[g] = len(vids)
+                        r.vgrp = gi
+                        r.vkey = k
+                    self.vgroup_count = len(vids)
+                    self.vmerge_key = policy.victim_merge_key(everyone)
                     self.vgrouped = True
         self.ordered = self.fcfs or self.keyfn is not None
         self.tdep = bool(policy.time_dependent) and self.keyfn is None

@@ -13,8 +13,25 @@ from .outcome import StepOutcome
 from .request import MAX_LOOKAHEAD_STEPS, LReq, next_chunk
 
 
-def _victim(v: InstanceView, run: list[LReq], t: float) -> tuple[LReq, int]:
-    """The policy's preemption victim among `run` and its index."""
+def _current(v: InstanceView, r: LReq, scheduled: bool) -> None:
+    """Bring a pool member's token fields up to the pool's tick (it re-joins there, same
+    residue), with its KV blocks as they stand in the step being formed: one more token's
+    worth when it is already `scheduled` in it. Other requests are left as they are."""
+    pg = r.pool_g
+    if pg >= 0:
+        G = v.pool.tick
+        if pg != G:
+            d = G - pg
+            r.num_computed_tokens += d
+            r.num_generated_tokens += d
+            r.pool_g = G
+        c = r.num_computed_tokens + 1 if scheduled else r.num_computed_tokens
+        r.kv_blocks = -(-c // v.bs)
+
+
+def _victim(v: InstanceView, run: list[LReq], t: float, i: int) -> tuple[LReq, int]:
+    """The policy's preemption victim among `run` and its index; run[:i] are already
+    scheduled in the step being formed. The policy sees current fields."""
     if v.vkeyed:  # the largest (vkey, index), without calling the policy
         vidx = 0
         vk = run[0].vkey
@@ -25,54 +42,110 @@ def _victim(v: InstanceView, run: list[LReq], t: float) -> tuple[LReq, int]:
                 vk = kj
         return run[vidx], vidx
     policy = v.policy
-    if v.vgrouped:  # ask the policy among each group's last (key, index)
-        best: dict[Any, int] = {}
+    if not v.vgrouped:
         for j in range(len(run)):
-            g, kj = run[j].vkey
-            b = best.get(g)
-            if b is None or not kj < run[b].vkey[1]:
-                best[g] = j
-        idxs = sorted(best.values())
-        reps = [run[j] for j in idxs]
-        victim = policy.preemption_victim(reps, t)
-        return victim, idxs[reps.index(victim)]
-    victim = policy.preemption_victim(run, t)
-    return victim, run.index(victim)
+            _current(v, run[j], j < i)
+        victim = policy.preemption_victim(run, t)
+        return victim, run.index(victim)
+    # among each group's last (key, index): its representative
+    best = [-1] * v.vgroup_count
+    for j in range(len(run)):
+        r = run[j]
+        g = r.vgrp
+        b = best[g]
+        if b < 0 or not r.vkey < run[b].vkey:
+            best[g] = j
+    idxs = sorted([j for j in best if j >= 0])
+    if len(idxs) == 1:
+        return run[idxs[0]], idxs[0]
+    for j in idxs:
+        _current(v, run[j], j < i)
+    mkey = v.vmerge_key
+    if mkey is not None:  # the smallest key, the latest on ties
+        vidx = -1
+        bk: Any = None
+        for j in idxs:
+            k = mkey(run[j], t)
+            if vidx < 0 or not bk < k:
+                vidx = j
+                bk = k
+        return run[vidx], vidx
+    reps = [run[j] for j in idxs]
+    victim = policy.preemption_victim(reps, t)
+    return victim, idxs[reps.index(victim)]
+
+
+def waiting_preempts(v: InstanceView, w: LReq, cands: list[LReq], t: float, scheduled: bool) -> bool:
+    """Under waiting-side preemption (`InstanceView.pwait`): whether `InstanceSim`'s
+    admission, stopped at `w` (its first chunk does not fit), would preempt for it: the
+    policy's victim among `cands` (the running requests, then those admitted so far in
+    this step; pool members `scheduled` in it or not) is outranked by `w`. True also
+    when that cannot be told without the engine's exact fields (the policy is asked
+    about the victim on them: the caller hands the step to `InstanceSim`)."""
+    if not cands:
+        return False
+    if not v.vkeyed and v.vmerge_key is None:
+        return True
+    victim, _j = _victim(v, cands, t, len(cands) if scheduled else 0)
+    _current(v, victim, scheduled)
+    return bool(v.policy.outranks(w, victim, t))
 
 
 def policy_preempt_chunked(v: InstanceView, t: float) -> StepOutcome:
     """A chunked-prefill step whose running pass runs out of KV blocks, for any
     policy: the pass of `InstanceSim._schedule_chunked` (the policy names each victim;
     a victim already scheduled in this step is taken out of it again) on the
-    look-ahead's own state. Pool members are first re-based to the current tick,
-    so the policy sees current fields; one the pass leaves unscheduled (it stopped
-    at a request that preempted itself) is paused: re-based to the next tick with
-    its tokens unchanged. No admissions follow a preemption."""
+    look-ahead's own state. Pool members keep their pooled fields (a member at tick G
+    needs a new block iff its computed count is a multiple of block_size, and holds
+    ceil(computed / block_size) blocks); only those the policy is asked about are
+    brought up to date (`_current`). The pass ends at some run[i] (a request that
+    preempted itself, the budget, or the end): run[:i] are scheduled, and the pool
+    members from there on are paused: re-based to the next tick with their tokens
+    unchanged. No admissions follow a preemption. O(running) integer work plus the
+    victims (no call per running request)."""
     run, bs, pool = v.running, v.bs, v.pool
-    pool.rebase(run)
+    G = pool.tick
     F = v.free
     budget = v.token_budget
-    sched: list[tuple[LReq, int, int]] = []
+    sched: list[tuple[LReq, int, int]] = []  # the explicit requests scheduled
+    pooled = 0  # the pool members scheduled
+    ntok = 0
     nondec = v.explicit
     preempted = False
     i = 0
     while i < len(run) and budget > 0:
         r = run[i]
-        n, nb = next_chunk(r, budget, bs)
+        pg = r.pool_g
+        if pg >= 0:
+            n = 1
+            nb = 1 if (r.num_computed_tokens + G - pg) % bs == 0 else 0
+        else:
+            n, nb = next_chunk(r, budget, bs)
         self_victim = False
         while nb > F:
-            victim, vidx = _victim(v, run, t)
+            victim, vidx = _victim(v, run, t, i)
+            vg = victim.pool_g
+            if vg >= 0:  # ceil(computed / bs) blocks, one more if it is in this step
+                c = victim.num_computed_tokens + G - vg
+                F += -(-(c + 1 if vidx < i else c) // bs)
+            else:
+                F += victim.kv_blocks
             if vidx < i:  # already in this step: undo it (vLLM V1 does too)
-                for j, e in enumerate(sched):
-                    if e[0] is victim:
-                        budget += e[1]
-                        del sched[j]
-                        break
+                if vg >= 0:
+                    pooled -= 1
+                    budget += 1
+                    ntok -= 1
+                else:
+                    for j, e in enumerate(sched):
+                        if e[0] is victim:
+                            budget += e[1]
+                            ntok -= e[1]
+                            del sched[j]
+                            break
                 i -= 1
             del run[vidx]
-            F += victim.kv_blocks
-            if victim.pool_g >= 0:
-                pool.leave(victim)  # (re-based: no tokens to bring up to date)
+            if vg >= 0:
+                pool.leave(victim)
             else:
                 nondec.remove(victim)
             victim.kv_blocks = 0
@@ -85,33 +158,29 @@ def policy_preempt_chunked(v: InstanceView, t: float) -> StepOutcome:
                 break
         if self_victim:
             break
-        r.kv_blocks += nb
+        if pg >= 0:
+            pooled += 1
+        else:
+            r.kv_blocks += nb
+            sched.append((r, n, 0))  # (its blocks are added already)
         F -= nb
-        sched.append((r, n, nb))
         budget -= n
+        ntok += n
         i += 1
     assert preempted, "called without a failing allocation"
-    scheduled = {id(e[0]) for e in sched}
     paused_ctx = 0
-    for r in run:
-        if r.pool_g >= 0 and id(r) not in scheduled:  # pause: same tokens at tick + 1
+    for j in range(i, len(run)):  # not scheduled: a member pauses (same tokens at tick + 1)
+        r = run[j]
+        if r.pool_g >= 0:
+            _current(v, r, False)
             pool.pause(r)
             paused_ctx += r.num_computed_tokens + 1
-    if not sched:
+    if not pooled and not sched:
         v.free = F
         pool.tick += 1  # paused members were re-based to the next tick; nothing ran
         return StepOutcome.PREEMPTED_ONLY
-    pooled = 0
-    explicit: list[tuple[LReq, int, int]] = []
-    ntok = 0
-    for r, n, _nb in sched:
-        ntok += n
-        if r.pool_g >= 0:
-            pooled += 1
-        else:
-            explicit.append((r, n, 0))  # blocks already added
     pool.ctx_tokens -= paused_ctx
-    v.step_s = apply_step(v, t, explicit, pooled, F, ntok, True)
+    v.step_s = apply_step(v, t, sched, pooled, F, ntok, True)
     pool.ctx_tokens += paused_ctx
     return StepOutcome.RAN
 

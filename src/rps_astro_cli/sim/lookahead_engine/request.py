@@ -18,7 +18,8 @@ class LReq:
     current), the sequence number of its live heap entry (`pool_seq`), its policy
     sort keys (`okey`, `vkey`, see `InstancePolicy.order_key` / `victim_key`), and, under
     a policy with `order_merge_key`, its group's index (`grp`) and a number that orders
-    the queue as its list does (`qpos`; see `InstanceView.merged`).
+    the queue as its list does (`qpos`; see `InstanceView.merged`), and under one with
+    `victim_groups` its victim group's index (`vgrp`).
 
     A class of its own rather than a `SimRequest` subclass so that mypyc can compile it
     (a compiled class cannot extend an interpreted one); tests/test_lookahead.py checks
@@ -29,7 +30,7 @@ class LReq:
         "vision_tokens", "encoder_s", "req_class", "predicted_output_tokens", "deadline_s",
         "num_computed_tokens", "num_generated_tokens", "kv_blocks", "num_preemptions",
         "first_scheduled_s", "first_token_s", "finish_s", "pool_g", "pool_seq", "okey", "vkey",
-        "grp", "qpos",
+        "grp", "qpos", "vgrp",
     )
 
     def __init__(self, request_id: str, arrival_s: float, prompt_tokens: int, target_output_tokens: int,
@@ -57,9 +58,10 @@ class LReq:
         self.pool_g = -1
         self.pool_seq = 0
         self.okey: Any = None  # the policy's `order_key` / `victim_key` values, when it has them
-        self.vkey: Any = None
+        self.vkey: Any = None  # (`victim_groups`: the key inside its group)
         self.grp = -1  # index of its `order_groups` group in `InstanceView.groups` (merged queues)
         self.qpos = 0  # queue position number: smaller = nearer the front (merged queues)
+        self.vgrp = -1  # index of its `victim_groups` group (`InstanceView.vgroup_count`)
 
     @property
     def num_tokens(self) -> int:
