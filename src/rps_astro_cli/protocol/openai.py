@@ -290,7 +290,9 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
     presence_penalty / frequency_penalty: number in [-2, 2] (OpenAI API reference);
     repetition_penalty: number > 0 (vLLM SamplingParams); top_k: integer ≥ -1 (-1 = off,
     vLLM); seed: integer; stop: string or list of strings; logit_bias: object;
-    logprobs: true/false (chat) or integer ≥ 0 (completions); top_logprobs: integer ≥ 0;
+    logprobs: true/false (chat) or integer ≥ -1 (completions); top_logprobs: integer ≥ -1
+    (below -1: vLLM's message; -1, the whole vocabulary, is refused by the engine as over
+    vLLM's `--max-logprobs`);
     best_of: integer ≥ 1; min_tokens: integer ≥ 0; echo: true/false; user: string.
     (`n` is checked in `_common`.)
 
@@ -303,9 +305,15 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
     _number_field(body, "presence_penalty", -2.0, 2.0)
     _number_field(body, "frequency_penalty", -2.0, 2.0)
     _number_field(body, "repetition_penalty", 0.0, lo_open=True)
-    for key, lo in (("top_k", -1), ("top_logprobs", 0), ("best_of", 1), ("min_tokens", 0)):
+    for key, lo in (("top_k", -1), ("best_of", 1), ("min_tokens", 0)):
         if body.get(key) is not None:
             _int_field(body[key], key, lo)
+    for key in ("top_logprobs", "logprobs"):  # -1 (the whole vocabulary) allowed here, as vLLM's validators do
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v < -1:
+            raise _vllm_error(f"`{key}` must be a positive value or -1.", key)
+    if body.get("top_logprobs") is not None:
+        _int_field(body["top_logprobs"], "top_logprobs", -1)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f"must be an integer, got {seed!r}", "seed")
@@ -318,7 +326,7 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
         raise bad(f"must be an object mapping token ids to biases, got {lb!r}", "logit_bias")
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):
-        _int_field(lp, "logprobs", 0)
+        _int_field(lp, "logprobs", -1)
     _bool_field(body, "echo")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
