@@ -15,7 +15,7 @@ from rps_astro_cli.types import TagResult
 
 
 class TagClient:
-    """`start` the tag of a body, then `finish` it (counting `astro_tag_rpcs_total`)."""
+    """`start` the tag of a body, then `finish` it (counting `astro:tag_rpcs_total`)."""
 
     def __init__(self, settings: SchedulerSettings, clients: Clients, metrics: SchedulerMetrics):
         self.s = settings
