@@ -905,6 +905,7 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "peer_routers.md").write_text(md)
 
     complete = False
+    unit = "sessions/s" if args.multi_turn else "req/s"
     try:
         fleet.start()
         queue = list(plan)
@@ -920,7 +921,7 @@ def main(argv: list[str] | None = None) -> int:
             res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
             runs.append(res)
             p99 = res.get("ttft_p99_s")
-            print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} req/s {arm.name}: {res['status']} "
+            print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} {unit} {arm.name}: {res['status']} "
                   f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
                   f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
                   f"wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
