@@ -671,8 +671,8 @@ def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, 
              f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
              "TTFT / E2E at the client; turns ≥ 2: a session's second and later turns; hit rate: the engines' "
              "prefix-cache hit tokens ÷ queried tokens (their counter deltas over the run); engine lag: the "
-             "highest reading of an engine's lag gauge (a max since start) that rose during the run (wall s; 0: "
-             "none rose; ≥ --max-lag-s rejects the run).",
+             "highest reading of an engine's lag gauge (a max since the fleet started) that rose during the run "
+             "(wall s; 0: none rose above the fleet's earlier maximum; ≥ --max-lag-s rejects the run).",
              "",
              "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | TTFT turns ≥ 2 mean (s) "
              "| TTFT turns ≥ 2 P99 (s) | mean E2E (s) | prefix hit rate | engine lag (s) | client send P99 (s) |",
