@@ -155,6 +155,16 @@ ARMS: dict[str, Arm] = {
     "kvtie_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                        "tie_tolerance_s": 0.02}, lengths="oracle"),
     "kvtie05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.05, "tie_tolerance_s": 0.02}),
+    # issue 13 round 5 (mean E2E, first-turn pool): the default with a wider tie tolerance
+    # (more decisions by Llumnix- load), the model's own length distribution for queued /
+    # running requests, and a lower KV reserve
+    "kvtie_t50": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.05}),
+    "kvtie_t100": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.1}),
+    "kvtie_t200": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.2}),
+    "kvtie_dist": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02},
+                      remaining="calibrated@mean"),
+    "kvtie_dist_q75": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
+                                         "tie_tolerance_s": 0.02}, remaining="calibrated@q75"),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "pokall_ttft": Arm("power_of_k", {"k": "all", "objective": "ttft"}),
     # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
@@ -341,6 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed … first-seed + seeds − 1")
     ap.add_argument("--loads", default="0.9,0.95", help="fractions of the SLO capacity")
     ap.add_argument("--capacity-rps", type=float, default=None, help="skip the search; use this capacity")
     ap.add_argument("--capacity-seeds", type=int, default=3)
@@ -392,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     for load in loads:
         rate = load * capacity
         per: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-        for s in range(args.seeds):
+        for s in range(args.first_seed, args.first_seed + args.seeds):
             order = names[s % len(names):] + names[:s % len(names)]  # rotate the arm order per seed
             for n in order:
                 arm = ARMS[n]
