@@ -309,6 +309,7 @@ def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: Latency
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])
     e2e = np.array([r.e2e_s for r in res.records if r.finish_s is not None])
     return {"p99_ttft_s": float(np.percentile(ttft, SLO_PERCENTILE)), "mean_e2e_s": float(np.mean(e2e)),
+            "mean_ttft_s": float(np.mean(ttft[np.isfinite(ttft)])), "preemptions": int(res.num_preemptions),
             "wall_s": res.wall_s}
 
 
@@ -424,8 +425,8 @@ def print_table(load: float, rate: float, names: list[str], per: dict[str, list[
     best_e = [min(per[b][s]["mean_e2e_s"] for b in BASELINES) for s in range(seeds)]
     print(f"\n## load {load:.0%} of capacity = {rate:.2f} req/s, {seeds} seeds")
     print("| arm | lengths | P99 TTFT s (median, min–max) | mean E2E s (median, min–max) "
-          "| P99 TTFT / best baseline (geo-mean, min–max) | mean E2E / best baseline |")
-    print("|---|---|---|---|---|---|")
+          "| P99 TTFT / best baseline (geo-mean, min–max) | mean E2E / best baseline | preemptions (all seeds) |")
+    print("|---|---|---|---|---|---|---|")
     for n in names:
         t = [r["p99_ttft_s"] for r in per[n]]
         e = [r["mean_e2e_s"] for r in per[n]]
@@ -433,8 +434,8 @@ def print_table(load: float, rate: float, names: list[str], per: dict[str, list[
         re_ = [a / b for a, b in zip(e, best_e)]
         lengths = "—" if n in BASELINES else ARMS[n].lengths
         print(f"| {n} | {lengths} | {np.median(t):.2f} ({min(t):.2f}–{max(t):.2f}) | {np.median(e):.2f} "
-              f"({min(e):.2f}–{max(e):.2f}) | {geo(rt):.3f} ({min(rt):.3f}–{max(rt):.3f}) | {geo(re_):.3f} "
-              f"({min(re_):.3f}–{max(re_):.3f}) |")
+              f"({min(e):.2f}–{max(e):.2f}) | {geo(rt):.3f} ({min(rt):.3f}–{max(rt):.3f}) | {geo(re_):.4f} "
+              f"({min(re_):.4f}–{max(re_):.4f}) | {sum(r.get('preemptions', 0) for r in per[n])} |")
     sys.stdout.flush()
 
 

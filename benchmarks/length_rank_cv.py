@@ -202,6 +202,20 @@ def _ranknet(n_iter: int = 150, lr: float = 0.1, leaves: int = 4, min_leaf: int 
     return fit
 
 
+def _pct_target(loss: str) -> Callable:
+    """Trees fitted to the training rows' percentile rank of y (a Spearman-like target: a
+    2-token and a 20-token reply are one rank step apart, not a log-scale chasm), the score
+    mapped back to log tokens by a 1-D median line on the training rows."""
+    from scipy.stats import rankdata
+
+    def fit(X: np.ndarray, ly: np.ndarray, seed: int) -> Callable[[np.ndarray], np.ndarray]:
+        pct = (rankdata(ly) - 0.5) / len(ly)
+        p = _hgb(loss)(X, pct, seed)
+        a, b = _l1_line(p(X), ly)
+        return lambda Z: a + b * p(Z)
+    return fit
+
+
 def _l1_line(x: np.ndarray, ly: np.ndarray) -> tuple[float, float]:
     from sklearn.linear_model import QuantileRegressor
 
@@ -222,6 +236,8 @@ VARIANTS: dict[str, Callable[[], Callable]] = {
     "bag5": lambda: _bag(_hgb(), 5),
     "bag10": lambda: _bag(_hgb(), 10),
     "ranknet": lambda: _ranknet(),
+    "pct-l2": lambda: _pct_target("squared_error"),
+    "pct-l1": lambda: _pct_target("absolute_error"),
     "l1+ranknet": lambda: _avg(_hgb(), _ranknet()),
     "l1+cues": lambda: _with_cues(_hgb()),
     "bag5+cues": lambda: _with_cues(_bag(_hgb(), 5)),
@@ -259,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--select-seeds", default="0", help="seeds whose folds a variant is picked on")
     ap.add_argument("--folds", type=int, default=5)
     ap.add_argument("--variants", default="all")
+    ap.add_argument("--only-folds", default=None, help="comma-separated fold indices to run (default: all)")
     ap.add_argument("--cache", type=Path, default=Path("runs/length/rank_cv_cache"))
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -273,9 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for seed in seeds:
         for k in range(args.folds):
+            if args.only_folds is not None and str(k) not in args.only_folds.split(","):
+                continue
             fx = fold_features(ds, seed, k, args.folds, args.cache)
             for n in names:
                 rows.append({"variant": n, "seed": seed, "fold": k, **evaluate_variant(n, fx)})
+                print(f"  {n}: " + json.dumps({key: round(v, 4) for key, v in rows[-1].items() if key != "variant"}),
+                      file=sys.stderr, flush=True)
             print(f"seed {seed} fold {k} done ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
