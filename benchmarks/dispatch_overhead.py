@@ -140,7 +140,7 @@ def main() -> int:
         decide_ms = [d["decide_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
         tag_ms = [d["tag_wait_us"] / 1000 for d in decs if d.get("outcome") == "ok"]
         m = httpx.get(url + "/metrics").text
-        rpcs = sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines() if line.startswith("astro_predict_rpcs_total"))
+        rpcs = sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines() if line.startswith("astro:predict_rpcs_total"))
         q = mp.get_context("spawn").Queue()
         per = max(1, a.concurrency // a.client_procs)
         procs = [mp.get_context("spawn").Process(target=_closed_proc, args=(url, per, a.seconds, q))

@@ -89,11 +89,18 @@ VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "WARNING"}
 def vllm_result(out: Path, cmd: list[str]) -> dict:
     d = json.loads(out.read_text())
     starts = d.get("start_times") or []
+    # per request, in the order of the request list (`--save-detailed`): TTFT, E2E (start →
+    # last chunk is not saved, so E2E = TTFT + Σ ITL) and the ITL gaps; None for a failure
+    per = []
+    for i, ttft in enumerate(d.get("ttfts") or []):
+        itls = (d.get("itls") or [[]] * (i + 1))[i] or []
+        ok = not (d.get("errors") or [""] * (i + 1))[i] and ttft
+        per.append({"ttft": ttft, "e2el": ttft + sum(itls), "itl": itls} if ok else None)
     # vLLM's start_times are perf_counter() (CLOCK_MONOTONIC, shared by every process here)
     now_unix, now_mono = time.time(), time.perf_counter()
     return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
             "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
-            "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [],
+            "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [], "per": per,
             "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
 
@@ -117,9 +124,13 @@ def astro_result(out: Path, cmd: list[str]) -> dict:
     m = rep["runs"][0]["metrics"]["overall"]
     rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines()]
     sent = [r["sent_s"] for r in rows]
+    # per request in the plan's order (--sampling vllm sends vLLM's list in vLLM's order)
+    per = [{"ttft": r["ttft_s"], "e2el": r["e2e_s"], "itl": r.get("itl_s") or []}
+           if r.get("success") and r.get("ttft_s") is not None else None
+           for r in sorted(rows, key=lambda r: r["scheduled_s"])]
     return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
             "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
-            "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd,
+            "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd, "per": per,
             "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
 
 
@@ -146,6 +157,22 @@ def run_both(a, url: str, model: str, cluster: Path, vout: Path, aout: Path) -> 
     if pa.returncode:
         raise SystemExit(f"astro bench failed ({pa.returncode}):\n{aerr[-3000:]}")
     return vllm_result(vout, vcmd), astro_result(aout, acmd)
+
+
+def paired(rv: dict, ra: dict) -> dict[str, float]:
+    """Per-prompt pairs of one repeat (both tools sent prompt i): the median over prompts of
+    astro_i / vllm_i for TTFT and E2E, and the ratio of the two tools' means over the prompts
+    both completed (the same prompts on both sides, so one tool's failures or a different
+    mix cannot move it). With --concurrent the two copies of a prompt are sent seconds
+    apart at most, so they meet about the same load: the ratio measures the clients."""
+    pairs = [(v, x) for v, x in zip(rv.get("per") or [], ra.get("per") or []) if v and x]
+    out: dict[str, float] = {"pairs": float(len(pairs))}
+    for m in ("ttft", "e2el"):
+        ok = [(v[m], x[m]) for v, x in pairs if v[m] > 0]
+        out[f"{m}_median_ratio"] = statistics.median(x / v for v, x in ok) if ok else float("nan")
+        out[f"{m}_mean_ratio"] = (statistics.fmean(x for _, x in ok) / statistics.fmean(v for v, _ in ok)
+                                  if ok else float("nan"))
+    return out
 
 
 def engine_sums(cj: dict) -> dict[str, float]:
@@ -250,6 +277,13 @@ def main() -> None:
                 worst = max(worst, abs(med - 1))
                 print(f"| {stat} {name} (s) | {statistics.median(v):.4f} | {statistics.median(s):.4f} | "
                       f"{med:.3f} | {min(ratios):.3f}–{max(ratios):.3f} |")
+        prs = [paired(rv, ra) for rv, ra in zip(runs["vllm"], runs["astro"])]
+        if prs:
+            print("\nper-prompt pairs (prompts both tools completed), astro / vllm per repeat:")
+            for i, p in enumerate(prs):
+                print(f"  repeat {i}: {p['pairs']:.0f} pairs; TTFT median of ratios {p['ttft_median_ratio']:.3f}, "
+                      f"ratio of means {p['ttft_mean_ratio']:.3f}; E2E median of ratios "
+                      f"{p['e2el_median_ratio']:.3f}, ratio of means {p['e2el_mean_ratio']:.3f}")
         gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
                 for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
         gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
@@ -257,8 +291,9 @@ def main() -> None:
         print(f"\nlargest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
               f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
         if a.json:
-            Path(a.json).write_text(json.dumps({k: [{x: y for x, y in r.items() if x != 'sent'} for r in v]
-                                                for k, v in runs.items()}, indent=1))
+            Path(a.json).write_text(json.dumps({**{k: [{x: y for x, y in r.items() if x not in ("sent", "per")}
+                                                     for r in v] for k, v in runs.items()}, "paired": prs},
+                                               indent=1))
     finally:
         if fleet is not None:
             os.killpg(fleet.pid, signal.SIGTERM)

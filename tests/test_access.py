@@ -102,7 +102,7 @@ def test_internal_services_refuse_callers_without_the_token(tmp_path, length_mod
             assert dec["reason"] != "fallback: a predictor did not answer; fewest outstanding", dec
             assert c.get("/health").json()["status"] == "ok"
         m = httpx.get(tag.url + "/metrics", headers={ia.TOKEN_HEADER: TOKEN}, timeout=5).text
-        assert prom_sum(m, "astro_tagger_requests_total", outcome="ok") == 2  # ours above + the scheduler's
+        assert prom_sum(m, "astro:tagger_requests_total", outcome="ok") == 2  # ours above + the scheduler's
 
 
 def test_scheduler_without_the_token_cannot_use_the_engine(length_model):

@@ -81,10 +81,10 @@ def test_prometheus_text_is_summed_over_label_sets():
     text = ("# HELP vllm:num_preemptions_total Preemptions.\n# TYPE vllm:num_preemptions_total counter\n"
             'vllm:num_preemptions_total{engine="0",model_name="m"} 3.0\n'
             'vllm:num_preemptions_total{engine="1",model_name="m"} 4.0\n'
-            "# TYPE astro_overhead_seconds histogram\n"
-            'astro_overhead_seconds_bucket{le="0.1"} 2.0\nastro_overhead_seconds_bucket{le="+Inf"} 5.0\n'
-            "astro_overhead_seconds_sum 0.75\nastro_overhead_seconds_count 5.0\n")
+            "# TYPE astro:overhead_seconds histogram\n"
+            'astro:overhead_seconds_bucket{le="0.1"} 2.0\nastro:overhead_seconds_bucket{le="+Inf"} 5.0\n'
+            "astro:overhead_seconds_sum 0.75\nastro:overhead_seconds_count 5.0\n")
     got = parse_prometheus(text)
     assert got["vllm:num_preemptions_total"] == 7.0
-    assert got["astro_overhead_seconds_sum"] == 0.75 and got["astro_overhead_seconds_count"] == 5.0
+    assert got["astro:overhead_seconds_sum"] == 0.75 and got["astro:overhead_seconds_count"] == 5.0
     assert parse_prometheus("<html>not metrics</html>") == {}

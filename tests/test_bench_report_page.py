@@ -57,6 +57,7 @@ def test_html_report_has_no_raw_markdown_reprs_or_json(tmp_path):
     assert "5 of 5 completed replies had exactly the dataset" in setup
     figs = re.findall(r"<figure>.*?</figure>", page, flags=re.S)
     assert figs and all("<figcaption>" in f and "<img" in f for f in figs)
+    assert "classList.toggle('zoom')" in page and "figure.zoom img" in page  # click-to-zoom on every plot
 
 
 def test_console_summary_fits_80_columns_without_wrapping_a_number(tmp_path):

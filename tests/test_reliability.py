@@ -152,7 +152,7 @@ def test_non_streaming_client_disconnect_aborts_at_the_engine(length_model):
             httpx.post(s.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
         # before: still generating for nobody for ~9 s; now aborted once the client left
         wait_for(lambda: engine_busy(eng.url) == 0, 5.0, "the engine to drop the abandoned request")
-        wait_for(lambda: metric(httpx.get(s.url + "/metrics", timeout=5).text, "astro_scheduler_requests_total",
+        wait_for(lambda: metric(httpx.get(s.url + "/metrics", timeout=5).text, "astro:scheduler_requests_total",
                                 outcome="client_disconnected") == 1, 5.0, "the disconnect to be counted")
         inst = httpx.get(s.url + "/instances", timeout=5).json()
         assert inst[0]["outstanding_requests"] == 0 and inst[0]["healthy"] is True
@@ -527,7 +527,8 @@ def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
 
             t = threading.Thread(target=send, daemon=True)
             t.start()
-            wait_for(lambda: engine_busy(eng.url) == 1, 10.0, "the request to reach the engine")
+            # the first request loads the in-process tagger's model: seconds on a loaded 2-core box
+            wait_for(lambda: engine_busy(eng.url) == 1, 30.0, "the request to reach the engine")
             proc.send_signal(signal.SIGTERM)
             t.join(20)
             try:

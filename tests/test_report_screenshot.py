@@ -26,21 +26,27 @@ def test_report_html_screenshot(tmp_path):
     if browser is None:
         pytest.skip("no Chromium on this machine (apt-get install chromium)")
     out = tmp_path / "bench"
-    r = subprocess.run([sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--virtual", "-w", "synthetic",
+    # a mix with classes over 4 instances: every panel (per-instance load, dispatch, predictor
+    # error, per-class) is on the page
+    r = subprocess.run([sys.executable, "-m", "rps_astro_cli.cli.main", "bench", "--virtual", "-w", "mix-mh",
                         "-n", "60", "--rates", "2,4", "--out", str(out)],
                        capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
+    page = (out / "report.html").read_text()
+    for title in ("Latency CDFs", "Latency vs request rate", "Per-instance load over time", "Dispatch decisions",
+                  "Predictor error", "Per-class latency", "Per-class TTFT CDFs"):
+        assert f"<h2>{title}</h2>" in page, title
     art = Path(os.environ.get("ASTRO_TEST_ARTIFACTS") or tmp_path)
     art.mkdir(parents=True, exist_ok=True)
     png = art / "report_html_screenshot.png"
     s = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                        "--window-size=1280,2400", f"--screenshot={png}", (out / "report.html").as_uri()],
+                        "--window-size=1280,7600", f"--screenshot={png}", (out / "report.html").as_uri()],
                        capture_output=True, text=True, timeout=120)
     assert png.is_file(), s.stderr[-2000:]
     from PIL import Image
 
     with Image.open(png) as im:
-        assert im.size == (1280, 2400)
+        assert im.size == (1280, 7600)
         colors = im.convert("RGB").getcolors(maxcolors=1 << 20)
     # a rendered page (text, tables, plots), not a blank or error page: many colours, and
     # the white background far from all of it

@@ -104,7 +104,7 @@ def test_openai_client_streams_through_scheduler_with_k2(cluster):
     r = httpx.post(sched + "/v1/completions", json={"model": info["model"], "prompt": "hi", "max_tokens": 2})
     assert r.status_code == 200 and re.fullmatch(r"engine-[0-3]", r.headers["x-astro-instance"])
     after = httpx.get(sched + "/metrics").text
-    rpcs = metric(after, "astro_predict_rpcs_total") - metric(before, "astro_predict_rpcs_total")
+    rpcs = metric(after, "astro:predict_rpcs_total") - metric(before, "astro:predict_rpcs_total")
     assert rpcs == 2 * (n + 1)  # k = 2 → exactly two predictors asked per request
 
 
@@ -182,11 +182,11 @@ def test_killed_engine_no_request_lost_excluded_and_readmitted(cluster):
         assert time.monotonic() < deadline, "engine-2 not readmitted"
         time.sleep(0.1)
     m = httpx.get(sched + "/metrics").text
-    assert metric(m, "astro_breaker_trips_total", instance="engine-2") >= 1
-    before = metric(m, "astro_instance_dispatched_total", instance="engine-2")
+    assert metric(m, "astro:breaker_trips_total", instance="engine-2") >= 1
+    before = metric(m, "astro:instance_dispatched_total", instance="engine-2")
     for _ in range(30):
         httpx.post(sched + "/v1/completions", json={"prompt": "a", "max_tokens": 1}, timeout=10)
-    after = metric(httpx.get(sched + "/metrics").text, "astro_instance_dispatched_total", instance="engine-2")
+    after = metric(httpx.get(sched + "/metrics").text, "astro:instance_dispatched_total", instance="engine-2")
     assert after > before
 
 

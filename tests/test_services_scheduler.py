@@ -93,7 +93,7 @@ def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
                 assert status != 400 or param in err["message"]
                 assert "Traceback" not in r.text and "detail" not in r.json()
             m = c.get("/metrics").text
-            assert metric(m, "astro_instance_dispatched_total") == 0
+            assert metric(m, "astro:instance_dispatched_total") == 0
             for e in engs:
                 assert metric(httpx.get(e.url + "/metrics").text, "vllm:prompt_tokens_total") == 0
             ok = c.post("/v1/chat/completions", json=chat())
@@ -120,9 +120,9 @@ def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):
                 for _ in range(n):
                     assert c.post("/v1/chat/completions", json=chat()).status_code == 200
                 m = c.get("/metrics").text
-                assert metric(m, "astro_predict_rpcs_total", policy="power_of_k") == n * k
-                assert metric(m, "astro_predict_rpcs_total", outcome="ok") == n * k
-                assert metric(m, "astro_dispatch_decisions_total", reason="lowest e2e") == n
+                assert metric(m, "astro:predict_rpcs_total", policy="power_of_k") == n * k
+                assert metric(m, "astro:predict_rpcs_total", outcome="ok") == n * k
+                assert metric(m, "astro:dispatch_decisions_total", reason="lowest e2e") == n
                 decs = c.get("/decisions").json()
                 assert len(decs) == n and all(len(d["candidates"]) == k for d in decs)
                 assert all(len(d["predictions"]) == k for d in decs)
@@ -162,8 +162,8 @@ def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, 
             assert max(d["decide_us"] for d in decs) < 500_000
             m = c.get("/metrics").text
             for outcome in ("ok", "timeout", "error"):
-                got = metric(m, "astro_predict_rpcs_total", outcome=outcome)
-                assert got - metric(m0, "astro_predict_rpcs_total", outcome=outcome) == 3
+                got = metric(m, "astro:predict_rpcs_total", outcome=outcome)
+                assert got - metric(m0, "astro:predict_rpcs_total", outcome=outcome) == 3
         # every predictor dead → least outstanding requests
         s2 = scheduler(st, [e.url for e in engs], [dead, dead, dead], policy="power_of_k",
                        length_model=length_model, predict_deadline_s=0.05)
@@ -196,8 +196,8 @@ def test_engine_failure_retry_exclusion_and_readmission(length_model):
             inst = {i["name"]: i for i in c.get("/instances").json()}
             assert inst["engine-0"]["healthy"] is False and inst["engine-0"]["outstanding_requests"] == 0
             m = c.get("/metrics").text
-            assert metric(m, "astro_scheduler_retries_total") == 1
-            assert metric(m, "astro_instance_healthy", instance="engine-0") == 0
+            assert metric(m, "astro:scheduler_retries_total") == 1
+            assert metric(m, "astro:instance_healthy", instance="engine-0") == 0
             # restart engine-0 on the same port: the health check readmits it
             start(st, engine_app(0), port=port0)
             deadline = time.monotonic() + 10
@@ -244,7 +244,7 @@ def test_midstream_failure_ends_with_an_error_event(length_model):
             err = json.loads(events[-2])["error"]
             assert err["type"] == "engine_failure" and "mid-stream" in err["message"]
             assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:2]] == [" a", " b"]
-            assert metric(c.get("/metrics").text, "astro_scheduler_requests_total", outcome="midstream_error") == 1
+            assert metric(c.get("/metrics").text, "astro:scheduler_requests_total", outcome="midstream_error") == 1
 
 
 def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
@@ -294,7 +294,7 @@ def test_external_tagger_and_its_deadline(length_model):
         with httpx.Client(base_url=s.url, timeout=10) as c:
             assert c.post("/v1/chat/completions", json=body).status_code == 200
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 40  # the tagger's model
-            assert metric(c.get("/metrics").text, "astro_tag_rpcs_total", outcome="ok") == 1
+            assert metric(c.get("/metrics").text, "astro:tag_rpcs_total", outcome="ok") == 1
         s2 = scheduler(st, [eng.url], policy="round_robin", tagger_url=slow_srv.url, tag_deadline_s=0.05,
                        default_output_tokens=256)
         with httpx.Client(base_url=s2.url, timeout=10) as c:
@@ -302,7 +302,7 @@ def test_external_tagger_and_its_deadline(length_model):
             assert c.post("/v1/chat/completions", json=body).status_code == 200
             assert time.perf_counter() - t0 < 0.9  # did not wait for the 1 s tagger
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 256  # the default
-            assert metric(c.get("/metrics").text, "astro_tag_rpcs_total", outcome="timeout") == 1
+            assert metric(c.get("/metrics").text, "astro:tag_rpcs_total", outcome="timeout") == 1
 
 
 def test_predictor_breaker_skips_a_hung_predictor(length_model, profile_path):
@@ -327,9 +327,9 @@ def test_predictor_breaker_skips_a_hung_predictor(length_model, profile_path):
                 assert c.post("/v1/chat/completions", json=chat()).status_code == 200
             m = c.get("/metrics").text
             # two misses in a row open the breaker: the next two requests do not ask it
-            assert metric(m, "astro_predict_rpcs_total", outcome="timeout") == 2
-            assert metric(m, "astro_predict_rpcs_total", outcome="skipped") == 2
-            assert metric(m, "astro_predict_rpcs_total") == 8  # still k = N = 2 per request
+            assert metric(m, "astro:predict_rpcs_total", outcome="timeout") == 2
+            assert metric(m, "astro:predict_rpcs_total", outcome="skipped") == 2
+            assert metric(m, "astro:predict_rpcs_total") == 8  # still k = N = 2 per request
 
 
 def test_oracle_lengths_use_the_true_length(length_model):
@@ -499,7 +499,7 @@ def test_in_process_predictions_equal_the_sidecars(length_model, profile_path):
                 assert c.post("/v1/chat/completions", json=body).status_code == 200
                 got[name] = c.get("/decisions").json()[-1]
                 m = c.get("/metrics").text
-                got[name]["rpcs"] = {o: metric(m, "astro_predict_rpcs_total", outcome=o) for o in ("ok", "in_process")}
+                got[name]["rpcs"] = {o: metric(m, "astro:predict_rpcs_total", outcome=o) for o in ("ok", "in_process")}
         assert got["side"]["rpcs"] == {"ok": 4, "in_process": 0}
         assert got["local"]["rpcs"] == {"ok": 0, "in_process": 4}
         for i in ("0", "1"):
@@ -513,8 +513,8 @@ def test_in_process_predictions_equal_the_sidecars(length_model, profile_path):
 
 def test_router_metrics_match_the_decisions_the_report_reads(length_model, profile_path):
     """The prediction-error metrics count the same (predicted, observed) pairs as
-    `GET /decisions`: Δsum / Δcount of `astro_prediction_abs_error_seconds` and
-    `astro_prediction_rel_error` equal `bench.scrape.decisions_summary`'s MAE and MAPE;
+    `GET /decisions`: Δsum / Δcount of `astro:prediction_abs_error_seconds` and
+    `astro:prediction_rel_error` equal `bench.scrape.decisions_summary`'s MAE and MAPE;
     every decision times its stages (tag, filter, sample, predict, score, pick); with no
     Predictor answering, each decision is a fallback counted by its reason."""
     from rps_astro_cli.bench.scrape import decisions_summary
@@ -538,9 +538,9 @@ def test_router_metrics_match_the_decisions_the_report_reads(length_model, profi
             m_early = c.get("/metrics").text
             summ_early = decisions_summary(c.get("/decisions").json())
         assert summ_early["predictor_e2e"]["count"] == 0 == metric(
-            m_early, "astro_prediction_abs_error_seconds_count", metric="e2e")
+            m_early, "astro:prediction_abs_error_seconds_count", metric="e2e")
         assert summ_early["predictor_ttft"]["count"] == 2 == metric(
-            m_early, "astro_prediction_abs_error_seconds_count", metric="ttft")
+            m_early, "astro:prediction_abs_error_seconds_count", metric="ttft")
         with httpx.Client(base_url=s.url, timeout=10) as c:
             for i in range(n):
                 body = chat(f"hello world {i}", ignore_eos=True, stream=i % 2 == 1)
@@ -550,16 +550,16 @@ def test_router_metrics_match_the_decisions_the_report_reads(length_model, profi
     summ = decisions_summary(decs)
     # TTFT is observed on streamed answers only (2 of the 5)
     for metric_name, key, want in (("e2e", "predictor_e2e", n), ("ttft", "predictor_ttft", n // 2)):
-        cnt = metric(m, "astro_prediction_abs_error_seconds_count", metric=metric_name)
+        cnt = metric(m, "astro:prediction_abs_error_seconds_count", metric=metric_name)
         assert cnt == summ[key]["count"] == want, metric_name
-        assert metric(m, "astro_prediction_abs_error_seconds_sum", metric=metric_name) / cnt == \
+        assert metric(m, "astro:prediction_abs_error_seconds_sum", metric=metric_name) / cnt == \
             pytest.approx(summ[key]["mae_s"], rel=1e-9)
         if summ[key]["mape"] is not None:
-            assert metric(m, "astro_prediction_rel_error_sum", metric=metric_name) / cnt == \
+            assert metric(m, "astro:prediction_rel_error_sum", metric=metric_name) / cnt == \
                 pytest.approx(summ[key]["mape"], rel=1e-9)
     for stage in ("tag", "filter", "sample", "predict", "score", "pick"):
-        assert metric(m, "astro_dispatch_stage_seconds_count", stage=stage) == n, stage
-    assert metric(m, "astro_dispatch_fallbacks_total") == 0
+        assert metric(m, "astro:dispatch_stage_seconds_count", stage=stage) == n, stage
+    assert metric(m, "astro:dispatch_fallbacks_total") == 0
     with ExitStack() as st:  # Predictors that are not there: every decision falls back
         engs = [start(st, engine_app(i)) for i in range(2)]
         dead = [f"http://127.0.0.1:{free_port()}" for _ in engs]
@@ -569,8 +569,8 @@ def test_router_metrics_match_the_decisions_the_report_reads(length_model, profi
             for _ in range(3):
                 assert c.post("/v1/chat/completions", json=chat()).status_code == 200
             m = c.get("/metrics").text
-    assert metric(m, "astro_dispatch_fallbacks_total", reason="no predictor answered") == 3
-    assert metric(m, "astro_prediction_abs_error_seconds_count") == 0  # no prediction, no error
+    assert metric(m, "astro:dispatch_fallbacks_total", reason="no predictor answered") == 3
+    assert metric(m, "astro:prediction_abs_error_seconds_count") == 0  # no prediction, no error
 
 
 def test_decisions_summary_compares_in_engine_seconds():

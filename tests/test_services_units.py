@@ -215,7 +215,7 @@ def test_tagger_http_errors_name_field(hand_model):
         assert r.status_code == 413
         r = c.post("/tag", json={"prompt": "hello"})
         assert r.status_code == 200 and r.json()["predicted_output_tokens"] == 77
-        assert "astro_tagger_requests_total" in c.get("/metrics").text
+        assert "astro:tagger_requests_total" in c.get("/metrics").text
         r = c.get("/nope")
         assert r.status_code == 404 and r.json()["error"]["code"] == 404 and "/nope" in r.json()["error"]["message"]
         r = c.get("/tag")
@@ -298,8 +298,8 @@ def test_predictor_service_caches_status_and_exports_metrics(profile_path):
             r = c.post("/predict", json={"prompt_tokens": 1000, "predicted_output_tokens": 100})
             assert r.status_code == 400 and "max_model_len" in r.json()["error"]["message"]
             m = c.get("/metrics").text
-            assert 'astro_predictor_requests_total{outcome="ok"} 3.0' in m
-            assert "astro_predictor_cpu_seconds_total" in m and "astro_predictor_predict_seconds_count 3.0" in m
+            assert 'astro:predictor_requests_total{outcome="ok"} 3.0' in m
+            assert "astro:predictor_cpu_seconds_total" in m and "astro:predictor_predict_seconds_count 3.0" in m
             assert "process_cpu_seconds_total" in m
 
 

@@ -418,8 +418,8 @@ class LiveTarget:
             out["prefix_cache_hits_tokens"] = int(sum(x for x in h if x is not None))
         cpu, reqs, pct = [], [], []
         for b, a in zip(before["predictors"], after["predictors"]):
-            dc = scrape.delta(b, a, "astro_predictor_cpu_seconds_total")
-            dn = scrape.delta(b, a, "astro_predictor_requests_total")
+            dc = scrape.delta(b, a, "astro:predictor_cpu_seconds_total")
+            dn = scrape.delta(b, a, "astro:predictor_requests_total")
             if dc is not None:
                 cpu.append(dc)
                 pct.append(100 * dc / wall if wall > 0 else None)
@@ -440,8 +440,8 @@ class LiveTarget:
         vals = [p for p in pct if p is not None]
         out["predictor_cpu_percent_mean"] = sum(vals) / len(vals) if vals else None
         s_b, s_a = before["scheduler"], after["scheduler"]
-        n = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_count")
-        s = scrape.delta(s_b, s_a, "astro_scheduler_overhead_seconds_sum")
+        n = scrape.delta(s_b, s_a, "astro:scheduler_overhead_seconds_count")
+        s = scrape.delta(s_b, s_a, "astro:scheduler_overhead_seconds_sum")
         out["scheduler_overhead_ms_mean"] = (1000 * s / n) if n and s is not None else None
         out["dispatch"] = scrape.decisions_summary(decisions, self.time_scale) if decisions else None
         out["note"] = ("scraped before/after the run: other traffic on the cluster meanwhile would be counted; "

@@ -18,7 +18,7 @@ from rps_astro_cli.bench.metrics import percentile
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Sample name → value summed over label sets (e.g. `vllm:num_preemptions_total`,
-    `astro_scheduler_overhead_seconds_sum`), read with prometheus_client's text parser
+    `astro:scheduler_overhead_seconds_sum`), read with prometheus_client's text parser
     (a core dependency). Text the parser rejects (a non-Prometheus `/metrics`) gives the
     samples read before the bad line."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -75,7 +75,7 @@ def decisions_summary(decisions: list[dict[str, Any]], time_scale: float = 1.0) 
     predictor_e2e: MAE (s) and MAPE of the chosen instance's predicted `e2e_s` (engine
     seconds) against the scheduler-observed `observed_e2e_s` (forward → end of stream,
     wall seconds) ÷ `time_scale` (the sim engines' wall s per engine s), over decisions
-    that ended "ok" — the pairs the scheduler's `astro_prediction_*` metrics count — and
+    that ended "ok" — the pairs the scheduler's `astro:prediction_*` metrics count — and
     were not made early (`early_dispatch`: predicted before the tag, so their e2e assumed
     the default reply length); predictor_ttft likewise, early ones included. (Before the
     ÷ time_scale, a cluster at time scale 1.5 read ~33 % E2E error from the clocks alone.)

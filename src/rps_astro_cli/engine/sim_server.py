@@ -9,7 +9,14 @@ Routes:
   vLLM does), so a client's first chunk marks the first token. Honoured as vLLM does:
   `stop` strings and `seed` (`engine.synthetic`: the cut text, finish_reason "stop",
   `stop_reason`), and `n` (n sequences, one engine request each, choices indexed
-  0..n−1; usage counts the prompt once; child i's seed is seed + i).
+  0..n−1; usage counts the prompt once; child i's seed is seed + i), log-probabilities
+  (chat `logprobs` + `top_logprobs`, completions `logprobs`: vLLM's objects, streamed one
+  token per chunk, synthetic values from `engine.synthetic.top_logprobs`), `echo`
+  (completions: the prompt text before the output, streamed with the first token, its
+  tokens first in logprobs; chat: the last message's text when it is the assistant's,
+  streamed as its own chunk after the role). `tools` with tool_choice "auto" are refused
+  as a vLLM without `--enable-auto-tool-choice` refuses them; structured output and
+  generated tool calls are refused explicitly (`protocol.openai.refuse_unsimulated`).
 - `POST /tokenize`, `POST /detokenize`: vLLM's shapes (`{prompt | messages}` →
   `{count, max_model_len, tokens, token_strs}`; `{tokens}` → `{prompt}`), with the
   engine's tokenizer (`tokens.FallbackCodec` or `HFCodec` for `--tokenizer`).
@@ -66,7 +73,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutdown, SimEngine
-from rps_astro_cli.engine.synthetic import WORDS, synthetic_text
+from rps_astro_cli.engine.synthetic import WORDS, chat_logprobs, completion_logprobs, synthetic_text
 from rps_astro_cli.engine.synthetic import WORDS_JSON as _WORDS_JSON
 from rps_astro_cli.protocol.http_server import serve_blocking
 from rps_astro_cli.protocol.openai import (
@@ -468,8 +475,12 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             child = replace(req, seed=req.seed + i) if req.seed is not None else req
             ers.append(engine.submit(child, charge, request_id=f"{rid}-{i}", token_ids=ids))
         fmt = _Format(rid, ctx.model, endpoint)
+        fmt.logprobs = req.logprobs
+        if req.echo:
+            fmt.echo_text, fmt.echo_tokens = _echo(body, endpoint, codec, req.logprobs is not None)
         if req.stream:
-            body_iter = (_stream(engine, ers[0], fmt, req.include_usage) if len(ers) == 1 and ers[0].text is None
+            plain = len(ers) == 1 and ers[0].text is None and req.logprobs is None and not fmt.echo_text
+            body_iter = (_stream(engine, ers[0], fmt, req.include_usage) if plain
                          else _stream_choices(engine, ers, fmt, req.include_usage))
             return _SSEResponse(body_iter, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         return await _complete(request, engine, ers, fmt)
@@ -485,6 +496,33 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     return app
 
 
+def _echo(body: dict[str, Any], endpoint: str, codec: Any, with_logprobs: bool) -> tuple[str, tuple[str, ...]]:
+    """What `echo` puts before the output, as vLLM does: completions: the prompt text (a
+    token-id prompt decoded) and, when logprobs are asked, its token strings; chat: the
+    last message's text when that message is the assistant's (else nothing), no tokens."""
+    if endpoint == "chat":
+        last = (body.get("messages") or [None])[-1]
+        if not isinstance(last, dict) or last.get("role") != "assistant":
+            return "", ()
+        c = last.get("content") or ""
+        text = c if isinstance(c, str) else "\n".join(p.get("text", "") for p in c if p.get("type") == "text")
+        return text, ()
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if codec is None and (with_logprobs or not isinstance(p, str)):
+        raise ApiError(400, "echo: this engine's token counter has no token ids, so it cannot echo a token-id "
+                       "prompt or its logprobs; start it with --tokenizer PATH (or the fallback counter)", "echo")
+    try:
+        ids = codec.encode(p) if isinstance(p, str) and codec is not None else list(p) if codec is not None else []
+        text = p if isinstance(p, str) else codec.decode(ids)
+        toks = tuple(codec.token_strs(ids)) if with_logprobs else ()
+    except KeyError as exc:
+        raise ApiError(400, f"prompt: {exc.args[0]} is not a token id of this engine's tokenizer, so it cannot "
+                       "be echoed", "prompt") from None
+    return text, toks
+
+
 def _bool_field_of(body: dict[str, Any], key: str) -> bool:
     v = body.get(key, False)
     if v is not None and not isinstance(v, bool):
@@ -496,10 +534,14 @@ def _bool_field_of(body: dict[str, Any], key: str) -> bool:
 class _Format:
     """Pre-built JSON fragments of one request's responses (one string concat per token)."""
 
-    __slots__ = ("rid", "model", "chat", "created", "head", "tok_pre", "tok_post")
+    __slots__ = ("rid", "model", "chat", "created", "head", "tok_pre", "tok_post", "logprobs", "echo_text",
+                 "echo_tokens")
 
     def __init__(self, rid: str, model: str, endpoint: str):
         self.rid, self.model, self.chat = rid, model, endpoint == "chat"
+        self.logprobs: int | None = None  # top logprobs per token asked for (None: no logprobs)
+        self.echo_text = ""  # `echo`: the text before the output (`_echo`)
+        self.echo_tokens: tuple[str, ...] = ()  # its token strings (completions echo with logprobs)
         self.created = int(time.time())
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         self.head = (f'{{"id":{json.dumps(rid)},"object":"{obj}","created":{self.created},'
@@ -523,14 +565,16 @@ class _Format:
         extra = ',"astro_timing":' + json.dumps(timing) if timing else ''
         return 'data: ' + self.head + '"choices":[],"usage":' + json.dumps(usage) + extra + '}\n\n'
 
-    def chunk(self, index: int, text: str | None, finish: str | None = None, stop_reason: str | None = None) -> str:
+    def chunk(self, index: int, text: str | None, finish: str | None = None, stop_reason: str | None = None,
+              logprobs: dict[str, Any] | None = None) -> str:
         """One stream chunk of choice `index` built field by field (the path for seeded or
-        stopped text and n > 1): a token's `text`, or the chat role delta when None."""
+        stopped text, n > 1, logprobs and echo): a token's `text` with its `logprobs`
+        object, or the chat role delta when None."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if text is None else {"content": text}
-            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
         if stop_reason is not None:
             choice["stop_reason"] = stop_reason
         return 'data: ' + self.head + '"choices":[' + json.dumps(choice) + ']}\n\n'
@@ -538,17 +582,29 @@ class _Format:
     def full(self, ers: list[EngineRequest], usage: dict[str, int]) -> dict[str, Any]:
         choices = []
         for i, er in enumerate(ers):
-            text = er.text.text if er.text is not None else synthetic_text(er.output_tokens)
+            text = self.echo_text + (er.text.text if er.text is not None else synthetic_text(er.output_tokens))
+            lp = None
+            if self.logprobs is not None:
+                toks = output_tokens(er)
+                lp = (chat_logprobs(toks, self.logprobs) if self.chat
+                      else completion_logprobs(toks, self.logprobs, prompt_tokens=self.echo_tokens))
             if self.chat:
                 choice: dict[str, Any] = {"index": i, "message": {"role": "assistant", "content": text},
-                                          "logprobs": None, "finish_reason": er.finish_reason}
+                                          "logprobs": lp, "finish_reason": er.finish_reason}
             else:
-                choice = {"index": i, "text": text, "logprobs": None, "finish_reason": er.finish_reason}
+                choice = {"index": i, "text": text, "logprobs": lp, "finish_reason": er.finish_reason}
             if er.text is not None and er.text.stop_reason is not None:
                 choice["stop_reason"] = er.text.stop_reason
             choices.append(choice)
         return {"id": self.rid, "object": "chat.completion" if self.chat else "text_completion",
                 "created": self.created, "model": self.model, "choices": choices, "usage": usage}
+
+
+def output_tokens(er: EngineRequest) -> list[str]:
+    """The token strings of a request's output (its words; a stop cut keeps whole tokens)."""
+    if er.text is not None:
+        return [WORDS[w] for w in er.text.word_ids]
+    return [WORDS[i % len(WORDS)] for i in range(er.output_tokens)]
 
 
 def _astro_timing(er: EngineRequest) -> dict[str, Any]:
@@ -617,7 +673,9 @@ async def _stream_choices(engine: SimEngine, ers: list[EngineRequest], fmt: _For
 
     pumps = [asyncio.ensure_future(pump(i, er)) for i, er in enumerate(ers)]
     sent = [0] * len(ers)
+    text_len = [0] * len(ers)  # text streamed so far per choice (completions: the next text_offset)
     deltas = [er.text.deltas() if er.text is not None else None for er in ers]
+    toks = [output_tokens(er) for er in ers] if fmt.logprobs is not None else None
     live = len(ers)
     try:
         while live:
@@ -630,12 +688,23 @@ async def _stream_choices(engine: SimEngine, ers: list[EngineRequest], fmt: _For
                 continue
             er, d = ers[i], deltas[i]
             parts = [fmt.chunk(i, None)] if fmt.chat and sent[i] == 0 else []
+            if fmt.chat and sent[i] == 0 and fmt.echo_text:  # vLLM: the echoed content, its own chunk
+                parts.append(fmt.chunk(i, fmt.echo_text))
             while sent[i] < item:
                 k = sent[i]
                 last = k + 1 == er.output_tokens
                 stop = er.text.stop_reason if last and er.text is not None else None
-                parts.append(fmt.chunk(i, d[k] if d is not None else WORDS[k % len(WORDS)],
-                                       er.finish_reason if last else None, stop))
+                text = d[k] if d is not None else WORDS[k % len(WORDS)]
+                echo = not fmt.chat and k == 0 and bool(fmt.echo_text)  # completions: the prompt with token 0
+                lp = None
+                if toks is not None:
+                    lp = (chat_logprobs(toks[i][k:k + 1], fmt.logprobs, k) if fmt.chat else
+                          completion_logprobs(toks[i][k:k + 1], fmt.logprobs, k, text_len[i],
+                                              fmt.echo_tokens if echo else ()))
+                if echo:
+                    text = fmt.echo_text + text
+                text_len[i] += len(text)
+                parts.append(fmt.chunk(i, text, er.finish_reason if last else None, stop, lp))
                 sent[i] += 1
             yield "".join(parts)
         tail = fmt.usage_chunk(_usage(ers[0], ers), _astro_timing(ers[0])) if include_usage else ""

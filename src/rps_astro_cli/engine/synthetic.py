@@ -16,8 +16,11 @@
 from __future__ import annotations
 
 import json
+import math
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -102,3 +105,71 @@ def _token_at(ends: list[int], char_end: int) -> int:
     import bisect
 
     return bisect.bisect_left(ends, char_end)
+
+
+# -- log-probabilities -------------------------------------------------------------------
+_LN_HALF = math.log(0.5)
+
+
+def top_logprobs(token: str, key: int, k: int) -> list[tuple[str, float]]:
+    """Synthetic but well-formed log-probabilities of one sampled `token`: the
+    max(k, 1) most likely tokens, most likely first, the sampled token among them at
+    rank 0 (so, as in vLLM, a completions `top_logprobs` dict has max(k, 1) entries and a
+    chat `top_logprobs` list k). `key` picks the values (the same key, the same values).
+
+    The sampled token's probability is p0 = 0.5 + 0.04 · (key mod 10) (0.50 to 0.86);
+    rank r ≥ 1 has (1 − p0) · 0.5^r, so the probabilities fall with rank and sum below 1.
+    The alternatives are the other synthetic words (`WORDS`, from word key mod 16 on),
+    then `" <r>"` for rank r ≥ 16: every token string distinct.
+    """
+    p0 = 0.5 + 0.04 * (key % 10)
+    out = [(token, math.log(p0))]
+    start = key % len(WORDS)
+    alts = [w for j in range(len(WORDS)) if (w := WORDS[(start + j) % len(WORDS)]) != token]
+    for r in range(1, max(k, 1)):
+        alt = alts[r - 1] if r - 1 < len(alts) else f" <{r}>"
+        out.append((alt, math.log(1.0 - p0) + r * _LN_HALF))
+    return out
+
+
+def token_key(token: str, position: int) -> int:
+    """The `top_logprobs` key of the token at `position` (an output or prompt token)."""
+    return zlib.crc32(token.encode("utf-8")) + 7 * position
+
+
+def chat_logprobs(tokens: Sequence[str], k: int, start: int = 0) -> dict[str, Any]:
+    """vLLM's chat `logprobs` object for these sampled tokens (output positions from
+    `start`): {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob,
+    bytes}] × k}]}."""
+    content = []
+    for i, t in enumerate(tokens):
+        top = top_logprobs(t, token_key(t, start + i), k)
+        content.append({"token": t, "logprob": top[0][1], "bytes": list(t.encode("utf-8")),
+                        "top_logprobs": [{"token": a, "logprob": lp, "bytes": list(a.encode("utf-8"))}
+                                         for a, lp in top[:k]]})
+    return {"content": content}
+
+
+def completion_logprobs(tokens: Sequence[str], k: int, start: int = 0, text_offset: int = 0,
+                        prompt_tokens: Sequence[str] = ()) -> dict[str, Any]:
+    """vLLM's completions `logprobs` object: {text_offset, token_logprobs, tokens,
+    top_logprobs} over the echoed `prompt_tokens` (the first has no log-probability: None
+    in both lists, as vLLM's prompt logprobs) then the sampled `tokens` (output positions
+    from `start`). text_offset starts at `text_offset` and adds each token string's length."""
+    offsets: list[int] = []
+    lps: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    pos = text_offset
+    seq = [(t, token_key(t, -1 - j)) for j, t in enumerate(prompt_tokens)] + \
+        [(t, token_key(t, start + i)) for i, t in enumerate(tokens)]
+    for j, (t, key) in enumerate(seq):
+        offsets.append(pos)
+        pos += len(t)
+        if j == 0 and prompt_tokens:
+            lps.append(None)
+            tops.append(None)
+            continue
+        top = top_logprobs(t, key, k)
+        lps.append(top[0][1])
+        tops.append(dict(top))
+    return {"text_offset": offsets, "token_logprobs": lps, "tokens": [t for t, _ in seq], "top_logprobs": tops}

@@ -16,6 +16,11 @@ engine's output length does not depend on them; see `check_sampling_fields`):
   1 when using greedy sampling"), `stop` (strings), `seed`, `min_tokens`,
   `include_stop_str_in_output` (carried in `ParsedRequest`; the sim engine honours them:
   `engine.synthetic`),
+- `logprobs` / `top_logprobs` (chat) and `logprobs` (completions), `echo`: checked with
+  vLLM's rules and messages (`refuse_unsimulated`) and carried in `ParsedRequest`; the
+  sim engine answers them in vLLM's shapes with synthetic values (`engine.synthetic`);
+  `tools` / `tool_choice` / `response_format`: vLLM's rules, then honoured or refused
+  explicitly (`refuse_unsimulated`),
 - `vllm_xargs` (the extra-args dict a real vLLM accepts and hands to its scheduler):
   `astro_output_tokens` (true output length the bench sends; the engine stops there,
   capped by max_tokens), `astro_predicted_output_tokens` (the tagger's predicted length,
@@ -144,6 +149,10 @@ class ParsedRequest:
     seed: int | None = None  # the client's `seed`
     min_tokens: int = 0  # tokens before stop strings are checked (vLLM's `min_tokens`)
     include_stop_str_in_output: bool = False  # keep the stop string in the text (vLLM extension)
+    # top log-probabilities per token asked for (chat `top_logprobs` under `logprobs: true`,
+    # completions `logprobs`); None: no logprobs in the response
+    logprobs: int | None = None
+    echo: bool = False  # `echo`: completions: the prompt before the text; chat: vLLM's meaning (sim_server)
 
     @property
     def prompt_param(self) -> str:
@@ -281,7 +290,9 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
     presence_penalty / frequency_penalty: number in [-2, 2] (OpenAI API reference);
     repetition_penalty: number > 0 (vLLM SamplingParams); top_k: integer ≥ -1 (-1 = off,
     vLLM); seed: integer; stop: string or list of strings; logit_bias: object;
-    logprobs: true/false (chat) or integer ≥ 0 (completions); top_logprobs: integer ≥ 0;
+    logprobs: true/false (chat) or integer ≥ -1 (completions); top_logprobs: integer ≥ -1
+    (below -1: vLLM's message; -1, the whole vocabulary, is refused by the engine as over
+    vLLM's `--max-logprobs`);
     best_of: integer ≥ 1; min_tokens: integer ≥ 0; echo: true/false; user: string.
     (`n` is checked in `_common`.)
 
@@ -294,9 +305,15 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
     _number_field(body, "presence_penalty", -2.0, 2.0)
     _number_field(body, "frequency_penalty", -2.0, 2.0)
     _number_field(body, "repetition_penalty", 0.0, lo_open=True)
-    for key, lo in (("top_k", -1), ("top_logprobs", 0), ("best_of", 1), ("min_tokens", 0)):
+    for key, lo in (("top_k", -1), ("best_of", 1), ("min_tokens", 0)):
         if body.get(key) is not None:
             _int_field(body[key], key, lo)
+    for key in ("top_logprobs", "logprobs"):  # -1 (the whole vocabulary) allowed here, as vLLM's validators do
+        v = body.get(key)
+        if isinstance(v, int) and not isinstance(v, bool) and v < -1:
+            raise _vllm_error(f"`{key}` must be a positive value or -1.", key)
+    if body.get("top_logprobs") is not None:
+        _int_field(body["top_logprobs"], "top_logprobs", -1)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f"must be an integer, got {seed!r}", "seed")
@@ -309,39 +326,150 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
         raise bad(f"must be an object mapping token ids to biases, got {lb!r}", "logit_bias")
     lp = body.get("logprobs")
     if lp is not None and not isinstance(lp, bool):
-        _int_field(lp, "logprobs", 0)
+        _int_field(lp, "logprobs", -1)
     _bool_field(body, "echo")
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad(f"must be a string, got {user!r}", "user")
 
 
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: the most log-probabilities per token a request may ask for
+
+
+def _vllm_error(message: str, param: str | None) -> ApiError:
+    """A 400 with vLLM's own message and error type (its `VLLMValidationError` →
+    `{"error": {"message", "type": "BadRequestError", "param", "code": 400}}`)."""
+    return ApiError(400, message, param, "BadRequestError")
+
+
+def _check_logprobs(body: dict[str, Any], endpoint: str) -> None:
+    """vLLM's log-probability rules (its request validators and `--max-logprobs` 20):
+    chat `top_logprobs` ≥ 0 (or -1) and only with `logprobs: true`; completions
+    `logprobs` ≥ 0 (or -1); at most `MAX_LOGPROBS` per token (-1, the whole vocabulary,
+    is more than that)."""
+    fields = ("top_logprobs",) if endpoint == "chat" else ("logprobs",)
+    for key in fields:
+        v = body.get(key)
+        if v is None or isinstance(v, bool):
+            continue
+        if not isinstance(v, (int, float)):
+            raise _vllm_error(f"`{key}` must be an integer.", key)
+        if v < 0 and v != -1:
+            raise _vllm_error(f"`{key}` must be a positive value or -1.", key)
+    if endpoint == "chat":
+        top = body.get("top_logprobs")
+        if isinstance(top, (int, float)) and not isinstance(top, bool) and (top == -1 or top > 0) \
+                and not body.get("logprobs"):
+            raise _vllm_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        n = top if body.get("logprobs") is True and isinstance(top, (int, float)) and not isinstance(top, bool) \
+            else None
+    else:
+        lp = body.get("logprobs")
+        n = lp if isinstance(lp, (int, float)) and not isinstance(lp, bool) else None
+    if n is not None and (n == -1 or n > MAX_LOGPROBS):
+        asked = "the whole vocabulary (-1)" if n == -1 else f"{int(n)}"
+        raise _vllm_error(f"Requested sample logprobs of {asked}, which is greater than max allowed: "
+                          f"{MAX_LOGPROBS}", "logprobs")
+
+
+def _check_tools(body: dict[str, Any]) -> str | None:
+    """vLLM's `tools` / `tool_choice` rules (`check_tool_usage`): an empty list refused;
+    tools without tool_choice mean "auto"; a tool_choice needs tools, must be "none",
+    "auto", "required" or a named function among them. Returns the effective
+    tool_choice (None: no tools)."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if tools == []:
+        raise _vllm_error("`tools` must not be an empty array. Either provide at least one tool or omit the "
+                          "field entirely.", "tools")
+    if tools is not None and (not isinstance(tools, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+            for t in tools)):
+        raise bad('must be a list of {"type": "function", "function": {"name", "parameters"}} objects', "tools")
+    if "tool_choice" not in body and tools:
+        choice = "auto"
+    if choice is None or choice == "none":
+        return "none" if tools else None
+    if not tools:
+        raise _vllm_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
+    if choice not in ("auto", "required") and not isinstance(choice, dict):
+        raise _vllm_error(f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", \"auto\" or "
+                          "\"required\" are supported.", "tool_choice")
+    if isinstance(choice, dict):
+        usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
+        fn = choice.get("function")
+        if not isinstance(fn, dict):
+            raise _vllm_error(f"Invalid value for `function`: `{fn}` in `tool_choice`! {usage}",
+                              "tool_choice.function")
+        if "name" not in fn:
+            raise _vllm_error(f"Expected field `name` in `function` in `tool_choice`! {usage}",
+                              "tool_choice.function.name")
+        if not any(t["function"]["name"] == fn["name"] for t in tools):
+            raise _vllm_error("The tool specified in `tool_choice` does not match any of the specified `tools`",
+                              "tool_choice")
+        return "named"
+    return str(choice)
+
+
 def refuse_unsimulated(body: dict[str, Any], endpoint: str) -> None:
-    """The sim engine's explicit refusals: fields whose meaning it cannot produce (a real
-    vLLM engine honours them), so a client is told instead of silently ignored.
-    `response_format` other than text, a non-empty `tools` list, `echo: true`, and
-    log-probabilities (chat `logprobs: true` or `top_logprobs` ≥ 1; completions
-    `logprobs` ≥ 1). Honoured, not refused: `logprobs: 0`/`false`, `seed`, `stop` and
-    `n` (`engine.synthetic`, `sim_server`).
+    """vLLM's request rules for the fields below, with its messages (`_vllm_error`), then
+    the sim engine's explicit refusals of what it cannot produce — never a silent ignore:
+
+    - `stream_options` without `stream: true`: refused as vLLM refuses it.
+    - log-probabilities: vLLM's rules (`_check_logprobs`); honoured (synthetic values:
+      `engine.synthetic.top_logprobs`).
+    - `tools` / `tool_choice` (chat): vLLM's rules (`_check_tools`). "none" is honoured
+      as vLLM does (the tools are not used; plain text). "auto" (the default when tools
+      are given) is refused with the message of a vLLM started without
+      `--enable-auto-tool-choice`, which the sim engine is; "required" or a named
+      function (vLLM generates the call with structured outputs) is refused: the sim
+      engine does not generate tool calls.
+    - `response_format` (both endpoints): "text" honoured; "json_schema" without its
+      schema refused as vLLM does; "json_object" / "json_schema" / "structural_tag"
+      refused: the sim engine does not do structured output.
+    - `echo` is honoured (completions: the prompt before the text, with its logprobs;
+      chat: vLLM's meaning, the last message's content before the reply when that
+      message is the assistant's).
 
     Raises:
         ApiError: 400 naming the field.
     """
+    so = body.get("stream_options")
+    if so and not body.get("stream"):
+        raise _vllm_error("Stream options can only be defined when `stream=True`.", "stream_options")
+    _check_logprobs(body, endpoint)
     how = "the sim engine does not simulate it (a vLLM engine does: astro serve --backend vllm)"
     rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") in (None, "text")):
-        raise bad(f"structured output is not supported: {how}", "response_format")
-    if body.get("tools"):
-        raise bad(f"tool calling is not supported: {how}", "tools")
-    if body.get("echo") is True:
-        raise bad(f"echo is not supported: {how}", "echo")
-    lp, top = body.get("logprobs"), body.get("top_logprobs")
-    if (endpoint == "chat" and lp is True) or (isinstance(top, int) and not isinstance(top, bool) and top > 0) \
-            or (endpoint == "completions" and isinstance(lp, int) and not isinstance(lp, bool) and lp > 0):
-        raise bad(f"log-probabilities are not produced: {how}", "top_logprobs" if top else "logprobs")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_schema" and rf.get("json_schema") is None:
+            raise _vllm_error("When response_format type is 'json_schema', the 'json_schema' field must be "
+                              "provided.", "response_format")
+        if kind not in (None, "text"):
+            raise bad(f"structured output ({kind!r}) is not supported: {how}", "response_format")
+    if endpoint == "chat":
+        choice = _check_tools(body)
+        if choice == "auto":
+            raise _vllm_error('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
+                              "be set", None)
+        if choice in ("required", "named"):
+            raise bad(f"tool calls are not generated (tool_choice {body.get('tool_choice')!r}): {how}",
+                      "tool_choice")
+    elif body.get("tools") is not None:
+        raise bad("is a chat-completions field; /v1/completions has no tools", "tools")
 
 
-def _common(body: dict[str, Any]) -> dict[str, Any]:
+def _logprobs_asked(body: dict[str, Any], endpoint: str) -> int | None:
+    """Top log-probabilities per token a validated body asks for (None: none)."""
+    if endpoint == "chat":
+        if body.get("logprobs") is not True:
+            return None
+        top = body.get("top_logprobs")
+        return 0 if top is None else int(top)
+    lp = body.get("logprobs")
+    return None if lp is None or lp is False else int(lp)
+
+
+def _common(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
     check_sampling_fields(body)
     model = body.get("model")
     if model is not None and not isinstance(model, str):
@@ -380,7 +508,8 @@ def _common(body: dict[str, Any]) -> dict[str, Any]:
                 stream=stream, include_usage=include_usage, output_tokens=out,
                 predicted_output_tokens=pred, req_class=cls, n=n, stop=tuple(x for x in stops if x),
                 seed=body.get("seed"), min_tokens=int(body.get("min_tokens") or 0),
-                include_stop_str_in_output=_bool_field(body, "include_stop_str_in_output"))
+                include_stop_str_in_output=_bool_field(body, "include_stop_str_in_output"),
+                logprobs=_logprobs_asked(body, endpoint), echo=_bool_field(body, "echo"))
 
 
 # -- completions -----------------------------------------------------------------------
@@ -406,7 +535,7 @@ def parse_completion_request(body: dict[str, Any],
         raise bad("must be a string or a list of token ids", "prompt")
     if n <= 0:
         raise bad("is empty", "prompt")
-    return ParsedRequest(endpoint="completions", text_tokens=n, **_common(body))
+    return ParsedRequest(endpoint="completions", text_tokens=n, **_common(body, "completions"))
 
 
 def prompt_token_ids(body: dict[str, Any], endpoint: str, token_ids: TokenIds) -> tuple[int, ...]:
@@ -517,7 +646,7 @@ def parse_chat_request(body: dict[str, Any], counter: Callable[[str], int] = cou
         raise bad("is required", "messages")
     text, images, frames = chat_prompt_tokens(body["messages"], counter, limits)
     return ParsedRequest(endpoint="chat", text_tokens=text, num_images=images, num_frames=frames,
-                         **_common(body))
+                         **_common(body, "chat"))
 
 
 # -- media -----------------------------------------------------------------------------

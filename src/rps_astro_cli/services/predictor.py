@@ -30,14 +30,14 @@ simulated waiting queue (`with_pending`), so two close dispatches do not both se
 same empty instance before its `/status` shows the first.
 
 Metrics (`GET /metrics`, Prometheus):
-- `astro_predictor_predict_seconds` histogram: wall time per /predict, incl. any status fetch.
-- `astro_predictor_lookahead_seconds` histogram: look-ahead time alone.
-- `astro_predictor_cpu_seconds_total`: CPU seconds (process time) spent in the look-ahead.
+- `astro:predictor_predict_seconds` histogram: wall time per /predict, incl. any status fetch.
+- `astro:predictor_lookahead_seconds` histogram: look-ahead time alone.
+- `astro:predictor_cpu_seconds_total`: CPU seconds (process time) spent in the look-ahead.
 - `process_cpu_seconds_total`: the whole process (HTTP, status fetches, look-ahead);
-  its increase ÷ the increase of `astro_predictor_requests_total` = CPU per query, the
+  its increase ÷ the increase of `astro:predictor_requests_total` = CPU per query, the
   Astrolabe paper's Po2-vs-fanout predictor CPU figure.
-- `astro_predictor_requests_total{outcome}`: ok | bad_request | engine_unavailable.
-- `astro_predictor_status_fetches_total{outcome}`: ok | error.
+- `astro:predictor_requests_total{outcome}`: ok | bad_request | engine_unavailable.
+- `astro:predictor_status_fetches_total{outcome}`: ok | error.
 """
 
 from __future__ import annotations
@@ -328,14 +328,14 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
 
     reg = new_registry()
     buckets = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
-    m_predict = Histogram("astro_predictor_predict_seconds", "Wall time per /predict (s)",
+    m_predict = Histogram("astro:predictor_predict_seconds", "Wall time per /predict (s)",
                           buckets=buckets, registry=reg)
-    m_look = Histogram("astro_predictor_lookahead_seconds", "Look-ahead time per /predict (s)",
+    m_look = Histogram("astro:predictor_lookahead_seconds", "Look-ahead time per /predict (s)",
                        buckets=buckets, registry=reg)
-    m_cpu = Counter("astro_predictor_cpu_seconds", "CPU seconds spent in the look-ahead", registry=reg)
-    m_req = Counter("astro_predictor_requests", "/predict requests by outcome", ["outcome"], registry=reg)
-    m_fetch = Counter("astro_predictor_status_fetches", "Engine /status fetches by outcome", ["outcome"], registry=reg)
-    m_age = Histogram("astro_predictor_snapshot_age_seconds", "Age of the status used (s)",
+    m_cpu = Counter("astro:predictor_cpu_seconds", "CPU seconds spent in the look-ahead", registry=reg)
+    m_req = Counter("astro:predictor_requests", "/predict requests by outcome", ["outcome"], registry=reg)
+    m_fetch = Counter("astro:predictor_status_fetches", "Engine /status fetches by outcome", ["outcome"], registry=reg)
+    m_age = Histogram("astro:predictor_snapshot_age_seconds", "Age of the status used (s)",
                       buckets=buckets, registry=reg)
 
     @asynccontextmanager

@@ -27,7 +27,7 @@ baseline in `artifacts/length/baseline/` (`length/bin_median.py`) when that
 artifact is absent; "baseline" picks the baseline explicitly. The prediction only
 informs scheduling; it never changes generation.
 
-Metrics: `astro_tagger_tag_seconds` histogram, `astro_tagger_requests_total{outcome}`.
+Metrics: `astro:tagger_tag_seconds` histogram, `astro:tagger_requests_total{outcome}`.
 """
 
 from __future__ import annotations
@@ -149,9 +149,9 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
     from prometheus_client import Counter, Histogram
 
     reg = new_registry()
-    m_tag = Histogram("astro_tagger_tag_seconds", "Time per /tag (s)",
+    m_tag = Histogram("astro:tagger_tag_seconds", "Time per /tag (s)",
                       buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05), registry=reg)
-    m_req = Counter("astro_tagger_requests", "/tag requests by outcome", ["outcome"], registry=reg)
+    m_req = Counter("astro:tagger_requests", "/tag requests by outcome", ["outcome"], registry=reg)
     tagger = Tagger(settings)
     app = FastAPI(title="astro tagger", docs_url=None, redoc_url=None)
     install_error_handlers(app)

@@ -15,10 +15,9 @@ Per request to `/v1/chat/completions` or `/v1/completions`:
    response back unchanged (SSE events relayed whole), with header `x-astro-instance`
    (the instance's name, e.g. `engine-2`).
 
-Clients: the hot path (tag, predict, forward) runs on `services/rpc.py`'s lean
-keep-alive HTTP/1.1 pools (one per destination; httpx costs ~20x more CPU per call, see
-that module), and so do llumnix's status polls; health checks and model discovery use
-pooled `httpx.AsyncClient`s. A tag or predict RPC that misses its deadline is skipped
+Clients: every call (tag, predict, forward, status polls, health checks, model
+discovery) runs on `services/rpc.py`'s lean keep-alive HTTP/1.1 pools (one per
+destination; httpx costs ~20x more CPU per call, see that module). A tag or predict RPC that misses its deadline is skipped
 but not cancelled (it finishes in the background, bounded by `clients.RPC_BOUND_S`), so
 no keep-alive connection is torn down. The bodies of every RPC are
 `rps_astro_cli.types`' codec (`TagResult`, `PredictRequest` / `PredictReply`,
@@ -39,21 +38,21 @@ ready, take no new requests when not ready or terminating, and are dropped once 
 outstanding requests end after removal. Dispatchable is separate from the circuit
 breaker; the dispatch sees only dispatchable instances (docs/deploy-kubernetes.md).
 
-Scheduler overhead (`astro_scheduler_overhead_seconds`) = time from the request's
+Scheduler overhead (`astro:scheduler_overhead_seconds`) = time from the request's
 arrival until the body is handed to the engine connection, plus time from the engine's
 response headers (first chunk when streaming) until the response is handed to the
 server: everything the scheduler adds except waiting on the engine.
 
 Metrics (`GET /metrics`):
-- `astro_scheduler_requests_total{endpoint,outcome}` ok | client_error | engine_error |
+- `astro:scheduler_requests_total{endpoint,outcome}` ok | client_error | engine_error |
   midstream_error | no_instance | client_disconnected.
-- `astro_dispatch_decisions_total{policy,reason}`, `astro_dispatch_decide_seconds{policy}`
-  (decision time incl. predict RPCs), `astro_predict_rpcs_total{policy,outcome}`
+- `astro:dispatch_decisions_total{policy,reason}`, `astro:dispatch_decide_seconds{policy}`
+  (decision time incl. predict RPCs), `astro:predict_rpcs_total{policy,outcome}`
   (ok | timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
   "skipped" = not sent, the Predictor's breaker is open),
-  `astro_tag_rpcs_total{outcome}`, `astro_scheduler_retries_total`,
-  `astro_instance_healthy{instance}`, `astro_instance_outstanding_requests{instance}`,
-  `astro_instance_dispatched_total{instance}`, `astro_breaker_trips_total{instance}`.
+  `astro:tag_rpcs_total{outcome}`, `astro:scheduler_retries_total`,
+  `astro:instance_healthy{instance}`, `astro:instance_outstanding_requests{instance}`,
+  `astro:instance_dispatched_total{instance}`, `astro:breaker_trips_total{instance}`.
 - `GET /decisions?n=100` (API key when set): the last decisions as JSON
   (`DecisionRecord.to_dict()`: `DispatchDecision.to_dict()` plus request facts:
   prompt/predicted tokens, instance, retries, overhead, `tag_wait_us` (time waiting for

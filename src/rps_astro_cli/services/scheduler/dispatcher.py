@@ -6,7 +6,7 @@ predictions (`PredictClient`, deadline `predict_deadline_s`; late or failed ones
 absent), then scorers and picker (falling back to least outstanding requests when no
 prediction arrived), each stage timed in the decision's `stage_us`. The whole decision
 is timed here, from reading the instances' loads, predict RPCs included (`decide_us`,
-`astro_dispatch_decide_seconds`).
+`astro:dispatch_decide_seconds`).
 """
 
 from __future__ import annotations

@@ -1,27 +1,27 @@
 """The scheduler's Prometheus metrics (one registry per scheduler; `GET /metrics`).
 
-- `astro_scheduler_requests_total{endpoint,outcome}` ok | client_error | engine_error |
+- `astro:scheduler_requests_total{endpoint,outcome}` ok | client_error | engine_error |
   midstream_error | no_instance | client_disconnected.
-- `astro_dispatch_decisions_total{policy,reason}`; `astro_dispatch_decide_seconds{policy}`
-  (decision time incl. predict RPCs); `astro_predict_rpcs_total{policy,outcome}` (ok |
+- `astro:dispatch_decisions_total{policy,reason}`; `astro:dispatch_decide_seconds{policy}`
+  (decision time incl. predict RPCs); `astro:predict_rpcs_total{policy,outcome}` (ok |
   timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
   "skipped" = not sent, the Predictor's breaker is open; "in_process" = predicted in the
-  scheduler's own process, `predict_in_process`); `astro_tag_rpcs_total{outcome}`.
-- `astro_scheduler_overhead_seconds`: what the scheduler adds per request, engine time
-  excluded (see the package docstring); `astro_scheduler_retries_total`.
-- per instance: `astro_instance_healthy`, `astro_instance_outstanding_requests`,
-  `astro_instance_dispatched_total`, `astro_breaker_trips_total`.
+  scheduler's own process, `predict_in_process`); `astro:tag_rpcs_total{outcome}`.
+- `astro:scheduler_overhead_seconds`: what the scheduler adds per request, engine time
+  excluded (see the package docstring); `astro:scheduler_retries_total`.
+- per instance: `astro:instance_healthy`, `astro:instance_outstanding_requests`,
+  `astro:instance_dispatched_total`, `astro:breaker_trips_total`.
 - router quality (what a dashboard of the dispatch reads; `record_outcome`):
-  `astro_prediction_abs_error_seconds{instance,metric}` |predicted − observed| and
-  `astro_prediction_rel_error{instance,metric}` |predicted − observed| / observed, for
+  `astro:prediction_abs_error_seconds{instance,metric}` |predicted − observed| and
+  `astro:prediction_rel_error{instance,metric}` |predicted − observed| / observed, for
   metric ttft and e2e (e2e not for early-dispatch decisions, whose e2e assumed the default
   reply length), per request that finished ok with a prediction for the chosen
   instance (observed: the scheduler's own forward → first chunk / end of stream, the same
   pairs `GET /decisions` holds, so Δsum/Δcount are the report's predictor MAE and MAPE);
-  `astro_prediction_error_seconds{instance,metric}` (a summary of predicted − observed,
-  signed: Δsum / Δcount is the bias); `astro_dispatch_stage_seconds{policy,stage}` per decision stage
+  `astro:prediction_error_seconds{instance,metric}` (a summary of predicted − observed,
+  signed: Δsum / Δcount is the bias); `astro:dispatch_stage_seconds{policy,stage}` per decision stage
   (tag: the front door's wait for the tagger; filter, sample, predict (the Predictor
-  fan-out), score, pick: `DispatchDecision.stage_us`); `astro_dispatch_fallbacks_total
+  fan-out), score, pick: `DispatchDecision.stage_us`); `astro:dispatch_fallbacks_total
   {policy,reason}` — a decision the policy made without its signal (its "fallback: ..."
   reason) and `reason="no tag"` (the tag missed its deadline or failed: the default
   length was used).
@@ -44,29 +44,29 @@ class SchedulerMetrics:
 
         self.registry = r = new_registry()
         fast = _FAST_BUCKETS_S
-        self.requests = Counter("astro_scheduler_requests", "Front-door requests by outcome",
+        self.requests = Counter("astro:scheduler_requests", "Front-door requests by outcome",
                                 ["endpoint", "outcome"], registry=r)
-        self.decisions = Counter("astro_dispatch_decisions", "Dispatch decisions", ["policy", "reason"], registry=r)
-        self.decide = Histogram("astro_dispatch_decide_seconds", "Decision time incl. predict RPCs (s)",
+        self.decisions = Counter("astro:dispatch_decisions", "Dispatch decisions", ["policy", "reason"], registry=r)
+        self.decide = Histogram("astro:dispatch_decide_seconds", "Decision time incl. predict RPCs (s)",
                                 ["policy"], buckets=fast, registry=r)
-        self.predict_rpcs = Counter("astro_predict_rpcs", "Predict RPCs sent", ["policy", "outcome"], registry=r)
-        self.tag_rpcs = Counter("astro_tag_rpcs", "Tag calls", ["outcome"], registry=r)
-        self.overhead = Histogram("astro_scheduler_overhead_seconds", "Scheduler overhead per request (s)",
+        self.predict_rpcs = Counter("astro:predict_rpcs", "Predict RPCs sent", ["policy", "outcome"], registry=r)
+        self.tag_rpcs = Counter("astro:tag_rpcs", "Tag calls", ["outcome"], registry=r)
+        self.overhead = Histogram("astro:scheduler_overhead_seconds", "Scheduler overhead per request (s)",
                                   buckets=fast, registry=r)
-        self.retries = Counter("astro_scheduler_retries", "Requests retried on another instance", registry=r)
-        self.healthy = Gauge("astro_instance_healthy", "1 if the instance is in rotation", ["instance"], registry=r)
-        self.outstanding = Gauge("astro_instance_outstanding_requests", "Requests in flight", ["instance"], registry=r)
-        self.dispatched = Counter("astro_instance_dispatched", "Requests sent", ["instance"], registry=r)
-        self.trips = Counter("astro_breaker_trips", "Times the instance was taken out", ["instance"], registry=r)
-        self.pred_abs = Histogram("astro_prediction_abs_error_seconds", "|predicted - observed| latency (s)",
+        self.retries = Counter("astro:scheduler_retries", "Requests retried on another instance", registry=r)
+        self.healthy = Gauge("astro:instance_healthy", "1 if the instance is in rotation", ["instance"], registry=r)
+        self.outstanding = Gauge("astro:instance_outstanding_requests", "Requests in flight", ["instance"], registry=r)
+        self.dispatched = Counter("astro:instance_dispatched", "Requests sent", ["instance"], registry=r)
+        self.trips = Counter("astro:breaker_trips", "Times the instance was taken out", ["instance"], registry=r)
+        self.pred_abs = Histogram("astro:prediction_abs_error_seconds", "|predicted - observed| latency (s)",
                                   ["instance", "metric"], buckets=_ERROR_BUCKETS_S, registry=r)
-        self.pred_rel = Histogram("astro_prediction_rel_error", "|predicted - observed| / observed",
+        self.pred_rel = Histogram("astro:prediction_rel_error", "|predicted - observed| / observed",
                                   ["instance", "metric"], buckets=_REL_BUCKETS, registry=r)
-        self.pred_signed = Summary("astro_prediction_error_seconds", "predicted - observed latency (s), signed",
+        self.pred_signed = Summary("astro:prediction_error_seconds", "predicted - observed latency (s), signed",
                                    ["instance", "metric"], registry=r)
-        self.stage = Histogram("astro_dispatch_stage_seconds", "Time per dispatch stage (s)", ["policy", "stage"],
+        self.stage = Histogram("astro:dispatch_stage_seconds", "Time per dispatch stage (s)", ["policy", "stage"],
                                buckets=_FAST_BUCKETS_S, registry=r)
-        self.fallbacks = Counter("astro_dispatch_fallbacks", "Decisions made without the policy's signal",
+        self.fallbacks = Counter("astro:dispatch_fallbacks", "Decisions made without the policy's signal",
                                  ["policy", "reason"], registry=r)
 
     def record_decision(self, policy: str, reason: str, stage_us: dict[str, float]) -> None:
