@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -29,9 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-import math
-import re
 
 from rps_astro_cli.length.chat_gbm import GBM_PARAMS, OOF_FOLDS, SHIFTS, ChatGBMLengthModel
 from rps_astro_cli.length.crossval import CV_VAL_FRAC, fold_of
