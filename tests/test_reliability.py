@@ -527,7 +527,8 @@ def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
 
             t = threading.Thread(target=send, daemon=True)
             t.start()
-            wait_for(lambda: engine_busy(eng.url) == 1, 10.0, "the request to reach the engine")
+            # the first request loads the in-process tagger's model: seconds on a loaded 2-core box
+            wait_for(lambda: engine_busy(eng.url) == 1, 30.0, "the request to reach the engine")
             proc.send_signal(signal.SIGTERM)
             t.join(20)
             try:

@@ -166,31 +166,63 @@ def tagger(
                ready_file)
 
 
+# The dispatch flags `astro serve scheduler` and `astro serve epp` share, declared once.
+EngineOpt = Annotated[list[str] | None, typer.Option(
+    "--engine", help="Engine base URL (repeat per instance; the EPP picks its HOST:PORT); or --discover.")]
+PredictorOpt = Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")]
+DiscoverOpt = Annotated[str | None, typer.Option(
+    "--discover", help="Find the engines instead of --engine: 'kubernetes' (the EndpointSlices of "
+    "--discover-service, watched).")]
+DiscoverServiceOpt = Annotated[str | None, typer.Option(
+    "--discover-service", help="--discover kubernetes: the engines' Service (ports named http and predictor).")]
+DiscoverNamespaceOpt = Annotated[str | None, typer.Option(
+    "--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the pod's own).")]
+TaggerOpt = Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")]
+PolicyOpt = Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")]
+KOpt = Annotated[str | None, typer.Option(
+    "--k", help="power_of_k sample size (≤ engines) or 'all' (the default: every engine's Predictor is asked).")]
+ObjectiveOpt = Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")]
+LlumnixVariantOpt = Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")]
+PredictDeadlineOpt = Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")]
+TagDeadlineOpt = Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")]
+HealthIntervalOpt = Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")]
+StatusIntervalOpt = Annotated[float, typer.Option(
+    "--status-interval-ms", help="Status poll period of status-based policies (ms).")]
+ServedModelOpt = Annotated[list[str] | None, typer.Option(
+    "--served-model-name", help="Accepted model name(s) (others get 404); default: the engines'.")]
+TagProfileOpt = Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")]
+TagModelOpt = Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")]
+DispatchSeedOpt = Annotated[int | None, typer.Option(
+    "--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name "
+    "$HOSTNAME so replicas differ).")]
+OracleOpt = Annotated[bool, typer.Option(
+    "--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")]
+
+
 @serve_app.command("scheduler")
 @user_errors
 def scheduler(
-    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeat per instance); or --discover.")] = None,
-    predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
-    discover: Annotated[str | None, typer.Option("--discover", help="Find the engines instead of --engine: 'kubernetes' (the EndpointSlices of --discover-service, watched).")] = None,
-    discover_service: Annotated[str | None, typer.Option("--discover-service", help="--discover kubernetes: the engines' Service (ports named http and predictor).")] = None,
-    discover_namespace: Annotated[str | None, typer.Option("--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the scheduler pod's own).")] = None,
-    tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
-    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size (≤ engines) or 'all' "
-                                          "(the default: every engine's Predictor is asked).")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")] = "ttft",
-    llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
+    engine: EngineOpt = None,
+    predictor: PredictorOpt = None,
+    discover: DiscoverOpt = None,
+    discover_service: DiscoverServiceOpt = None,
+    discover_namespace: DiscoverNamespaceOpt = None,
+    tagger: TaggerOpt = None,
+    policy: PolicyOpt = "power_of_k",
+    k: KOpt = None,
+    objective: ObjectiveOpt = "ttft",
+    llumnix_variant: LlumnixVariantOpt = "astrolabe",
     param: ParamOpt = None,
-    predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
-    tag_deadline_ms: Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")] = 50.0,
-    health_interval_ms: Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")] = 500.0,
-    status_interval_ms: Annotated[float, typer.Option("--status-interval-ms", help="Status poll period for llumnix (ms).")] = 100.0,
-    served_model_name: Annotated[list[str] | None, typer.Option("--served-model-name", help="Accepted model name(s); default: the engines'.")] = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
-    length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name $HOSTNAME so replicas differ).")] = None,
+    predict_deadline_ms: PredictDeadlineOpt = 50.0,
+    tag_deadline_ms: TagDeadlineOpt = 50.0,
+    health_interval_ms: HealthIntervalOpt = 500.0,
+    status_interval_ms: StatusIntervalOpt = 100.0,
+    served_model_name: ServedModelOpt = None,
+    profile: TagProfileOpt = None,
+    length_model: TagModelOpt = None,
+    seed: DispatchSeedOpt = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
-    oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    oracle_lengths: OracleOpt = False,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
@@ -202,43 +234,46 @@ def scheduler(
     log_level: LogOpt = "warning",
 ) -> None:
     """Serve the global scheduler: OpenAI front door that tags, dispatches and forwards."""
+    from dataclasses import replace
+
     from rps_astro_cli.services.scheduler import run_scheduler
 
     settings = _scheduler_settings(
-        engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
-        llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
-        served_model_name, profile, length_model, seed, decisions_kept, oracle_lengths, max_body_bytes, api_key,
-        early_dispatch, predict_in_process)
-    from dataclasses import replace
-
+        engine=engine, predictor=predictor, discover=discover, discover_service=discover_service,
+        discover_namespace=discover_namespace, tagger=tagger, policy=policy, k=k, objective=objective,
+        llumnix_variant=llumnix_variant, param=param, predict_deadline_ms=predict_deadline_ms,
+        tag_deadline_ms=tag_deadline_ms, health_interval_ms=health_interval_ms,
+        status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
+        length_model=length_model, seed=seed, decisions_kept=decisions_kept, oracle_lengths=oracle_lengths,
+        max_body_bytes=max_body_bytes, api_key=api_key, early_dispatch=early_dispatch,
+        predict_in_process=predict_in_process)
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     run_scheduler(settings, host, port, log_level, ready_file)
-
 
 
 @serve_app.command("epp")
 @user_errors
 def epp(
-    engine: Annotated[list[str] | None, typer.Option("--engine", help="Engine base URL (repeat per instance); the picked endpoint is its HOST:PORT. Or --discover.")] = None,
-    predictor: Annotated[list[str] | None, typer.Option("--predictor", help="Predictor URL, same order as --engine.")] = None,
-    discover: Annotated[str | None, typer.Option("--discover", help="Find the engines instead of --engine: 'kubernetes' (the EndpointSlices of --discover-service, watched).")] = None,
-    discover_service: Annotated[str | None, typer.Option("--discover-service", help="--discover kubernetes: the engines' Service (ports named http and predictor).")] = None,
-    discover_namespace: Annotated[str | None, typer.Option("--discover-namespace", help="--discover kubernetes: the Service's namespace (default: the pod's own).")] = None,
-    tagger: Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")] = "power_of_k",
-    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size or 'all' (the default).")] = None,
-    objective: Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")] = "ttft",
-    llumnix_variant: Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")] = "astrolabe",
+    engine: EngineOpt = None,
+    predictor: PredictorOpt = None,
+    discover: DiscoverOpt = None,
+    discover_service: DiscoverServiceOpt = None,
+    discover_namespace: DiscoverNamespaceOpt = None,
+    tagger: TaggerOpt = None,
+    policy: PolicyOpt = "power_of_k",
+    k: KOpt = None,
+    objective: ObjectiveOpt = "ttft",
+    llumnix_variant: LlumnixVariantOpt = "astrolabe",
     param: ParamOpt = None,
-    predict_deadline_ms: Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")] = 50.0,
-    tag_deadline_ms: Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")] = 50.0,
-    health_interval_ms: Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")] = 500.0,
-    status_interval_ms: Annotated[float, typer.Option("--status-interval-ms", help="Status poll period for llumnix (ms).")] = 100.0,
-    served_model_name: Annotated[list[str] | None, typer.Option("--served-model-name", help="Accepted model name(s) (others get 404); default: the engines'.")] = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="Profile for in-process tagging.")] = None,
-    length_model: Annotated[str | None, typer.Option("--length-model", help="Length model for in-process tagging.")] = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from $HOSTNAME).")] = None,
-    oracle_lengths: Annotated[bool, typer.Option("--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")] = False,
+    predict_deadline_ms: PredictDeadlineOpt = 50.0,
+    tag_deadline_ms: TagDeadlineOpt = 50.0,
+    health_interval_ms: HealthIntervalOpt = 500.0,
+    status_interval_ms: StatusIntervalOpt = 100.0,
+    served_model_name: ServedModelOpt = None,
+    profile: TagProfileOpt = None,
+    length_model: TagModelOpt = None,
+    seed: DispatchSeedOpt = None,
+    oracle_lengths: OracleOpt = False,
     destination_header: Annotated[str, typer.Option("--destination-header", help="Header (and metadata key) carrying the picked IP:PORT to the gateway.")] = "x-gateway-destination-endpoint",
     metadata_namespace: Annotated[str, typer.Option("--metadata-namespace", help="Dynamic-metadata namespace of the picked endpoint ('' = none).")] = "envoy.lb",
     body_mode: Annotated[str, typer.Option("--body-mode", help="Envoy's body mode when it sends no protocol_config: full_duplex_streamed (GIE's) | buffered.")] = "full_duplex_streamed",
@@ -267,13 +302,18 @@ def epp(
     if not destination_header.strip():
         raise AstroUserError("must not be empty", field="--destination-header")
     settings = _scheduler_settings(
-        engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k, objective,
-        llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms, status_interval_ms,
-        served_model_name, profile, length_model, seed, 1000, oracle_lengths, max_body_bytes, api_key)
+        engine=engine, predictor=predictor, discover=discover, discover_service=discover_service,
+        discover_namespace=discover_namespace, tagger=tagger, policy=policy, k=k, objective=objective,
+        llumnix_variant=llumnix_variant, param=param, predict_deadline_ms=predict_deadline_ms,
+        tag_deadline_ms=tag_deadline_ms, health_interval_ms=health_interval_ms,
+        status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
+        length_model=length_model, seed=seed, decisions_kept=1000, oracle_lengths=oracle_lengths,
+        max_body_bytes=max_body_bytes, api_key=api_key)
     run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
                         metrics_port=metrics_port), host, port, log_level, ready_file)
 
-def _scheduler_settings(engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
+
+def _scheduler_settings(*, engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
                         objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
                         status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
                         oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False):

@@ -1,16 +1,14 @@
 """The scheduler's connections: one pool per destination.
 
-The hot path (tag, predict, forward) and the status polls of status-based policies run
-on `services/rpc.py`'s lean keep-alive HTTP/1.1 pools (httpx costs ~20x more CPU per
-call, see that module); health checks and model discovery use pooled
-`httpx.AsyncClient`s.
+Every call (tag, predict, forward, status polls, health checks, model discovery) runs
+on `services/rpc.py`'s lean keep-alive HTTP/1.1 pools: httpx costs ~20x more CPU per
+call (see that module), and the health checks on httpx were ~9 % of a loaded
+scheduler's CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
-
-import httpx
 
 from rps_astro_cli.services.rpc import HostPool
 
@@ -18,7 +16,7 @@ RPC_BOUND_S = 1.0  # longest a tag/predict RPC may run in the background after i
 
 
 class Clients:
-    """Pooled clients by base URL. upstream_timeout_s: read timeout of the httpx ones.
+    """Pooled clients by base URL. upstream_timeout_s: the forward's upstream timeout.
     internal_token: the cluster's internal token, sent on every call (engines, Predictors
     and the tagger check it; `protocol.internal_auth`), or None."""
 
@@ -27,19 +25,7 @@ class Clients:
 
         self.upstream_timeout_s = upstream_timeout_s
         self.headers = token_headers(internal_token)
-        self._http: dict[str, httpx.AsyncClient] = {}
         self._pools: dict[str, HostPool] = {}
-
-    def http(self, base_url: str) -> httpx.AsyncClient:
-        """The httpx client for one service (one pool per destination keeps httpx's
-        per-request pool scan short and its connections warm)."""
-        c = self._http.get(base_url)
-        if c is None:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256, keepalive_expiry=60)
-            c = self._http[base_url] = httpx.AsyncClient(
-                base_url=base_url, limits=limits, timeout=httpx.Timeout(self.upstream_timeout_s, connect=2.0),
-                headers=self.headers)
-        return c
 
     def pool(self, base_url: str) -> HostPool:
         """The lean keep-alive pool for one service (hot path: tag, predict, forward)."""
@@ -59,10 +45,21 @@ class Clients:
         async with asyncio.timeout(RPC_BOUND_S):  # no extra task, unlike wait_for
             return await self.pool(base_url).post_json(path, payload)
 
+    async def get(self, base_url: str, path: str, timeout_s: float = 1.0) -> tuple[int, bytes]:
+        """A GET on the lean client (health checks): (status, whole body) within
+        `timeout_s`; a cancelled or timed-out call drops its connection.
+
+        Raises:
+            RpcError: transport failure. TimeoutError: `timeout_s` passed.
+        """
+        async with asyncio.timeout(timeout_s):
+            resp = await self.pool(base_url).request("GET", path)
+            try:
+                return resp.status, await resp.read()
+            finally:
+                resp.aclose_sync()
+
     async def close(self) -> None:
-        for c in self._http.values():
-            await c.aclose()
-        self._http.clear()
         for p in self._pools.values():
             p.close()
         self._pools.clear()

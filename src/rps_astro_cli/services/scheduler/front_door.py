@@ -222,8 +222,9 @@ class FrontDoor:
                     self.s.upstream_timeout_s)
                 if entry is not None:
                     entry.accepted_s = time.monotonic()  # the engine holds it from here on
-                it = resp.chunks().__aiter__()
                 if stream and resp.status == 200:
+                    # one await per socket read (a burst of events is one piece), not two per chunk
+                    it = resp.body_reads().__aiter__()
                     first = await first_chunk(it)
                     t1 = time.perf_counter()
                     rec.observed_ttft_s = t1 - t_send

@@ -22,8 +22,6 @@ import json
 import logging
 import time
 
-import httpx
-
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
@@ -57,7 +55,6 @@ class HealthMonitor:
     async def check(self, st: InstanceState, with_predictor: bool = True) -> None:
         """One health check of `st` (status poll for status-based policies), and of its
         Predictor when `with_predictor`."""
-        c = self.clients.http(st.ep.engine_url)
         try:
             if self.needs_status:  # polled every status_interval_s: the lean client
                 asked_s = time.monotonic()
@@ -76,13 +73,14 @@ class HealthMonitor:
                 if self.needs_prefix and isinstance(d.get("prefix_cache"), dict):
                     st.prefix.apply(d["prefix_cache"])
             else:
-                r = await c.get("/health", timeout=1.0)
-                r.raise_for_status()
+                code, _ = await self.clients.get(st.ep.engine_url, "/health")
+                if code != 200:
+                    raise ValueError(f"/health answered {code}")
             if not self.models:
-                r = await c.get("/v1/models", timeout=1.0)
-                if r.status_code == 200:
-                    self.models.update(m["id"] for m in r.json().get("data", ()) if "id" in m)
-        except (TimeoutError, httpx.HTTPError, RpcError, ValueError, KeyError, TypeError) as exc:
+                code, body = await self.clients.get(st.ep.engine_url, "/v1/models")
+                if code == 200:
+                    self.models.update(m["id"] for m in json.loads(body).get("data", ()) if "id" in m)
+        except (TimeoutError, RpcError, ValueError, KeyError, TypeError, AttributeError) as exc:
             self.instances.mark_failed(st, f"health check: {exc!r}")
         else:
             self.instances.mark_ok(st)
@@ -96,14 +94,14 @@ class HealthMonitor:
         failed predict RPC is cleared by the next one that succeeds)."""
         why = None
         try:
-            r = await self.clients.http(st.ep.predictor_url).get("/health", timeout=1.0)
-            if r.status_code != 200:
-                why = f"/health answered {r.status_code}"
+            code, raw = await self.clients.get(st.ep.predictor_url, "/health")
+            if code != 200:
+                why = f"/health answered {code}"
             else:
-                body = r.json()
+                body = json.loads(raw)
                 if body.get("status") != "ok":
                     why = f"reports {body.get('status')!r}: {body.get('problem') or 'no reason given'}"
-        except (TimeoutError, httpx.HTTPError, ValueError, AttributeError) as exc:
+        except (TimeoutError, RpcError, ValueError, AttributeError) as exc:
             why = repr(exc)
         if why is not None:
             if st.predictor_error is None:
@@ -120,10 +118,7 @@ class HealthMonitor:
                              *([self.tags.check()] if self.tags is not None and with_services else []))
 
     async def start(self) -> None:
-        """Build every engine's httpx client up front (one costs ~10 ms), check every
-        instance once, then run the loop in the background."""
-        for st in self.instances:
-            self.clients.http(st.ep.engine_url)
+        """Check every instance once, then run the loop in the background."""
         await self.check_all()
         self._task = asyncio.create_task(self._loop())
 

@@ -83,8 +83,8 @@ class TagClient:
         if self.s.tagger_url is None:
             return
         try:
-            r = await self.clients.http(self.s.tagger_url).get("/health", timeout=1.0)
-            why = None if r.status_code == 200 else f"/health answered {r.status_code}"
+            code, _ = await self.clients.get(self.s.tagger_url, "/health")
+            why = None if code == 200 else f"/health answered {code}"
         except Exception as exc:  # any transport failure: the tagger is not answering
             why = f"health check: {type(exc).__name__}"
         self.error = why
