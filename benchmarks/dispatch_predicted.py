@@ -155,6 +155,16 @@ ARMS: dict[str, Arm] = {
     "kvtie_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                        "tie_tolerance_s": 0.02}, lengths="oracle"),
     "kvtie05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.05, "tie_tolerance_s": 0.02}),
+    # issue 13 round 5 (mean E2E, first-turn pool): the default with a wider tie tolerance
+    # (more decisions by Llumnix- load), the model's own length distribution for queued /
+    # running requests, and a lower KV reserve
+    "kvtie_t50": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.05}),
+    "kvtie_t100": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.1}),
+    "kvtie_t200": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.2}),
+    "kvtie_dist": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02},
+                      remaining="calibrated@mean"),
+    "kvtie_dist_q75": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
+                                         "tie_tolerance_s": 0.02}, remaining="calibrated@q75"),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "pokall_ttft": Arm("power_of_k", {"k": "all", "objective": "ttft"}),
     # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
@@ -299,6 +309,7 @@ def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: Latency
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])
     e2e = np.array([r.e2e_s for r in res.records if r.finish_s is not None])
     return {"p99_ttft_s": float(np.percentile(ttft, SLO_PERCENTILE)), "mean_e2e_s": float(np.mean(e2e)),
+            "mean_ttft_s": float(np.mean(ttft[np.isfinite(ttft)])), "preemptions": int(res.num_preemptions),
             "wall_s": res.wall_s}
 
 
@@ -341,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", type=int, default=4)
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0, help="seeds are first-seed … first-seed + seeds − 1")
     ap.add_argument("--loads", default="0.9,0.95", help="fractions of the SLO capacity")
     ap.add_argument("--capacity-rps", type=float, default=None, help="skip the search; use this capacity")
     ap.add_argument("--capacity-seeds", type=int, default=3)
@@ -392,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     for load in loads:
         rate = load * capacity
         per: dict[str, list[dict[str, float]]] = {n: [] for n in names}
-        for s in range(args.seeds):
+        for s in range(args.first_seed, args.first_seed + args.seeds):
             order = names[s % len(names):] + names[:s % len(names)]  # rotate the arm order per seed
             for n in order:
                 arm = ARMS[n]
@@ -413,8 +425,8 @@ def print_table(load: float, rate: float, names: list[str], per: dict[str, list[
     best_e = [min(per[b][s]["mean_e2e_s"] for b in BASELINES) for s in range(seeds)]
     print(f"\n## load {load:.0%} of capacity = {rate:.2f} req/s, {seeds} seeds")
     print("| arm | lengths | P99 TTFT s (median, min–max) | mean E2E s (median, min–max) "
-          "| P99 TTFT / best baseline (geo-mean, min–max) | mean E2E / best baseline |")
-    print("|---|---|---|---|---|---|")
+          "| P99 TTFT / best baseline (geo-mean, min–max) | mean E2E / best baseline | preemptions (all seeds) |")
+    print("|---|---|---|---|---|---|---|")
     for n in names:
         t = [r["p99_ttft_s"] for r in per[n]]
         e = [r["mean_e2e_s"] for r in per[n]]
@@ -422,8 +434,8 @@ def print_table(load: float, rate: float, names: list[str], per: dict[str, list[
         re_ = [a / b for a, b in zip(e, best_e)]
         lengths = "—" if n in BASELINES else ARMS[n].lengths
         print(f"| {n} | {lengths} | {np.median(t):.2f} ({min(t):.2f}–{max(t):.2f}) | {np.median(e):.2f} "
-              f"({min(e):.2f}–{max(e):.2f}) | {geo(rt):.3f} ({min(rt):.3f}–{max(rt):.3f}) | {geo(re_):.3f} "
-              f"({min(re_):.3f}–{max(re_):.3f}) |")
+              f"({min(e):.2f}–{max(e):.2f}) | {geo(rt):.3f} ({min(rt):.3f}–{max(rt):.3f}) | {geo(re_):.4f} "
+              f"({min(re_):.4f}–{max(re_):.4f}) | {sum(r.get('preemptions', 0) for r in per[n])} |")
     sys.stdout.flush()
 
 

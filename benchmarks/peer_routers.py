@@ -15,7 +15,7 @@ each run), so every arm starts from the same drained fleet with a freshly starte
 | `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
 | `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
 | `astro/power_of_k-local` | as `astro/power_of_k`, the look-aheads in the scheduler's process (`--predict-in-process`: no Predictor RPCs; the tagger service as usual) | predicted |
-| `astro/llumnix`, `astro/least_requests`, `astro/round_robin` | `astro serve scheduler --policy …` | none (length-blind) |
+| `astro/llumnix`, `astro/least_requests`, `astro/round_robin`, `astro/cache_aware` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
 
@@ -30,8 +30,20 @@ unknown fields, so its arms send `max_tokens` = true length + `ignore_eos: true`
 (it sees no lengths either way). Every run checks that each completed request streamed
 exactly its true length (`length_mismatches`).
 
+Multi-turn sessions (`--multi-turn`, issue 14; use with `--prefix-cache`): the workload
+is `-w sharegpt --multi-turn` (conversations replayed turn by turn, each turn's prompt the
+whole history; `--think-time` mean exponential think time, engine s; `--max-total-tokens`
+ends a session at its first longer turn; `--sessions N` takes N whole sessions instead of
+`-n` turns). The closed-loop sender is astro bench's own (`bench.client.run_requests`):
+first turns take the Poisson times (the rate is session starts per engine s), turn t is
+sent its think time after turn t − 1's reply ended. With `--client-procs` > 1 every
+session stays in one process (session j in process j mod P). Per run it adds: TTFT of
+turns ≥ 2 (turn index ≥ 1; mean and P99) and the prefix-cache hit rate from the engines'
+`vllm:prefix_cache_queries_total` / `hits_total` deltas (tokens; the caches are reset before
+each run).
+
 Load points: `--loads` fractions of the virtual SLO capacity of the same fleet (same
-instances, profile, workload and seed; `bench.runner.run_bench --virtual --capacity`,
+instances, profile, workload — multi-turn included — and seed; `bench.runner.run_bench --virtual --capacity`,
 P99 TTFT ≤ 10 s with steady state, policy `--capacity-policy`), or `--rates` directly.
 
 Trust on a shared machine: repeats interleave (repeat, load, arm) with the arm order
@@ -72,7 +84,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +135,7 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
+    Arm("astro/cache_aware", "astro", "cache_aware"),
     Arm("vllm-router/power_of_two", "vllm-router", "power_of_two"),
     Arm("vllm-router/cache_aware", "vllm-router", "cache_aware"),
     Arm("vllm-router/round_robin", "vllm-router", "round_robin"),
@@ -344,11 +357,40 @@ def reset_prefix_caches(urls: list[str], timeout_s: float = 30.0) -> None:
 
 
 def digest(requests: list[BenchRequest], times_s: list[float]) -> str:
-    """sha256 over (id, prompt, true length, send time in µs) of the request list."""
+    """sha256 over (id, prompt, true length, send time in µs) of the request list (and,
+    for a multi-turn turn, its session, turn and think time in µs)."""
     h = hashlib.sha256()
     for r, t in zip(requests, times_s):
         h.update(f"{r.request_id}\0{r.prompt_text()}\0{r.output_tokens}\0{round(t * 1e6)}\n".encode())
+        if r.session_id:
+            h.update(f"{r.session_id}\0{r.turn}\0{round(r.think_s * 1e6)}\n".encode())
     return h.hexdigest()[:16]
+
+
+def split_parts(requests: list[BenchRequest], send_at_s: list[float], procs: int) -> list[tuple[list[int], list[float]]]:
+    """How the load generator's `procs` processes share the list: (request indices, send
+    times) per process, as `run_requests` takes them. Without sessions request i goes to
+    process i mod P with its own time. With sessions (multi-turn) a whole session stays in
+    one process — the j-th session to start (in list order of first turns) in process
+    j mod P — and a process gets the send times of its sessions' first turns, in order
+    (`run_requests` gives the k-th first turn of its list the k-th time; later turns wait
+    for the previous reply)."""
+    if not any(r.session_id and r.turn > 0 for r in requests):
+        return [(list(range(p, len(requests), procs)), send_at_s[p::procs]) for p in range(procs)]
+    sessions: dict[str, int] = {}  # session id → its rank among first turns
+    for r in requests:
+        if r.turn == 0 or not r.session_id:
+            sessions.setdefault(r.session_id or f"\0{r.request_id}", len(sessions))
+    parts: list[tuple[list[int], list[float]]] = [([], []) for _ in range(procs)]
+    for i, r in enumerate(requests):
+        key = r.session_id or f"\0{r.request_id}"
+        if key not in sessions:
+            raise ValueError(f"{r.request_id}: turn {r.turn} of session {r.session_id!r} has no turn 0 in the list")
+        j = sessions[key]
+        parts[j % procs][0].append(i)
+        if r.turn == 0 or not r.session_id:
+            parts[j % procs][1].append(send_at_s[j])
+    return parts
 
 
 def _client_part(job: tuple[list[BenchRequest], list[float], ClientOptions, float]) -> list[RequestRecord]:
@@ -396,18 +438,20 @@ def stop_pool(pool, timeout_s: float = 10.0) -> None:
 def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientOptions, pool,
              timeout_s: float) -> list[RequestRecord]:
     """Send `requests[i]` at `send_at_s[i]` (wall s from a common start) from the pool's
-    processes (request i from process i mod P: one Python client saturates on a busy
-    machine and then sends late), or in this process when `pool` is None. Records come
-    back in request order."""
+    processes (`split_parts`: request i from process i mod P, a multi-turn session whole in
+    one; one Python client saturates on a busy machine and then sends late), or in this
+    process when `pool` is None. Records come back in request order."""
     if pool is None:
         return asyncio.run(asyncio.wait_for(run_requests(requests, send_at_s, opts), timeout_s))
     procs = pool._processes  # noqa: SLF001 (multiprocessing keeps the size there)
     start = time.time() + 1.0
-    jobs = [(requests[p::procs], send_at_s[p::procs], opts, start) for p in range(procs)]
+    split = split_parts(requests, send_at_s, procs)
+    jobs = [([requests[i] for i in idx], times, opts, start) for idx, times in split]
     parts = pool.map_async(_client_part, jobs).get(timeout_s)
     out: list[RequestRecord] = [None] * len(requests)  # type: ignore[list-item]
-    for p, recs in enumerate(parts):
-        out[p::procs] = recs
+    for (idx, _), recs in zip(split, parts):
+        for i, rec in zip(idx, recs):
+            out[i] = rec
     return out
 
 
@@ -431,8 +475,10 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         opts = client_opts(arm, router.url or "", model, run_timeout_s)
         before = asyncio.run(_scrape(urls))
         t0 = time.perf_counter()
+        # think times are engine seconds too (as `astro bench` live scales them)
+        wall_reqs = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
         try:
-            records = send_all(requests, [t * ts for t in times_s], opts, pool, run_timeout_s)
+            records = send_all(wall_reqs, [t * ts for t in times_s], opts, pool, run_timeout_s)
         except (TimeoutError, mp.TimeoutError):
             out.update(status="error", reason=f"run exceeded {run_timeout_s:.0f} s wall")
             return out
@@ -460,6 +506,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         cnt = sum(scrape.delta(b, a, name + "_count") or 0.0 for b, a in zip(before, after))
         eng[k] = num / cnt if cnt else None
     mism = sum(1 for r in ok if r.output_tokens != r.expected_output_tokens)
+    out.update(session_metrics(requests, records, before, after))
     out.update(
         status="ok", wall_s=wall, time_scale=ts,
         request_ids=[r.request_id for r in records],
@@ -475,6 +522,33 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
     if why:
         out.update(status="rejected", reason=why)
     return out
+
+
+def session_metrics(requests: list[BenchRequest], records: list[RequestRecord],
+                    before: list[dict[str, float] | None], after: list[dict[str, float] | None]) -> dict[str, Any]:
+    """Multi-turn and prefix-cache figures of one run: TTFT (engine s) of the completed
+    turns with index ≥ 1 (the second and later turns of a session: mean, P99, count), the
+    least time a later turn went out after its previous reply's end + its think time
+    (engine s; ≥ 0 in a closed loop; `requests` carry engine-second think times) and
+    the run's prefix-cache hit rate = Σ hits / Σ queries over the engines' counter deltas
+    (tokens; None where no engine exports them or nothing was queried)."""
+    later = [rec.first_token_s - rec.sent_s for q, rec in zip(requests, records)
+             if q.session_id and q.turn >= 1 and rec.success and rec.first_token_s is not None]
+    # closed loop: how long after (previous reply's end + think time) each later turn went out
+    at = {(q.session_id, q.turn): rec for q, rec in zip(requests, records) if q.session_id}
+    slack = [rec.sent_s - (at[(q.session_id, q.turn - 1)].finish_s + q.think_s)
+             for q, rec in zip(requests, records)
+             if q.session_id and q.turn >= 1 and rec.success and (q.session_id, q.turn - 1) in at
+             and at[(q.session_id, q.turn - 1)].finish_s is not None]
+    qs = [scrape.delta(b, a, "vllm:prefix_cache_queries_total") for b, a in zip(before, after)]
+    hs = [scrape.delta(b, a, "vllm:prefix_cache_hits_total") for b, a in zip(before, after)]
+    queried = sum(x for x in qs if x is not None) if any(x is not None for x in qs) else None
+    hit = sum(x for x in hs if x is not None) if any(x is not None for x in hs) else None
+    return {"later_turns": len(later), "closed_loop_slack_min_s": min(slack, default=None),
+            "ttft_later_mean_s": float(np.mean(later)) if later else None,
+            "ttft_later_p99_s": float(np.percentile(later, 99)) if later else None,
+            "prefix_cache_queries_tokens": queried, "prefix_cache_hits_tokens": hit,
+            "prefix_hit_rate": (hit / queried) if queried and hit is not None else None}
 
 
 def verdict(lag_s: float, failed: int, mismatches: int, max_lag_s: float, send_p99_s: float | None = None,
@@ -519,7 +593,7 @@ def _stat(vals: list[float]) -> dict[str, float | None]:
 
 
 METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_ttft_mean_s", "engine_e2e_mean_s",
-           "send_delay_p99_s")
+           "send_delay_p99_s", "ttft_later_mean_s", "ttft_later_p99_s", "prefix_hit_rate", "engine_lag_max_s")
 
 
 def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
@@ -551,6 +625,8 @@ def _fmt(s: dict[str, Any], unit: str = "") -> str:
 
 
 def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str, meta: dict[str, Any]) -> str:
+    if meta.get("multi_turn"):
+        return markdown_sessions(summary, loads, ref, meta)
     lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}; "
              f"{meta['workload']} ({meta.get('source', '?')}) {meta['num_requests']} requests/run, Poisson; {meta['repeats']} repeats "
              f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
@@ -577,6 +653,46 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
     return "\n".join(lines) + "\n"
 
 
+def _turns(meta: dict[str, Any]) -> str:
+    t = meta.get("turns_per_run") or [meta["num_requests"]]
+    span = f"{min(t)}" if min(t) == max(t) else f"{min(t)}–{max(t)}"
+    return f"{meta['sessions']} sessions/run ({span} turns)" if meta.get("sessions") else f"{span} turns/run"
+
+
+def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
+                      meta: dict[str, Any]) -> str:
+    """The multi-turn table: load in session starts per engine s; TTFT overall and of
+    turns ≥ 2, mean E2E, the engines' prefix-cache hit rate, the run's engine lag."""
+    lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}, prefix "
+             f"caching {'on' if meta.get('prefix_cache') else 'OFF'} (reset before every run); {meta['workload']} "
+             f"--multi-turn ({meta.get('source', '?')}), {_turns(meta)}, Poisson session starts, "
+             f"think time mean {meta.get('think_time_s', 2.0):g} s; {meta['repeats']} repeats "
+             f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
+             f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
+             "TTFT / E2E at the client; turns ≥ 2: a session's second and later turns; hit rate: the engines' "
+             "prefix-cache hit tokens ÷ queried tokens (their counter deltas over the run); engine lag: the "
+             "highest reading of an engine's lag gauge (a max since the fleet started) that rose during the run "
+             "(wall s; 0: none rose above the fleet's earlier maximum; ≥ --max-lag-s rejects the run).",
+             "",
+             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | TTFT turns ≥ 2 mean (s) "
+             "| TTFT turns ≥ 2 P99 (s) | mean E2E (s) | prefix hit rate | engine lag (s) | client send P99 (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in summary:
+        li = row["load_index"]
+        load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} sessions/s)" if loads else f"{row['rate_rps']:.3g} sessions/s")
+        r = row["ttft_p99_vs_ref"]
+        ratio = "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
+        lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
+                     f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | "
+                     f"{_fmt(row['ttft_later_mean_s'])} | {_fmt(row['ttft_later_p99_s'])} | {_fmt(row['e2e_mean_s'])} | "
+                     f"{_fmt(row['prefix_hit_rate'])} | {_fmt(row['engine_lag_max_s'])} | "
+                     f"{_fmt(row['send_delay_p99_s'])} |")
+    rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
+    if rej:
+        lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} sessions/s: {why}" for a, rate, why in rej]
+    return "\n".join(lines) + "\n"
+
+
 # -- main --------------------------------------------------------------------------------------
 
 def virtual_capacity(args) -> dict[str, Any]:
@@ -584,9 +700,12 @@ def virtual_capacity(args) -> dict[str, Any]:
     from rps_astro_cli.bench.runner import BenchConfig, run_bench
 
     make = getattr(BenchConfig, "flat", BenchConfig)  # flat flag names (BenchConfig has sections since issue 12)
+    extra = {}
+    if args.multi_turn:  # the same sessions: capacity in session starts per s
+        extra = {"multi_turn": True, "think_time": args.think_time, "max_total_tokens": args.max_total_tokens}
     cfg = make(workload=args.workload, path=args.path, num_requests=args.capacity_requests, seed=args.seed,
                virtual=True, instances=args.instances, profile=args.profile,
-               policies=[args.capacity_policy], capacity=True)
+               policies=[args.capacity_policy], capacity=True, **extra)
     res = run_bench(cfg)
     c = res.capacity[0]
     return {"policy": args.capacity_policy, "capacity_rps": c.capacity_rps, "goal": c.goal.describe(),
@@ -602,7 +721,16 @@ def parse_args(argv: list[str] | None = None):
                     help="engines cache prefixes; each run starts with every engine's cache reset")
     ap.add_argument("-w", "--workload", default="sharegpt")
     ap.add_argument("--path", default=None, help="dataset file (default: astro's data resolution)")
-    ap.add_argument("-n", "--num-requests", type=int, default=300, help="requests per run")
+    ap.add_argument("-n", "--num-requests", type=int, default=300, help="requests (multi-turn: turns) per run")
+    ap.add_argument("--multi-turn", action="store_true",
+                    help="sharegpt conversations replayed turn by turn, closed loop (rates: session starts/s)")
+    ap.add_argument("--sessions", type=int, default=None,
+                    help="--multi-turn: whole sessions per run (instead of -n turns)")
+    ap.add_argument("--think-time", type=float, default=2.0,
+                    help="--multi-turn: mean think time before a next turn (engine s)")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="drop (multi-turn: end a session at) a turn whose prompt + reply is longer "
+                         "(default: the workload's, 2048)")
     ap.add_argument("--seed", type=int, default=0, help="repeat r uses seed + r")
     ap.add_argument("--loads", default="0.85,0.95", help="fractions of the virtual capacity")
     ap.add_argument("--rates", default=None, help="request rates (engine req/s) instead of --loads")
@@ -645,7 +773,39 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--loads/--rates: every value must be > 0")
     if min(args.instances, args.repeats, args.num_requests, args.client_procs) < 1 or args.time_scale <= 0:
         ap.error("--instances, --repeats, -n, --client-procs must be ≥ 1 and --time-scale > 0")
+    if (args.sessions is not None or args.think_time != 2.0) and not args.multi_turn:
+        ap.error("--sessions / --think-time: only with --multi-turn")
+    if args.multi_turn and args.workload != "sharegpt":
+        ap.error(f"--multi-turn: replays ShareGPT conversations; use -w sharegpt (got {args.workload})")
+    if args.sessions is not None and args.sessions < 1:
+        ap.error("--sessions: must be ≥ 1")
+    if args.think_time < 0:
+        ap.error("--think-time: must be ≥ 0 (engine s)")
+    if args.max_total_tokens is not None and args.max_total_tokens < 8:
+        ap.error("--max-total-tokens: must be ≥ 8")
     return args
+
+
+def workload_options(args) -> WorkloadOptions:
+    """The workload's options from the flags (multi-turn: `--sessions` loads every
+    conversation and `first_sessions` keeps the first N)."""
+    kw: dict[str, Any] = {"path": Path(args.path) if args.path else None, "num_requests": args.num_requests}
+    if args.max_total_tokens is not None:
+        kw["max_total_tokens"] = args.max_total_tokens
+    if args.multi_turn:
+        kw.update(multi_turn=True, think_time_s=args.think_time)
+        if args.sessions is not None:
+            kw["num_requests"] = 10**9
+    return WorkloadOptions(**kw)
+
+
+def first_sessions(requests: list[BenchRequest], n: int) -> list[BenchRequest]:
+    """The turns of the first `n` sessions (in list order of their first turns)."""
+    keep: set[str] = set()
+    for q in requests:
+        if q.turn == 0 and len(keep) < n:
+            keep.add(q.session_id)
+    return [q for q in requests if q.session_id in keep]
 
 
 def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
@@ -661,6 +821,9 @@ def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
     cfg = doc["config"]
     meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
     meta["source"] = (doc.get("workload_sources") or ["?"])[0]
+    meta.update(multi_turn=cfg.get("multi_turn", False), think_time_s=cfg.get("think_time", 2.0),
+                prefix_cache=cfg.get("prefix_cache", False))
+    meta.update(sessions=cfg.get("sessions"), turns_per_run=[r["num_requests"] for r in doc["runs"]])
     summary = summarize(doc["runs"], arms, doc["rates_rps"], cfg["reference"])
     return markdown(summary, cfg["load_list"], cfg["reference"], meta)
 
@@ -688,9 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     lists: dict[tuple[int, int], tuple[list[BenchRequest], list[float]]] = {}
     sources: list[str] = []
     for r in range(args.repeats):
-        wl = load_workload(args.workload, WorkloadOptions(path=Path(args.path) if args.path else None,
-                                                          num_requests=args.num_requests),
-                           np.random.default_rng(args.seed + r))
+        wl = load_workload(args.workload, workload_options(args), np.random.default_rng(args.seed + r))
+        if args.sessions is not None:
+            wl.requests = first_sessions(wl.requests, args.sessions)
         sources.append(wl.source)
         for w in wl.warnings:
             print(f"warning: {w}", file=sys.stderr, flush=True)
@@ -715,8 +878,10 @@ def main(argv: list[str] | None = None) -> int:
 
     old = signal.signal(signal.SIGTERM, _term)
     meta = {"instances": args.instances, "profile": args.profile, "time_scale": args.time_scale,
-            "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats, "seed": args.seed,
-            "source": sources[0]}
+            "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats,
+            "seed": args.seed, "source": sources[0], "multi_turn": args.multi_turn, "think_time_s": args.think_time,
+            "prefix_cache": args.prefix_cache, "sessions": args.sessions,
+            "turns_per_run": [len(reqs) for reqs, _ in lists.values()]}
     versions = {}
     for b in PEER_BINARIES:
         try:
@@ -741,6 +906,7 @@ def main(argv: list[str] | None = None) -> int:
         (out_dir / "peer_routers.md").write_text(md)
 
     complete = False
+    unit = "sessions/s" if args.multi_turn else "req/s"
     try:
         fleet.start()
         queue = list(plan)
@@ -756,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
             res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
             runs.append(res)
             p99 = res.get("ttft_p99_s")
-            print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} req/s {arm.name}: {res['status']} "
+            print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} {unit} {arm.name}: {res['status']} "
                   f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
                   f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
                   f"wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),

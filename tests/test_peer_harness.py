@@ -192,3 +192,95 @@ def test_reset_prefix_caches_empties_a_drained_engines_cache() -> None:
         pr.reset_prefix_caches([srv.url])
         assert httpx.post(srv.url + "/v1/completions", json=body, timeout=30).status_code == 200
         assert hits(srv.url) == before
+
+
+# -- multi-turn sessions (issue 14) ------------------------------------------------------------
+
+def _turn(sid: str, t: int, think: float = 0.0, p: int = 10) -> BenchRequest:
+    return BenchRequest(f"s{sid}-t{t}", "x", p, 3, session_id=sid, turn=t, think_s=think)
+
+
+def test_split_parts_keeps_each_session_in_one_process_with_its_start_time() -> None:
+    reqs = [_turn("a", 0), _turn("a", 1), _turn("b", 0), _turn("c", 0), _turn("b", 1), _turn("c", 1), _turn("a", 2)]
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    # sessions start in the order a, b, c: a → process 0 (time 0), b → 1 (time 1), c → 0 (time 2)
+    assert pr.split_parts(reqs, times, 2) == [([0, 1, 3, 5, 6], [0.0, 2.0]), ([2, 4], [1.0])]
+    # without sessions: request i from process i mod P at its own time (as before)
+    flat = [BenchRequest(f"r{i}", "x", 1, 1) for i in range(5)]
+    assert pr.split_parts(flat, [0.0, 1.0, 2.0, 3.0, 4.0], 2) == [([0, 2, 4], [0.0, 2.0, 4.0]), ([1, 3], [1.0, 3.0])]
+    with pytest.raises(ValueError, match="no turn 0"):
+        pr.split_parts([_turn("a", 0), _turn("z", 1)], [0.0, 1.0], 2)
+
+
+def test_first_sessions_takes_whole_sessions_in_start_order() -> None:
+    reqs = [_turn("a", 0), _turn("b", 0), _turn("a", 1), _turn("c", 0), _turn("b", 1)]
+    assert [q.request_id for q in pr.first_sessions(reqs, 2)] == ["sa-t0", "sb-t0", "sa-t1", "sb-t1"]
+
+
+def test_session_metrics_later_turns_closed_loop_slack_and_hit_rate() -> None:
+    from rps_astro_cli.bench.records import RequestRecord
+
+    reqs = [_turn("a", 0), _turn("a", 1, think=0.5), _turn("b", 0)]
+
+    def rec(q, sent, first, fin):
+        return RequestRecord(request_id=q.request_id, modality="text", req_class="sand", prompt_tokens=10,
+                             expected_output_tokens=3, scheduled_s=sent, sent_s=sent, first_token_s=first,
+                             finish_s=fin, success=True)
+
+    recs = [rec(reqs[0], 0.0, 0.2, 1.0), rec(reqs[1], 1.6, 1.9, 2.5), rec(reqs[2], 0.1, 0.4, 0.9)]
+    before = [{"vllm:prefix_cache_queries_total": 100.0, "vllm:prefix_cache_hits_total": 10.0}, None]
+    after = [{"vllm:prefix_cache_queries_total": 300.0, "vllm:prefix_cache_hits_total": 60.0}, None]
+    m = pr.session_metrics(reqs, recs, before, after)
+    assert m["later_turns"] == 1 and m["ttft_later_mean_s"] == pytest.approx(0.3)
+    assert m["closed_loop_slack_min_s"] == pytest.approx(0.1)  # sent 1.6 = end 1.0 + think 0.5 + 0.1
+    # (60 − 10) hit tokens of (300 − 100) queried
+    assert m["prefix_cache_hits_tokens"] == 50 and m["prefix_hit_rate"] == pytest.approx(0.25)
+
+
+def test_multi_turn_flags_are_checked(capsys) -> None:
+    for argv, msg in ((["--sessions", "3"], "--sessions / --think-time: only with --multi-turn"),
+                      (["--multi-turn", "-w", "synthetic"], "--multi-turn: replays ShareGPT conversations"),
+                      (["--multi-turn", "--think-time", "-1"], "--think-time: must be ≥ 0")):
+        with pytest.raises(SystemExit) as exc:
+            pr.parse_args(argv)
+        assert exc.value.code == 2
+        assert msg in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(data_dir() is None, reason="needs ../shared/data (developer machines and CI)")
+def test_tiny_fleet_multi_turn_hits_exactly_the_previous_turns_full_blocks(tmp_path: Path) -> None:
+    """One engine, prefix caching on, 4 ShareGPT sessions closed loop from 2 client
+    processes: every arm sends every turn after its previous reply + think time, and the
+    engine's hit tokens are exactly Σ over turns ≥ 2 of the previous turn's prompt in full
+    16-token blocks (its prompt is a prefix of this one; the sim engine's generated tokens
+    are not the reply's, so only prompt blocks hit) — for the second arm too, so the
+    harness's cache reset between runs left nothing of the first arm behind."""
+    arms = ["astro/cache_aware", "vllm-router/cache_aware" if pr.peer_binary("vllm-router") else "astro/round_robin"]
+    out = tmp_path / "out"
+    flags = ["--multi-turn", "--sessions", "4", "--think-time", "0.5", "--max-total-tokens", "4096"]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--instances", "1", *flags, "--prefix-cache", "--rates", "0.5",
+         "--repeats", "1", "--time-scale", "0.1", "--max-lag-s", "30", "--run-timeout-s", "120",
+         "--client-procs", "2", "--arms", ",".join(arms), "--out", str(out)],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    args = pr.parse_args(flags + ["--rates", "0.5"])
+    wl = pr.first_sessions(load_workload("sharegpt", pr.workload_options(args), np.random.default_rng(0)).requests, 4)
+    later = [q for q in wl if q.turn >= 1]
+    assert len({q.session_id for q in wl}) == 4 and later  # the sample has later turns to hit
+    prompt = {(q.session_id, q.turn): q.prompt_tokens for q in wl}
+    want_hits = sum(16 * (prompt[(q.session_id, q.turn - 1)] // 16) for q in later)
+    doc = json.loads((out / "peer_routers.json").read_text())
+    assert [r["arm"] for r in doc["runs"]] == arms and len({r["digest"] for r in doc["runs"]}) == 1
+    for r in doc["runs"]:
+        assert r["status"] == "ok", r.get("reason")
+        assert r["request_ids"] == [q.request_id for q in wl] and r["completed"] == len(wl)
+        assert r["later_turns"] == len(later) and r["closed_loop_slack_min_s"] >= -1e-6
+        assert r["prefix_cache_hits_tokens"] == want_hits
+        assert r["prefix_hit_rate"] == pytest.approx(want_hits / r["prefix_cache_queries_tokens"])
+    md = (out / "peer_routers.md").read_text()
+    assert "4 sessions/run" in md and f"| 0.5 sessions/s | `{arms[0]}` | none | 1/1 |" in md
+    again = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(out / "peer_routers.json")],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout == md

@@ -230,7 +230,17 @@ class ChatGBMLengthModel(LengthModel):
             progress: ProgressFn | None = None) -> dict[str, Any]:
         """Fit on train + val together (hyper-parameters are fixed, chosen by
         cross-validation; see the module docstring)."""
-        from sklearn.ensemble import HistGradientBoostingRegressor
+        F, y, folds = self.fit_features(train, val, rng=rng, progress=progress)
+        return self.fit_trees(F, y, folds, rng=rng, progress=progress)
+
+    def fit_features(self, train: LengthDataset, val: LengthDataset | None, *, rng: np.random.Generator,
+                     progress: ProgressFn | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Stage 1 of `fit`: the text score (out-of-fold for the returned rows, and the final
+        ridge fit on all of them, stored in the model) and the tree features.
+
+        Returns (F, y, folds): the training rows' tree features (out-of-fold text score,
+        history cues, dense cues), their reply tokens, and the out-of-fold fold of each row
+        (by conversation, drawn from `rng`), which `fit_trees` reuses."""
         from sklearn.linear_model import Ridge
 
         def tell(msg: str, frac: float) -> None:
@@ -265,7 +275,23 @@ class ChatGBMLengthModel(LengthModel):
             tr, te = np.flatnonzero(folds != k), np.flatnonzero(folds == k)
             reg, idf, mean, std = text_fit(tr)
             oof_text[te] = reg.predict(self._design(X_tf[te], D[te], idf, mean, std))
-        F = np.column_stack([oof_text, H, D])
+        reg, self.idf, self.dense_mean, self.dense_std = text_fit(np.arange(len(y)))
+        self.coef = reg.coef_[: 2 * self.n_hash].copy()
+        self.dense_coef = reg.coef_[2 * self.n_hash :].copy()
+        self.text_intercept = float(reg.intercept_)
+        return np.column_stack([oof_text, H, D]), y, folds
+
+    def fit_trees(self, F: np.ndarray, y: np.ndarray, folds: np.ndarray, *, rng: np.random.Generator,
+                  progress: ProgressFn | None = None) -> dict[str, Any]:
+        """Stage 2 of `fit`: out-of-fold trees (for the shift and the quantile calibration),
+        then the final trees on every row. F, y, folds: `fit_features`' output."""
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        def tell(msg: str, frac: float) -> None:
+            if progress:
+                progress(msg, frac)
+
+        ly = np.log(y)
 
         def gbm() -> Any:
             return HistGradientBoostingRegressor(**GBM_PARAMS, random_state=int(rng.integers(2**31)))
@@ -279,14 +305,17 @@ class ChatGBMLengthModel(LengthModel):
         self.shift = float(SHIFTS[int(np.argmin(errs))])
         cal = fit_log_spread(np.exp(oof + self.shift), y)
         tell("final fit", 0.85)
-        reg, self.idf, self.dense_mean, self.dense_std = text_fit(np.arange(len(y)))
-        self.coef = reg.coef_[: 2 * self.n_hash].copy()
-        self.dense_coef = reg.coef_[2 * self.n_hash :].copy()
-        self.text_intercept = float(reg.intercept_)
         self.trees = TreeEnsemble.from_sklearn(gbm().fit(F, ly))
         tell("done", 1.0)
         return {"shift": self.shift, "n_fit": len(y), "oof_mae": float(np.abs(np.exp(oof + self.shift) - y).mean()),
                 "oof_folds": OOF_FOLDS, "dist": cal.to_dict()}
+
+    def tree_features(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
+        """The trees' input rows for (message, earlier turns) pairs (texts as the tagger
+        reads them), with the fitted text score."""
+        D = self._dense(texts)
+        H = np.array([history_features(t, h) for t, h in zip(texts, histories)], dtype=np.float64)
+        return np.column_stack([self._text_scores(texts, D), H.reshape(len(texts), N_HISTORY), D])
 
     # ---- prediction
 
@@ -296,10 +325,7 @@ class ChatGBMLengthModel(LengthModel):
     def _predict_raw_turns(self, texts: list[str], histories: list[tuple[str, ...]]) -> np.ndarray:
         if self.trees is None:
             raise AstroUserError("chat-gbm model is not trained or loaded", field="--model")
-        D = self._dense(texts)
-        H = np.array([history_features(t, h) for t, h in zip(texts, histories)], dtype=np.float64)
-        F = np.column_stack([self._text_scores(texts, D), H.reshape(len(texts), N_HISTORY), D])
-        return np.exp(np.minimum(self.trees.predict(F) + self.shift, 20.0))
+        return np.exp(np.minimum(self.trees.predict(self.tree_features(texts, histories)) + self.shift, 20.0))
 
     # ---- persistence
 
