@@ -101,6 +101,11 @@ def test_front_door_bad_input_is_4xx_and_never_reaches_an_engine(length_model):
             assert ok.json()["usage"]["completion_tokens"] == 4
             models = c.get("/v1/models").json()
             assert [m["id"] for m in models["data"]] == [MODEL]
+            one = c.get(f"/v1/models/{MODEL}")  # OpenAI's retrieve (the model id holds a slash)
+            assert one.status_code == 200 and one.json()["id"] == MODEL
+            missing = c.get("/v1/models/no-such-model")
+            assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
+            assert MODEL in missing.json()["error"]["message"]
 
 
 def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):

@@ -17,9 +17,9 @@ Per request to `/v1/chat/completions` or `/v1/completions`:
 
 Clients: every call (tag, predict, forward, status polls, health checks, model
 discovery) runs on `services/rpc.py`'s lean keep-alive HTTP/1.1 pools (one per
-destination; httpx costs ~20x more CPU per call, see that module). A tag or predict RPC that misses its deadline is skipped
-but not cancelled (it finishes in the background, bounded by `clients.RPC_BOUND_S`), so
-no keep-alive connection is torn down. The bodies of every RPC are
+destination; httpx costs ~20x more CPU per call, see that module). A tag or predict
+RPC that misses its deadline is skipped but not cancelled (it finishes in the
+background, bounded by `clients.RPC_BOUND_S`), so no keep-alive connection is torn down. The bodies of every RPC are
 `rps_astro_cli.types`' codec (`TagResult`, `PredictRequest` / `PredictReply`,
 `InstanceStatus`), the same the services at the other end use.
 

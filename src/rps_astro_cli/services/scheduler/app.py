@@ -9,7 +9,13 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.discovery import InstanceEvent, InstanceSet
 from rps_astro_cli.discovery.kubernetes import EndpointSliceWatcher
-from rps_astro_cli.services.http_common import FastRoutes, check_api_key, install_error_handlers, metrics_response
+from rps_astro_cli.services.http_common import (
+    FastRoutes,
+    HTTPUserError,
+    check_api_key,
+    install_error_handlers,
+    metrics_response,
+)
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.front_door import FrontDoor
@@ -88,7 +94,7 @@ class Scheduler:
 
 
 def create_app(settings: SchedulerSettings) -> FastRoutes:
-    """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models,
+    """The scheduler's ASGI app: /v1/chat/completions, /v1/completions, /v1/models[/{id}],
     /health (liveness), /ready (readiness), /metrics, /decisions, /instances (a `FastRoutes` over a FastAPI app; the
     Scheduler is `app.state.scheduler`)."""
     from contextlib import asynccontextmanager
@@ -122,6 +128,15 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         check_api_key(request, settings.api_key)
         return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "astro"}
                                            for m in sorted(sched.models)]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model(model_id: str, request: Request):
+        """One served model (OpenAI's retrieve); 404 naming the served ones otherwise."""
+        check_api_key(request, settings.api_key)
+        if model_id not in sched.models:
+            raise HTTPUserError(404, f"the model {model_id!r} does not exist; served here: "
+                                f"{', '.join(sorted(sched.models)) or 'none yet'}", "model", "NotFoundError")
+        return {"id": model_id, "object": "model", "owned_by": "astro"}
 
     @app.get("/health")
     async def health():
