@@ -241,8 +241,8 @@ def test_multi_turn_flags_are_checked(capsys) -> None:
     for argv, msg in ((["--sessions", "3"], "--sessions / --think-time: only with --multi-turn"),
                       (["--multi-turn", "-w", "synthetic"], "--multi-turn: replays ShareGPT conversations"),
                       (["--multi-turn", "--think-time", "-1"], "--think-time: must be ≥ 0")):
-        with pytest.raises(SystemExit) as exc:
-            pr.parse_args(argv)
+        with pytest.raises(SystemExit) as exc:  # an astro arm: the default arms need `.[peers]`
+            pr.parse_args(argv + ["--arms", "astro/round_robin"])
         assert exc.value.code == 2
         assert msg in capsys.readouterr().err
 
@@ -265,7 +265,7 @@ def test_tiny_fleet_multi_turn_hits_exactly_the_previous_turns_full_blocks(tmp_p
          "--client-procs", "2", "--arms", ",".join(arms), "--out", str(out)],
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    args = pr.parse_args(flags + ["--rates", "0.5"])
+    args = pr.parse_args(flags + ["--rates", "0.5", "--arms", ",".join(arms)])
     wl = pr.first_sessions(load_workload("sharegpt", pr.workload_options(args), np.random.default_rng(0)).requests, 4)
     later = [q for q in wl if q.turn >= 1]
     assert len({q.session_id for q in wl}) == 4 and later  # the sample has later turns to hit
