@@ -357,6 +357,8 @@ def test_discovered_pool_only_ready_endpoints_are_picked(length_model, tmp_path)
         addr = {pod: "127.0.0.1:" + url[pod][0].rsplit(":", 1)[1] for pod in (A, B)}
         load(engs[0].url, 3, 800, stop)  # pod A busy
         wait_for(lambda: _engine_running(engs[0].url) == 3)
+        # the picker's own view (its /status poll) must show them too, else both look idle
+        wait_for(lambda: srv.call(_running_by_url) == {engs[0].url: 3, engs[1].url: 0})
         assert dispatch(channel, chat_body())[0] == addr[B]
         watch.put({"type": "MODIFIED", "object": pod_slice("101", B, *url[B], ready=False, terminating=True)})
         wait_for(lambda: srv.call(_ready_count) == 1)
@@ -459,6 +461,11 @@ async def _ready_count(server) -> int:
 async def _running_seen(server) -> list[int | None]:
     """Each instance's running count as the picker's latest engine /status showed it."""
     return [st.load_fields.get("num_running") for st in server.picker.instances]
+
+
+async def _running_by_url(server) -> dict[str, int | None]:
+    """`_running_seen` keyed by engine URL (a discovered pool's order is the watch's)."""
+    return {st.ep.engine_url: st.load_fields.get("num_running") for st in server.picker.instances}
 
 
 async def _outstanding(server) -> list[int]:
