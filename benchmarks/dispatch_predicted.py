@@ -431,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
                 arm = ARMS[n]
                 reqs = workload(pool, args.requests, rate, s, arm.lengths)
                 per[n].append(run_arm(arm, reqs, args.instances, lat, icfg, s, pool.calibration))
-            log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s)")
+            log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s): "
+                + ", ".join(f"{n} {per[n][-1]['p99_ttft_s']:.2f}/{per[n][-1]['mean_e2e_s']:.2f}/"
+                            f"{per[n][-1]['preemptions']}" for n in names))  # P99 TTFT / mean E2E s / preemptions
+            if args.json:  # every finished seed, so a long run that is cut short keeps what it measured
+                out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per, "partial": True}
+                args.json.write_text(json.dumps(out, indent=1))
         out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per}
         if args.seeds:
             print_table(load, rate, names, per)
