@@ -97,9 +97,30 @@ class LlumnixGuarded:
         return {"name": self.name, "slack_s": self.slack_s}
 
 
+def _growth_min(min_kept: int):
+    """Benchmark-only variant of the growth-aware KV gate (a lever under test): the
+    growth tier is used only when at least `min_kept` instances pass it (else today's
+    gate), so it never funnels a burst onto one instance."""
+    from rps_astro_cli.dispatch.stages import KvHeadroomFilter
+
+    class GrowthAtLeast(KvHeadroomFilter):
+        def __call__(self, by_index, pool):
+            today = KvHeadroomFilter(self.reserve_frac)(by_index, pool)
+            ahead = KvHeadroomFilter.__call__(self, by_index, pool)
+            return ahead if len(ahead) >= min_kept else today
+
+    return GrowthAtLeast
+
+
 def _make(policy: str, params: dict[str, Any]):
     if policy == "llumnix_guarded":
         return LlumnixGuarded(**params)
+    if "growth_min_kept" in params:
+        params = dict(params)
+        cls = _growth_min(int(params.pop("growth_min_kept")))
+        pol = make_dispatch(policy, **params)
+        pol.filters = (pol.filters[0], cls(pol.kv_reserve_frac, True))
+        return pol
     return make_dispatch(policy, **params)
 
 
@@ -176,6 +197,8 @@ ARMS: dict[str, Arm] = {
                                       "tie_tolerance_s": 0.02, "kv_growth": True}, growth="calibrated@mean"),
     "kvgrow_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                         "tie_tolerance_s": 0.02, "kv_growth": True}, lengths="oracle"),
+    "kvgrow2": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
+                                  "kv_growth": True, "growth_min_kept": 2}),
     "kvtie_conf": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02},
                       remaining="confident@2.0"),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
