@@ -456,8 +456,8 @@ def simulate_cluster(
                     hit = cache.lookup(hashes, max_hit)[0] * bs
                     if hit:
                         c = replace(c, cached_tokens=hit)
-                if t_snap > now:
-                    c = replace(cand, preprocess_s=max(0.0, now + pre_i - t_snap))
+                if t_snap > now:  # from the step's end: keeps the hit set above
+                    c = replace(c, preprocess_s=max(0.0, now + pre_i - t_snap))
                 est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens, remaining=remaining,
                                        waiting_hits=waiting_hits)
