@@ -111,7 +111,8 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--ttft-ms", type=float, default=80.0)
     ap.add_argument("--itl-ms", type=float, default=20.0)
-    ap.add_argument("--chunks", type=int, default=None, help="text deltas per reply (default: the request's max_tokens)")
+    ap.add_argument("--chunks", type=int, default=None,
+                    help="text deltas per reply (default: the request's max_tokens)")
     ap.add_argument("--log", default=None, help="append one JSON line per request here")
     a = ap.parse_args()
 
