@@ -624,6 +624,21 @@ def _fmt(s: dict[str, Any], unit: str = "") -> str:
     return f"{s['median']:.3g}{unit} [{s['min']:.3g}–{s['max']:.3g}]"
 
 
+def _load_cell(row: dict[str, Any], loads: list[float] | None, unit: str) -> str:
+    rate = f"{row['rate_rps']:.3g} {unit}"
+    return f"{loads[row['load_index']]:.0%} ({rate})" if loads else rate
+
+
+def _ratio_cell(row: dict[str, Any]) -> str:
+    r = row["ttft_p99_vs_ref"]
+    return "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
+
+
+def _rejected_lines(summary: list[dict[str, Any]], unit: str) -> list[str]:
+    rej = [f"- `{row['arm']}` @ {row['rate_rps']:.3g} {unit}: {why}" for row in summary for why in row["rejected"]]
+    return ["", "Rejected runs:", *rej] if rej else []
+
+
 def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str, meta: dict[str, Any]) -> str:
     if meta.get("multi_turn"):
         return markdown_sessions(summary, loads, ref, meta)
@@ -639,18 +654,12 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
              "| engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
-        li = row["load_index"]
-        load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} req/s)" if loads else f"{row['rate_rps']:.3g} req/s")
-        r = row["ttft_p99_vs_ref"]
-        ratio = "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
-        lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
-                     f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
+        lines.append(f"| {_load_cell(row, loads, 'req/s')} | `{row['arm']}` | {row['lengths']} | "
+                     f"{row['runs_ok']}/{row['runs_total']} | {_fmt(row['ttft_p99_s'])} | {_ratio_cell(row)} | "
+                     f"{_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
                      f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
                      f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} |")
-    rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
-    if rej:
-        lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} req/s: {why}" for a, rate, why in rej]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rejected_lines(summary, "req/s")) + "\n"
 
 
 def _turns(meta: dict[str, Any]) -> str:
@@ -678,19 +687,13 @@ def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, 
              "| TTFT turns ≥ 2 P99 (s) | mean E2E (s) | prefix hit rate | engine lag (s) | client send P99 (s) |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
-        li = row["load_index"]
-        load = (f"{loads[li]:.0%} ({row['rate_rps']:.3g} sessions/s)" if loads else f"{row['rate_rps']:.3g} sessions/s")
-        r = row["ttft_p99_vs_ref"]
-        ratio = "n/a" if r["median"] is None else f"{r['median']:.2f} [{r['min']:.2f}–{r['max']:.2f}]"
-        lines.append(f"| {load} | `{row['arm']}` | {row['lengths']} | {row['runs_ok']}/{row['runs_total']} | "
-                     f"{_fmt(row['ttft_p99_s'])} | {ratio} | {_fmt(row['ttft_mean_s'])} | "
+        lines.append(f"| {_load_cell(row, loads, 'sessions/s')} | `{row['arm']}` | {row['lengths']} | "
+                     f"{row['runs_ok']}/{row['runs_total']} | {_fmt(row['ttft_p99_s'])} | {_ratio_cell(row)} | "
+                     f"{_fmt(row['ttft_mean_s'])} | "
                      f"{_fmt(row['ttft_later_mean_s'])} | {_fmt(row['ttft_later_p99_s'])} | {_fmt(row['e2e_mean_s'])} | "
                      f"{_fmt(row['prefix_hit_rate'])} | {_fmt(row['engine_lag_max_s'])} | "
                      f"{_fmt(row['send_delay_p99_s'])} |")
-    rej = [(row["arm"], row["rate_rps"], why) for row in summary for why in row["rejected"]]
-    if rej:
-        lines += ["", "Rejected runs:"] + [f"- `{a}` @ {rate:.3g} sessions/s: {why}" for a, rate, why in rej]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _rejected_lines(summary, "sessions/s")) + "\n"
 
 
 # -- main --------------------------------------------------------------------------------------
