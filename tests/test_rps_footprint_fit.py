@@ -170,3 +170,19 @@ def test_cli_footprint_and_selection_errors_are_one_line(tmp_path):
     res = runner.invoke(app, ["fit", str(csv_path), "--name", "x", "--request-rate", "2"])
     assert res.exit_code == 2 and "--select ttft" in " ".join(res.output.split())
     assert "Traceback" not in res.output
+
+
+def test_shipped_testbed_classifier_matches_its_profile_and_recipe():
+    from rps_astro_cli.data_paths import ARTIFACTS_DIR
+    from rps_astro_cli.profiling.rps_fit import _crosstab
+    from rps_astro_cli.services.config import load_recipe
+
+    assert load_recipe("rps-serve-testbed").engine.instance_policy_params["classifier"] == "rps-serve-testbed-mix-mh"
+    clf = load_classifier("rps-serve-testbed-mix-mh")
+    meta = json.loads((ARTIFACTS_DIR / "rps" / "rps-serve-testbed-mix-mh" / "metadata.json").read_text())
+    rows = read_profile_csv(ARTIFACTS_DIR.parent / meta["profile"]["path"])
+    sel = meta["classifier"]["selection"]
+    # the saved classifier files its own profile's rows as the selection recorded
+    assert _crosstab(clf, rows)[0] == sel["chosen"]["crosstab"]
+    assert sel["chosen"]["score"] < sel["kmeans"]["score"] and sel["chosen"]["score"] < sel["naive_classes_score"]
+    assert clf.classify(30, 0, "text") == "sand" and clf.classify(20 + 6273, 6273, "video") == "rocks"
