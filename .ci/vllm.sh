@@ -6,7 +6,8 @@
 #    break `import vllm` on a CPU-only machine;
 # 2. builds the tiny random-weight Llama (scripts/make_tiny_llama.py; no hub access);
 # 3. runs the vLLM tests: tests/test_vllm_bridge.py (no vllm needed), test_vllm_engine.py
-#    (one engine: policy order, /status vs /metrics) and test_vllm_cluster.py (2 engines +
+#    (one engine: policy order, /status vs /metrics), test_vllm_prefix.py (one engine: /status's
+#    prefix cache vs vLLM's own prefix_cache_hits) and test_vllm_cluster.py (2 engines +
 #    predictors + power-of-2 scheduler, 30 requests, calibrated Predictor error printed).
 #
 # The venv is cached at $ASTRO_VLLM_VENV (default: ../.astro-vllm-venv beside the repo, so a
@@ -45,6 +46,6 @@ T2=$(stamp); echo "vllm.sh: tiny model ready in $((T2 - T1)) s ($MODEL)"
 
 export ASTRO_TINY_LLAMA="$MODEL" HF_HUB_OFFLINE=1 VLLM_CPU_OMP_THREADS_BIND=nobind
 "$VENV/bin/pytest" -p no:cacheprovider -s -o addopts="" -q \
-  tests/test_vllm_bridge.py tests/test_vllm_engine.py tests/test_vllm_cluster.py \
+  tests/test_vllm_bridge.py tests/test_vllm_engine.py tests/test_vllm_prefix.py tests/test_vllm_cluster.py \
   tests/test_length_transformer.py "$@"
 T3=$(stamp); echo "vllm.sh: tests took $((T3 - T2)) s; total $((T3 - T0)) s"

@@ -123,6 +123,7 @@ class Arm:
     params: dict[str, Any] = field(default_factory=dict)
     lengths: str = "predicted"
     remaining: str | None = None
+    growth: str | None = None  # the KV gate's rule for running requests' remaining tokens (None = `remaining`'s)
 
 
 ARMS: dict[str, Arm] = {
@@ -165,6 +166,18 @@ ARMS: dict[str, Arm] = {
                       remaining="calibrated@mean"),
     "kvtie_dist_q75": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                          "tie_tolerance_s": 0.02}, remaining="calibrated@q75"),
+    # issue 13 round 6: the KV gate counts the running requests' projected peak KV growth
+    # (point estimates + auto-extension, as the look-ahead; or the model's conditional
+    # mean E[L − g | L > g] for the gate only), and per-request confidence: the model's
+    # distribution only for predictions in a wide calibration bin (p10–p90 > e^2)
+    "kvgrow": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
+                                 "kv_growth": True}),
+    "kvgrow_dist": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
+                                      "tie_tolerance_s": 0.02, "kv_growth": True}, growth="calibrated@mean"),
+    "kvgrow_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
+                                        "tie_tolerance_s": 0.02, "kv_growth": True}, lengths="oracle"),
+    "kvtie_conf": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02},
+                      remaining="confident@2.0"),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "pokall_ttft": Arm("power_of_k", {"k": "all", "objective": "ttft"}),
     # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
@@ -284,26 +297,34 @@ def workload(pool: Pool, n: int, rate_rps: float, seed: int, lengths: str) -> li
     return out
 
 
+def _rule(spec: str, calibration: Any) -> Any:
+    """A remaining-length rule from its spec: "calibrated@<statistic>" (the length model's
+    distribution), "confident@<max log width>" (`length.dist.ConfidentRemaining`), or a
+    `sim.remaining` spec ("online:" prefix = learning during the run)."""
+    if spec.startswith(("calibrated", "confident")):
+        from rps_astro_cli.length.dist import CalibratedRemaining, ConfidentRemaining
+
+        if calibration is None:
+            raise SystemExit(f"arm rule {spec}: the length model has no distribution calibration")
+        if spec.startswith("confident"):
+            return ConfidentRemaining(calibration, float(spec.split("@", 1)[1]) if "@" in spec else 2.0)
+        return CalibratedRemaining(calibration, spec.split("@", 1)[1] if "@" in spec else "mean")
+    from rps_astro_cli.sim.remaining import OnlineRemaining, load_remaining
+
+    if spec.startswith("online:"):
+        return OnlineRemaining(load_remaining(spec[len("online:"):]))
+    return load_remaining(spec)
+
+
 def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: LatencyModel, icfg: InstanceConfig,
             seed: int, calibration: Any = None) -> dict[str, float]:
     """P99 TTFT and mean E2E (s) of one arm on one request list. `calibration`: the length
     model's distribution calibration, for the "calibrated@<statistic>" remaining rule."""
     kw: dict[str, Any] = {}
-    if arm.remaining is not None and arm.remaining.startswith("calibrated"):
-        from rps_astro_cli.length.dist import CalibratedRemaining
-
-        if calibration is None:
-            raise SystemExit(f"arm remaining={arm.remaining}: the length model has no distribution calibration")
-        stat = arm.remaining.split("@", 1)[1] if "@" in arm.remaining else "mean"
-        kw["remaining"] = CalibratedRemaining(calibration, stat)
-    elif arm.remaining is not None:
-        from rps_astro_cli.sim.remaining import OnlineRemaining, load_remaining
-
-        spec = arm.remaining
-        if spec.startswith("online:"):
-            kw["remaining"] = OnlineRemaining(load_remaining(spec[len("online:"):]))
-        else:
-            kw["remaining"] = load_remaining(spec)
+    if arm.remaining is not None:
+        kw["remaining"] = _rule(arm.remaining, calibration)
+    if arm.growth is not None:
+        kw["growth_remaining"] = _rule(arm.growth, calibration)
     res = simulate_cluster(reqs, num_instances, _make(arm.policy, arm.params), lat, icfg,
                            lambda: make_policy("fcfs"), np.random.default_rng([seed, 11]), **kw)
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])
@@ -410,7 +431,12 @@ def main(argv: list[str] | None = None) -> int:
                 arm = ARMS[n]
                 reqs = workload(pool, args.requests, rate, s, arm.lengths)
                 per[n].append(run_arm(arm, reqs, args.instances, lat, icfg, s, pool.calibration))
-            log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s)")
+            log(f"  load {load:.2f} seed {s} done ({time.time() - t0:.0f} s): "
+                + ", ".join(f"{n} {per[n][-1]['p99_ttft_s']:.2f}/{per[n][-1]['mean_e2e_s']:.2f}/"
+                            f"{per[n][-1]['preemptions']}" for n in names))  # P99 TTFT / mean E2E s / preemptions
+            if args.json:  # every finished seed, so a long run that is cut short keeps what it measured
+                out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per, "partial": True}
+                args.json.write_text(json.dumps(out, indent=1))
         out["loads"][str(load)] = {"rate_rps": rate, "per_seed": per}
         if args.seeds:
             print_table(load, rate, names, per)

@@ -74,7 +74,7 @@ def test_objective_reaches_power_of_k_only(tmp_path):
     tgt.use_policy("power_of_k", "2")
     assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft",
                                                                  "pin_cached": True, "kv_reserve_frac": 0.1,
-                                                                 "tie_tolerance_s": 0.02}
+                                                                 "tie_tolerance_s": 0.02, "kv_growth": False}
     tgt.use_policy("llumnix", None)  # no objective to set: left alone
     assert tgt.make_dispatch(np.random.default_rng(0)).name == "llumnix"
 

@@ -209,5 +209,5 @@ def test_astro_policies_lists_declared_parameters():
     assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
         "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
     keys = [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]]
-    assert keys == ["k", "objective", None, None, None]
+    assert keys == ["k", "objective", None, None, None, None]
     assert ("instance", "rps") in rows and ("instance", "fcfs") in rows

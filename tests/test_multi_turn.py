@@ -165,3 +165,27 @@ def test_power_of_k_pin_keeps_a_session_on_its_cached_instance() -> None:
                                np.random.default_rng(seed))
         r0, r1 = res.records
         assert r1.instance == r0.instance and r1.cached_tokens == 12, seed
+
+
+def test_lookahead_on_a_mid_step_instance_keeps_the_candidates_cached_prefix() -> None:
+    # One instance, block 4. Turn 0 (prompt ids 1..10, reply 3) finishes at 0.0312 with 3
+    # full blocks cached (as above). A decoy (30 tokens, no ids: never hits) arrives at
+    # 0.52 on the idle instance: its prefill step runs 0.52 → 0.533 (10 ms + 30 × 0.1 ms).
+    # Turn 1 (20 tokens, ids 1..20) arrives at 0.5312, mid-step: the look-ahead starts at
+    # the step's end 0.533. Next step: the decoy's decode (1) + turn 1's prefill of
+    # 20 − 12 cached = 8 tokens → 0.0109 s; TTFT = 0.533 + 0.0109 − 0.5312 = 0.0127 s.
+    # Without the hit the step would prefill 20: 0.0121 s → 0.0139 s (what the
+    # look-ahead predicted when the mid-step shift dropped `cached_tokens`).
+    t0 = TimedRequest("t0", 0.0, 10, 3, 3, token_ids=tuple(range(1, 14)), session_id="s")
+    t1 = TimedRequest("t1", 0.0, 20, 1, 1, token_ids=tuple(range(1, 21)), session_id="s", follows="t0",
+                      think_s=0.5)
+    decoy = TimedRequest("d", 0.52, 30, 50, 50)
+    res = simulate_cluster([t0, decoy, t1], 1, make_dispatch("power_of_k"), HAND, CFG, None,
+                           np.random.default_rng(0))
+    rec = {r.request_id: r for r in res.records}
+    r1 = rec["t1"]
+    assert r1.arrival_s == pytest.approx(0.5312, abs=1e-12)
+    assert rec["d"].first_token_s == pytest.approx(0.533, abs=1e-12)  # turn 1 did arrive mid-step
+    assert r1.cached_tokens == 12
+    assert r1.ttft_s == pytest.approx(0.0127, abs=1e-12)
+    assert r1.predicted_ttft_s == pytest.approx(0.0127, abs=1e-12)

@@ -370,3 +370,88 @@ def test_profile_backend_vllm_errors_are_one_line():
                                  "--step-log", "s.csv", "--out", "p.json"])
     assert r.exit_code == 2 and "did not answer as an astro vLLM engine" in r.output
     assert "Traceback" not in r.output
+
+
+# vLLM's KV cache events as the block pool builds them (`vllm/distributed/kv_events.py`
+# of vllm 0.32): matched by class name, so these stand-ins are named alike
+@dataclass
+class BlockStored:
+    block_hashes: list
+    parent_block_hash: object
+    token_ids: list
+    block_size: int = 4
+    group_idx: int | None = 0
+
+
+@dataclass
+class BlockRemoved:
+    block_hashes: list
+    group_idx: int | None = 0
+
+
+class AllBlocksCleared:
+    pass
+
+
+def test_prefix_index_names_vllms_cached_blocks_with_astros_hashes():
+    from rps_astro_cli.sim.prefix_cache import PrefixMirror, block_hashes
+
+    # block 4; vLLM's own hashes are opaque ("A", "B", ...). Request 1 caches blocks
+    # 1..4, 5..8 (A, B), then 9..12 (C, parent B) a step later. astro's names are the
+    # chained hashes the scheduler computes for a prompt starting 1..12.
+    want = block_hashes(list(range(1, 13)), 4)
+    idx = vb.PrefixIndex(4)
+    idx.apply([BlockStored(["A", "B"], None, list(range(1, 9)))])
+    idx.apply([BlockStored(["C"], "B", list(range(9, 13))),
+               BlockStored(["P"], None, [1, 2]),  # a partial block: never a hit
+               BlockStored(["X"], None, [7, 7, 7, 7], group_idx=1)])  # another KV cache group
+    assert len(idx) == 3
+    m = PrefixMirror()
+    m.apply(idx.delta(0))  # a new reader gets the whole set
+    assert m.hashes == set(want)
+    # a 14-token prompt 1..14: at most (14 − 1) // 4 = 3 blocks, all cached
+    assert m.hit_blocks(block_hashes(list(range(1, 15)), 4), 3) == 3
+    seen = idx.delta(0)["seq"]
+    assert seen == 3
+    # a second copy of A (vLLM does not de-duplicate): one eviction leaves A cached
+    idx.apply([BlockStored(["A"], None, [1, 2, 3, 4])])
+    idx.apply([BlockRemoved(["A"])])
+    assert idx.delta(seen) == {"seq": 3, "reset": False, "stored": [], "removed": []}
+    idx.apply([BlockRemoved(["A"]), BlockRemoved(["nope"])])  # the last copy; an unknown hash
+    d = idx.delta(seen)
+    assert d == {"seq": 4, "reset": False, "stored": [], "removed": [want[0]]}
+    m.apply(d)
+    assert m.hit_blocks(block_hashes(list(range(1, 15)), 4), 3) == 0  # the chain starts with A
+    idx.apply([AllBlocksCleared()])
+    m.apply(idx.delta(m.seq))
+    assert m.hashes == set() and len(idx) == 0 and m.seq == 6
+
+
+def test_status_socket_and_middleware_pass_prefix_since(tmp_path, monkeypatch):
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    b = _board()
+    b.prefix = vb.PrefixIndex(4)
+    b.prefix.apply([BlockStored(["A"], None, [1, 2, 3, 4])])
+    h = b.prefix.delta(0)["stored"][0]
+    srv = vb.StatusSocketServer(str(tmp_path / "s.sock"), b)
+    srv.start()
+    try:
+        path = str(tmp_path / "s.sock")
+        assert "prefix_cache" not in vb.read_status_socket(path)
+        assert vb.read_status_socket(path, prefix_since=0)["prefix_cache"] == \
+            {"seq": 1, "reset": True, "stored": [h], "removed": []}
+        app = FastAPI()
+        app.middleware("http")(vb.status_middleware)
+        client = TestClient(app)
+        monkeypatch.delenv("ASTRO_INTERNAL_TOKEN", raising=False)
+        monkeypatch.setattr(vb, "_TOKEN_GUARD", [])
+        monkeypatch.setenv(vb.ENV_STATUS_SOCKET, path)
+        assert client.get("/status", params={"prefix_since": 1}).json()["prefix_cache"] == \
+            {"seq": 1, "reset": False, "stored": [], "removed": []}
+        assert "prefix_cache" not in client.get("/status").json()
+        r = client.get("/status", params={"prefix_since": "x"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prefix_since"
+    finally:
+        srv.close()

@@ -105,6 +105,9 @@ KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.1,
                         "consider only instances that keep this fraction of their KV blocks free after the "
                         "waiting queue's and this request's prompts (all when none does; 0 = off)",
                         ge=0.0, lt=1.0)
+KV_GROWTH = Param("kv_growth", bool, False,
+                  "the KV headroom gate also counts the running requests' projected peak KV growth (their "
+                  "predicted remaining decode tokens), preferring instances whose headroom covers it")
 TIE_TOLERANCE_S = Param("tie_tolerance_s", float, 0.02,
                         "predictions within this many seconds of the best are ties, broken by the lowest "
                         "Llumnix- load (engine status), then at random (0 = exact ties only)", ge=0.0, le=60.0)
@@ -151,19 +154,20 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
+    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S, KV_GROWTH)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
     def __init__(self, k: int | str = "all", objective: str = "ttft", pin_cached: bool = True,
-                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02) -> None:
+                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02, kv_growth: bool = False) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
         self.pin_cached = PIN_CACHED.check(pin_cached)
         self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
         self.tie_tolerance_s = TIE_TOLERANCE_S.check(tie_tolerance_s)
+        self.kv_growth = KV_GROWTH.check(kv_growth)
         self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
-            self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
+            self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac, self.kv_growth))
         self.sampler = PowerOfKSampler(self.k, self.pin_cached)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
@@ -192,7 +196,7 @@ class PowerOfK(DispatchPolicy):
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
                 "pin_cached": self.pin_cached, "kv_reserve_frac": self.kv_reserve_frac,
-                "tie_tolerance_s": self.tie_tolerance_s}
+                "tie_tolerance_s": self.tie_tolerance_s, "kv_growth": self.kv_growth}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

@@ -41,6 +41,8 @@ class Filter:
 
     name: ClassVar[str] = "filter"
     needs_status: ClassVar[bool] = False
+    # it reads `InstanceLoad.kv_growth_blocks`: the caller must fill it
+    needs_kv_growth: bool = False
 
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
         raise NotImplementedError
@@ -94,13 +96,24 @@ class KvHeadroomFilter(Filter):
     queue then waits for running requests to finish); a predicted-latency scorer sees
     that only as well as the running requests' predicted lengths, a memory check sees it
     exactly. Weakness: a fixed reserve; memory only, so it cannot tell a long prefill
-    queue that fits from a short one."""
+    queue that fits from a short one.
+
+    With `growth` (issue 13, "a KV gate that counts future KV growth"): the instances
+    whose headroom also covers the running requests' projected peak KV growth
+    (`InstanceLoad.kv_growth_blocks`: their predicted remaining decode tokens, blocks
+    freed as they finish; `types.kv_growth_peak_blocks`) are kept first; when none has
+    that, those with today's headroom; when none has that either, all. Weakness: only
+    as good as the remaining lengths, and the waiting queue's future decode is not
+    counted.
+    """
 
     name = "kv_headroom"
     needs_status = True
 
-    def __init__(self, reserve_frac: float) -> None:
+    def __init__(self, reserve_frac: float, growth: bool = False) -> None:
         self.reserve_frac = reserve_frac
+        self.growth = growth
+        self.needs_kv_growth = growth
 
     def headroom_blocks(self, ld: InstanceLoad) -> int | None:
         """Blocks left free after the waiting queue's and this request's prompts (None
@@ -121,16 +134,21 @@ class KvHeadroomFilter(Filter):
         return ld.max_num_seqs - ld.num_running - (ld.num_waiting or 0) - (ld.pending_requests or 0) - 1
 
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
-        def ok(ld: InstanceLoad) -> bool:
+        def ok(ld: InstanceLoad, growth: bool) -> bool:
             slots = self.free_slots(ld)
             if slots is not None and ld.max_num_seqs is not None and slots < self.reserve_frac * ld.max_num_seqs:
                 return False  # a full batch queues the request as surely as a full KV pool
             room = self.headroom_blocks(ld)
             if room is None or ld.kv_blocks_total is None:
                 return True
+            if growth:
+                room -= ld.kv_growth_blocks or 0
             return room >= self.reserve_frac * ld.kv_blocks_total
 
-        kept = [i for i in pool if ok(by_index[i])]
+        kept = [i for i in pool if ok(by_index[i], False)]
+        if self.growth and kept:
+            ahead = [i for i in kept if ok(by_index[i], True)]
+            return ahead or kept
         return kept or pool
 
 

@@ -46,6 +46,7 @@ import socket
 import socketserver
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -53,6 +54,7 @@ from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.policy import InstancePolicy
+from rps_astro_cli.sim.prefix_cache import block_hashes, events_delta
 from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
@@ -305,6 +307,87 @@ def capture_requests(reqs: Iterable[Any]) -> tuple[_Cap, ...]:
     )
 
 
+class PrefixIndex:
+    """vLLM's prefix cache in astro's block hashes, kept from vLLM V1's own KV cache events.
+
+    vLLM's block pool, with KV cache events on, reports each full block it caches
+    (`BlockStored`: vLLM's hashes of consecutive blocks, the parent block's hash, the
+    blocks' token ids) and each one it evicts (`BlockRemoved`), and a reset
+    (`AllBlocksCleared`). Here each stored block gets astro's chained hash
+    (`sim.prefix_cache.block_hashes` of its token ids, chained from the parent's astro
+    hash; 0 for a first block), the hash the scheduler computes for a prompt, so the
+    scheduler's `PrefixMirror` reads a vLLM instance as it reads a sim engine
+    (`delta(since)`: `/status?prefix_since=N`'s `prefix_cache`). vLLM can hold two
+    blocks under one hash (it does not de-duplicate); a hash leaves the set when its last
+    copy is evicted. Events are matched by class name (duck-typed: no vllm import);
+    partial blocks and KV cache groups other than 0 are ignored. Thread-safe: events are
+    applied by the scheduler thread, read by the status socket's.
+    """
+
+    def __init__(self, block_size: int, keep: int = 4096):
+        self.block_size = block_size  # tokens per KV block (vLLM's block size)
+        self._astro: dict[Any, int] = {}  # vLLM hash of a cached block → its astro hash
+        self._copies: dict[Any, int] = {}  # vLLM hash → cached blocks under it
+        self._events: deque[tuple[int, int, bool]] = deque(maxlen=max(1, keep))  # (seq, astro hash, stored?)
+        self.events_total = 0  # changes of the cached set so far
+        self._lock = threading.Lock()
+
+    def _event(self, h: int, stored: bool) -> None:
+        self.events_total += 1
+        self._events.append((self.events_total, h, stored))
+
+    def apply(self, events: Iterable[Any]) -> None:
+        """Apply a batch of vLLM KV cache events, in order."""
+        with self._lock:
+            for ev in events:
+                kind = type(ev).__name__
+                if getattr(ev, "group_idx", None) not in (None, 0):
+                    continue
+                if kind == "BlockStored":
+                    self._stored(list(ev.block_hashes), ev.parent_block_hash, list(ev.token_ids))
+                elif kind == "BlockRemoved":
+                    for vh in ev.block_hashes:
+                        self._removed(vh)
+                elif kind == "AllBlocksCleared":
+                    for h in self._astro.values():
+                        self._event(h, False)
+                    self._astro.clear()
+                    self._copies.clear()
+
+    def _stored(self, vhashes: list[Any], parent: Any, token_ids: list[int]) -> None:
+        bs = self.block_size
+        if not vhashes or len(token_ids) != len(vhashes) * bs:
+            return  # a partial block (or an empty event): never a prefix hit for astro
+        if parent is None:
+            ah_parent = 0
+        elif parent in self._astro:
+            ah_parent = self._astro[parent]
+        else:
+            return  # the parent is not cached: a chain astro cannot name
+        for vh, ah in zip(vhashes, block_hashes(token_ids, bs, ah_parent), strict=True):
+            n = self._copies.get(vh, 0)
+            self._copies[vh] = n + 1
+            if n == 0:
+                self._astro[vh] = ah
+                self._event(ah, True)
+
+    def _removed(self, vh: Any) -> None:
+        n = self._copies.get(vh, 0)
+        if n > 1:
+            self._copies[vh] = n - 1
+        elif n == 1:
+            del self._copies[vh]
+            self._event(self._astro.pop(vh), False)
+
+    def __len__(self) -> int:
+        return len(self._astro)
+
+    def delta(self, since: int) -> dict[str, Any]:
+        """The cached set's change since event `since`, in `PrefixCache.delta`'s form."""
+        with self._lock:
+            return events_delta(self._events, self.events_total, list(self._astro.values()), since)
+
+
 class StatusBoard:
     """The latest status capture, written by the scheduler thread, read by the socket
     thread (one reference swap; no lock needed).
@@ -315,7 +398,8 @@ class StatusBoard:
     """
 
     def __init__(self, instance_id: str, limits: InstanceConfig, policy: dict[str, Any],
-                 profile_id: str = "", plugin: dict[str, Any] | None = None):
+                 profile_id: str = "", plugin: dict[str, Any] | None = None, prefix: PrefixIndex | None = None):
+        self.prefix = prefix  # vLLM's prefix cache in astro's hashes (None: prefix caching off)
         self.instance_id = instance_id
         self.plugin = plugin if plugin is not None else {}
         self.limits = limits
@@ -360,18 +444,44 @@ class StatusBoard:
             profile_id=self.profile_id, num_preemptions_total=npre, classes=classes,
         )
 
-    def to_json(self) -> bytes:
+    def to_json(self, prefix_since: int | None = None) -> bytes:
         """The `/status` body: `InstanceStatus.to_dict()` plus a top-level `plugin` object
-        (the plugin's own counters; readers of the schema ignore it)."""
+        (the plugin's own counters; readers of the schema ignore it) and, when
+        `prefix_since` is given and prefix caching is on, `prefix_cache`: the change of the
+        set of cached block hashes since event `prefix_since` (`PrefixIndex.delta`, the
+        sim engine's `?prefix_since=N`)."""
         d = self.snapshot().to_dict()
         d["plugin"] = dict(self.plugin)
+        if prefix_since is not None and self.prefix is not None:
+            d["prefix_cache"] = self.prefix.delta(prefix_since)
         return json.dumps(d, separators=(",", ":")).encode()
 
 
+def _query_since(line: bytes) -> int | None:
+    """`prefix_since` of a status socket query line (`b"prefix_since=N"`), or None."""
+    key, _, val = line.strip().partition(b"=")
+    if key != b"prefix_since":
+        return None
+    try:
+        return int(val)
+    except ValueError:
+        return None
+
+
 class _Handler(socketserver.BaseRequestHandler):
-    def handle(self) -> None:  # one JSON document per connection
+    def handle(self) -> None:  # one query line in (may be empty), one JSON document out
+        line = b""
         try:
-            body = self.server.board.to_json()  # type: ignore[attr-defined]
+            self.request.settimeout(1.0)
+            while b"\n" not in line and len(line) < 256:
+                chunk = self.request.recv(256)
+                if not chunk:
+                    break
+                line += chunk
+        except OSError:  # a client that sends nothing (an older reader) gets the plain status
+            pass
+        try:
+            body = self.server.board.to_json(_query_since(line))  # type: ignore[attr-defined]
         except Exception as exc:  # never kill the engine for a status bug
             body = json.dumps({"error": {"message": f"status snapshot failed: {exc!r}",
                                          "type": "InternalServerError", "code": 500}}).encode()
@@ -405,8 +515,9 @@ class StatusSocketServer(socketserver.ThreadingMixIn, socketserver.UnixStreamSer
             pass
 
 
-def read_status_socket(path: str, timeout_s: float = 2.0) -> dict[str, Any]:
-    """Fetch one snapshot from a status socket (blocking client, for tools and tests).
+def read_status_socket(path: str, timeout_s: float = 2.0, prefix_since: int | None = None) -> dict[str, Any]:
+    """Fetch one snapshot from a status socket (blocking client, for tools and tests);
+    `prefix_since` as `/status?prefix_since=N`.
 
     Raises:
         OSError: the socket is absent or the engine did not answer in `timeout_s`.
@@ -414,6 +525,7 @@ def read_status_socket(path: str, timeout_s: float = 2.0) -> dict[str, Any]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(path)
+        s.sendall(b"\n" if prefix_since is None else b"prefix_since=%d\n" % prefix_since)
         chunks = []
         while True:
             b = s.recv(65536)
@@ -444,8 +556,12 @@ async def status_middleware(request, call_next):
     (`protocol.internal_auth`), every path but /health and /ready needs it (401 else),
     /v1 included, so only the cluster's scheduler and Predictor reach the engine.
 
-    Errors: 405 for another method on /status; 503 JSON when the engine core has not
-    published yet (socket absent) or does not answer within 2 s.
+    `GET /status?prefix_since=N` adds `prefix_cache` (`StatusBoard.to_json`), as the sim
+    engine's.
+
+    Errors: 405 for another method on /status; 400 for a `prefix_since` that is not an
+    integer; 503 JSON when the engine core has not published yet (socket absent) or does
+    not answer within 2 s.
     """
     from starlette.responses import JSONResponse, Response
 
@@ -464,10 +580,22 @@ async def status_middleware(request, call_next):
     if request.method not in ("GET", "HEAD"):
         return JSONResponse({"error": {"message": f"use GET {path}", "type": "BadRequestError",
                                        "param": "method", "code": 405}}, status_code=405)
+    query = b"\n"
+    since = request.query_params.get("prefix_since") if path == "/status" else None
+    if since is not None:
+        try:
+            query = b"prefix_since=%d\n" % int(since)
+        except ValueError:
+            return JSONResponse({"error": {"message": f"prefix_since: must be an integer (a cache event number; 0 "
+                                                      f"= the whole set), got {since!r}",
+                                           "type": "BadRequestError", "param": "prefix_since", "code": 400}},
+                                status_code=400)
     sock = os.environ.get(ENV_STATUS_SOCKET, "")
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(sock), 2.0)
         try:
+            writer.write(query)
+            await asyncio.wait_for(writer.drain(), 2.0)
             body = await asyncio.wait_for(reader.read(-1), 2.0)
         finally:
             writer.close()

@@ -35,7 +35,18 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
   us_per_step (the plugin's CPU time per step), reordered_steps (steps whose waiting
   order the policy changed), ranked_steps (steps that ranked victims) and
   admitted_recent (the last 64 request ids admitted from the waiting queue, oldest
-  first: the admission order, for checks and debugging).
+  first: the admission order, for checks and debugging), and with prefix caching on
+  prefix_cached_blocks (full blocks in vLLM's prefix cache, free or held).
+- Prefix caching (vLLM's automatic prefix caching, on by default): the plugin turns on
+  the block pool's KV cache events (`BlockStored` / `BlockRemoved` / `AllBlocksCleared`,
+  vLLM's own record of what its prefix cache holds) and reads each step's batch on its
+  way to vLLM's event publisher (`_PrefixTee`; the publisher still gets every batch).
+  `vllm_bridge.PrefixIndex` renames the cached blocks into astro's chained block hashes
+  of their token ids, so `/status?prefix_since=N` answers `prefix_cache` in the sim
+  engine's form and the scheduler computes a request's hit on this instance as it does
+  on a sim engine. The hit matches vLLM's only when the scheduler hashes the token ids
+  vLLM runs: a completions prompt sent as token ids, or the same tokenizer (the
+  scheduler's default text ids are the fallback tokenizer's).
 
 Use `rps_astro_cli.engine.vllm_plugin.astro_scheduler` as `--scheduler-cls`: it builds
 `AstroAsyncScheduler` when vLLM runs with async scheduling (GPU default) and
@@ -66,6 +77,7 @@ from rps_astro_cli.engine.vllm_bridge import (
     ENV_STATUS_SOCKET,
     ENV_STEP_LOG,
     PolicyDriver,
+    PrefixIndex,
     StatusBoard,
     StatusSocketServer,
     StepLog,
@@ -76,6 +88,27 @@ from rps_astro_cli.engine.vllm_bridge import (
 from rps_astro_cli.sim.instance import InstanceConfig
 
 __all__ = ["AstroAsyncScheduler", "AstroScheduler", "astro_scheduler"]
+
+
+class _PrefixTee:
+    """vLLM's KV event publisher with astro's `PrefixIndex` reading every batch first
+    (the batch then goes on to vLLM's publisher: a configured `--kv-events-config`
+    still gets it; without one vLLM's null publisher drops it, as before)."""
+
+    def __init__(self, inner: Any, index: PrefixIndex):
+        self._inner = inner
+        self._index = index
+        self.errors = 0  # batches the index could not read (never raised into the engine)
+
+    def publish(self, batch: Any) -> None:
+        try:
+            self._index.apply(batch.events)
+        except Exception:  # a status bug must not stop the engine
+            self.errors += 1
+        self._inner.publish(batch)
+
+    def __getattr__(self, name: str) -> Any:  # shutdown, get_publisher_config, ...
+        return getattr(self._inner, name)
 
 
 class _AstroMixin:
@@ -109,10 +142,19 @@ class _AstroMixin:
         self._astro_stats: dict[str, Any] = {"steps": 0, "ns_total": 0, "us_per_step": 0.0,
                                              "reordered_steps": 0, "ranked_steps": 0,
                                              "admitted_recent": []}
+        # vLLM's prefix cache in astro's block hashes, from vLLM's own KV cache events: the
+        # pool emits them once its flag is on; the scheduler hands each step's batch to
+        # its publisher, which the tee reads before passing it on unchanged
+        self._astro_prefix: PrefixIndex | None = None
+        if getattr(pool, "enable_caching", False):
+            self._astro_prefix = PrefixIndex(self.block_size)
+            pool.enable_kv_cache_events = True
+            self.kv_event_publisher = _PrefixTee(self.kv_event_publisher, self._astro_prefix)
+            self._astro_stats["prefix_cached_blocks"] = 0
         instance_id = os.environ.get(ENV_INSTANCE_ID, "vllm-0")
         self._astro_board = StatusBoard(
             instance_id, limits, dict(self._astro_driver.policy.describe()),
-            profile_id=os.environ.get(ENV_PROFILE_ID, ""), plugin=self._astro_stats)
+            profile_id=os.environ.get(ENV_PROFILE_ID, ""), plugin=self._astro_stats, prefix=self._astro_prefix)
         self._astro_server = None
         log = os.environ.get(ENV_STEP_LOG)
         self._astro_steplog = StepLog(log.replace("{instance}", instance_id)) if log else None
@@ -174,6 +216,8 @@ class _AstroMixin:
         st["us_per_step"] = round(self._astro_ns / self._astro_steps / 1e3, 2)
         st["reordered_steps"] = drv.num_reorders
         st["ranked_steps"] = self._astro_ranked_steps
+        if self._astro_prefix is not None:
+            st["prefix_cached_blocks"] = len(self._astro_prefix)
         return out
 
     def update_from_output(self, *args: Any, **kwargs: Any):

@@ -320,3 +320,51 @@ class CalibratedRemaining:
 
     def describe(self) -> dict[str, object]:
         return {"kind": "calibrated", "statistic": self.statistic, "bins": len(self.calibration.tail_ratios)}
+
+
+class ConfidentRemaining:
+    """A per-request choice between the point estimate and the model's distribution (issue
+    13, "per-request confidence"): a request whose prediction falls in a calibration bin
+    whose p10–p90 spread, log(q_last / q_first) of `calibration.log_offsets[bin]`, is wider
+    than `max_log_width` is read from the distribution (`CalibratedRemaining`, statistic
+    "mean"); every other request keeps the point estimate with the look-ahead's
+    auto-extension (its prediction, or g + `extension_tokens` once it has generated that).
+
+    Why: the distribution helps where the point estimate is least trustworthy (chat-gbm's
+    shortest-prediction bin spans a factor of 16 between p10 and p90, the other two ~4.5)
+    and costs P99 TTFT where the point estimate is good (BENCHMARKS.md, issue 13 round 5).
+    Weakness: confidence is per prediction-size bin, not per request.
+
+    calibration: the model's `LogSpreadCalibration`. max_log_width: natural-log spread
+    above which a bin is "uncertain". extension_tokens / default_output_tokens: the point
+    rule's auto-extension and the prediction of a request without one (tokens).
+    """
+
+    def __init__(self, calibration: LogSpreadCalibration, max_log_width: float = 2.0,
+                 extension_tokens: int = 10, default_output_tokens: int = 256) -> None:
+        self.calibration = calibration
+        self.max_log_width = max_log_width
+        self.extension_tokens = extension_tokens
+        self.default_output_tokens = default_output_tokens
+        self._dist = CalibratedRemaining(calibration, "mean", default_output_tokens)
+        self._edges = list(calibration.bin_edges_tokens)
+        self._wide = [row[-1] - row[0] > max_log_width for row in calibration.log_offsets]
+
+    def uncertain(self, predicted: int | None) -> bool:
+        """The prediction falls in a bin wider than `max_log_width`."""
+        p = float(predicted) if predicted else float(self.default_output_tokens)
+        return self._wide[bisect.bisect_right(self._edges, p)]
+
+    def expected_total(self, predicted: int | None, generated: int, cap: int | None = None) -> int:
+        """Total output tokens the look-ahead assumes (class docstring)."""
+        if self.uncertain(predicted):
+            return self._dist.expected_total(predicted, generated, cap)
+        g = max(0, int(generated))
+        pred = int(predicted) if predicted else self.default_output_tokens
+        out = pred if g < pred else g + self.extension_tokens
+        if cap is not None:
+            out = max(g + 1, min(out, cap)) if cap > g else g + 1
+        return out
+
+    def describe(self) -> dict[str, object]:
+        return {"kind": "confident", "max_log_width": self.max_log_width, "uncertain_bins": self._wide}

@@ -40,7 +40,7 @@ small: a few hashes per engine step, not the whole table per poll.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 
@@ -54,6 +54,26 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = 0) -> 
         h = hash((h, tuple(token_ids[start:start + block_size])))
         out.append(h)
     return tuple(out)
+
+
+def events_delta(events: deque[tuple[int, int, bool]] | None, events_total: int, cached: Iterable[int],
+                 since: int) -> dict[str, Any]:
+    """`PrefixCache.delta`'s answer from a log of cache events (`events`: the latest
+    (sequence number, hash, stored?) kept, None = not tracked; `events_total`: events so
+    far; `cached`: the whole cached set now), for any keeper of such a log (the vLLM
+    plugin's `engine.vllm_bridge.PrefixIndex` too)."""
+    ev = events
+    seq = events_total
+    if ev is None or since <= 0 or since > seq or (seq > since and (not ev or ev[0][0] > since + 1)):
+        return {"seq": seq, "reset": True, "stored": list(cached), "removed": []}
+    last: dict[int, bool] = {}
+    for n, h, stored in reversed(ev):
+        if n <= since:
+            break
+        last.setdefault(h, stored)
+    order = list(reversed(last.items()))  # oldest change first (a request's blocks in order)
+    return {"seq": seq, "reset": False, "stored": [h for h, s in order if s],
+            "removed": [h for h, s in order if not s]}
 
 
 class _Run:
@@ -98,18 +118,7 @@ class PrefixCache:
         `prefix_cache`): {"seq": events so far, "reset": bool, "stored": [hash...],
         "removed": [hash...]}. reset = true: `stored` is the whole set (`since` is 0,
         in the future, or older than the events kept) and the reader starts over."""
-        ev = self.events
-        seq = self.events_total
-        if ev is None or since <= 0 or since > seq or (seq > since and (not ev or ev[0][0] > since + 1)):
-            return {"seq": seq, "reset": True, "stored": list(self.refs), "removed": []}
-        last: dict[int, bool] = {}
-        for n, h, stored in reversed(ev):
-            if n <= since:
-                break
-            last.setdefault(h, stored)
-        order = list(reversed(last.items()))  # oldest change first (a request's blocks in order)
-        return {"seq": seq, "reset": False, "stored": [h for h, s in order if s],
-                "removed": [h for h, s in order if not s]}
+        return events_delta(self.events, self.events_total, self.refs, since)
 
     def lookup(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
         """(leading blocks of `hashes` cached, at most `max_blocks`; how many of those are
