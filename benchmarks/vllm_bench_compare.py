@@ -176,29 +176,60 @@ def paired(rv: dict, ra: dict) -> dict[str, float]:
 
 
 def engine_sums(cj: dict) -> dict[str, float]:
-    """Summed over the fleet's engines: the sum and count of `vllm:time_to_first_token_seconds`
-    (the engine's own TTFT: first token − arrival at the engine), for a before/after delta
-    per arm (None values when an engine does not answer)."""
+    """Summed over the fleet's engines, for a before/after delta per arm: the sum and count
+    of `vllm:time_to_first_token_seconds` (the engine's own TTFT: first token − arrival at
+    the engine) and the sim engines' lag counters `astro:engine_steps_total` /
+    `astro:engine_steps_late_total` (steps delivered > 5 ms wall after their scheduled end:
+    the engines falling behind on a loaded host)."""
     import urllib.request
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    out = {"ttft_sum": 0.0, "ttft_count": 0.0}
-    tok_file = cj.get("internal_token_file")
-    headers = {"x-astro-internal-token": Path(tok_file).read_text().strip()} if tok_file else {}
+    names = {"vllm:time_to_first_token_seconds_sum": "ttft_sum", "vllm:time_to_first_token_seconds_count":
+             "ttft_count", "astro:engine_steps_total": "steps", "astro:engine_steps_late_total": "steps_late"}
+    out = dict.fromkeys(names.values(), 0.0)
     for inst in cj.get("instances", []):
         url = inst.get("metrics_url")
         if not url:
             continue
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_internal_headers(cj)), timeout=5) as r:
             text = r.read().decode()
         for fam in text_string_to_metric_families(text):
             for smp in fam.samples:
-                if smp.name == "vllm:time_to_first_token_seconds_sum":
-                    out["ttft_sum"] += smp.value
-                elif smp.name == "vllm:time_to_first_token_seconds_count":
-                    out["ttft_count"] += smp.value
+                if smp.name in names:
+                    out[names[smp.name]] += smp.value
     return out
+
+
+def _internal_headers(cj: dict) -> dict[str, str]:
+    tok_file = cj.get("internal_token_file")
+    return {"x-astro-internal-token": Path(tok_file).read_text().strip()} if tok_file else {}
+
+
+def front_door_ttft(cj: dict, n: int) -> float:
+    """Mean `observed_ttft_s` (the scheduler's forward → first response chunk) over its last
+    `n` decisions that ended ok: the fleet's TTFT behind the front door, the same for both
+    tools when the fleet treats their requests alike (nan when unavailable)."""
+    import urllib.request
+
+    url = cj["scheduler"]["url"].rstrip("/") + f"/decisions?n={n}"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=_internal_headers(cj)), timeout=10) as r:
+            rows = json.loads(r.read())
+    except (OSError, ValueError):
+        return float("nan")
+    v = [d["observed_ttft_s"] for d in rows if d.get("outcome") == "ok" and d.get("observed_ttft_s") is not None]
+    return statistics.fmean(v) if v else float("nan")
+
+
+def arm_fleet(res: dict, before: dict, after: dict, cj: dict, n_requests: int) -> None:
+    """Put the arm's engine-side figures into `res`: engine mean TTFT, the share of late
+    engine steps, and the front door's mean observed TTFT."""
+    n = after["ttft_count"] - before["ttft_count"]
+    res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
+    steps = after["steps"] - before["steps"]
+    res["engine_steps_late_share"] = (after["steps_late"] - before["steps_late"]) / steps if steps else float("nan")
+    res["front_door_ttft_mean"] = front_door_ttft(cj, n_requests)
 
 
 def main() -> None:
@@ -242,9 +273,8 @@ def main() -> None:
             before = engine_sums(cj)
             rv, ra = run_both(a, url, model, cluster, vout, aout)
             after = engine_sums(cj)
-            n = after["ttft_count"] - before["ttft_count"]
             for arm, res in (("vllm", rv), ("astro", ra)):
-                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
+                arm_fleet(res, before, after, cj, 2 * a.num_prompts)
                 runs[arm].append(res)
             # the two tools' start offset is not controlled (a few seconds of start-up each) nor measured
             print(f"repeat {i} (both at once): mean TTFT vllm "
@@ -258,12 +288,12 @@ def main() -> None:
                 before = engine_sums(cj)
                 res = run_vllm(a, url, model, out) if arm == "vllm" else run_astro(a, cluster, work / f"astro-{i}")
                 after = engine_sums(cj)
-                n = after["ttft_count"] - before["ttft_count"]
-                res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
+                arm_fleet(res, before, after, cj, a.num_prompts)
                 runs[arm].append(res)
                 print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
-                      f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s "
-                      f"({n:.0f} requests)", file=sys.stderr, flush=True)
+                      f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s, "
+                      f"front door's observed TTFT {res['front_door_ttft_mean']:.4f} s, late engine steps "
+                      f"{res['engine_steps_late_share']:.1%}", file=sys.stderr, flush=True)
         print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
               "astro / vllm (median) | ratio range |")
         print("|---|---|---|---|---|")
@@ -288,6 +318,13 @@ def main() -> None:
                 for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
         gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
         lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
+        for arm in ("vllm", "astro"):
+            rs = runs[arm]
+            over = [(r["mean"]["ttft"] - r["front_door_ttft_mean"]) * 1e3 for r in rs]
+            print(f"{arm}: mean TTFT − the front door's observed TTFT per repeat "
+                  + ", ".join(f"{x:.1f}" for x in over) + " ms; engine-side mean TTFT "
+                  + ", ".join(f"{r['engine_ttft_mean'] * 1e3:.1f}" for r in rs) + " ms; late engine steps "
+                  + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs))
         print(f"\nlargest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
               f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
         if a.json:

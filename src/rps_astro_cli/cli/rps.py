@@ -47,6 +47,9 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
         backend: Annotated[str, typer.Option("--backend", help="workload: the per-request workload CSV (default); vllm: fit an execution profile (step latency model) from a running astro vLLM engine's step log, written as JSON to --out.")] = "workload",
         step_log: Annotated[Path | None, typer.Option("--step-log", help="--backend vllm: the engine's $ASTRO_VLLM_STEP_LOG file.")] = None,
+        workload: Annotated[str | None, typer.Option("--workload", "-w", help="Instead of the growing-size plan: profile the requests of this `astro bench` workload as they are (e.g. mix-mh: each image's size by the profile's rule, frames by duration, the real reply lengths; KV = prompt + reply). Priced on --sim-profile / --recipe.")] = None,
+        num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="--workload: requests to draw (seeded by --seed).")] = 1000,
+        recipe: Annotated[str | None, typer.Option("--recipe", help="Price on this recipe's engine (name under recipes/ or YAML path): its profile (unless --sim-profile) and its engine limits (KV blocks, step budget, max_model_len, chunked prefill).")] = None,
     ) -> None:
         """Profile a model one request at a time over growing text, image and video sizes
         (resumable: points already in the CSV are skipped); with --backend vllm, calibrate
@@ -54,11 +57,9 @@ def register(app: typer.Typer) -> None:
         import numpy as np
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from rps_astro_cli.cli.tables import print_table
         from rps_astro_cli.data_paths import ARTIFACTS_DIR
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.profiling import profiler as pf
-        from rps_astro_cli.rps.records import read_profile_csv
 
         if backend == "vllm":  # hook into profiling.vllm_calibrate (the vLLM backend's calibration)
             from rps_astro_cli.profiling.vllm_calibrate import calibrate_engine
@@ -71,15 +72,38 @@ def register(app: typer.Typer) -> None:
             return
         if backend != "workload":
             raise AstroUserError(f"unknown backend {backend!r} (workload or vllm)", field="--backend")
-        if (engine_url is None) == (sim_profile is None):
-            raise AstroUserError("give exactly one of --engine-url and --sim-profile", field="--engine-url")
+        if engine_url is not None and (sim_profile is not None or recipe is not None):
+            raise AstroUserError("give --engine-url or --sim-profile / --recipe, not both", field="--engine-url")
+        if engine_url is None and sim_profile is None and recipe is None:
+            raise AstroUserError("give one of --engine-url, --sim-profile and --recipe", field="--engine-url")
+        if workload is not None and engine_url is not None:
+            raise AstroUserError("--workload is priced on a profile, not sent to an engine", field="--workload",
+                                 fix="use --sim-profile or --recipe with it")
+        if output_tokens < 1:
+            raise AstroUserError(f"must be ≥ 1, got {output_tokens}", field="--output-tokens")
+        virt_profile, chunked = None, True
+        if engine_url is None:
+            virt_profile, chunked = _virtual_profile(sim_profile, recipe)
+        csv_default = ARTIFACTS_DIR / "profiles" / f"{name or (virt_profile.profile_id if virt_profile else 'engine')}"
+        if workload is not None:
+            fpts, warns = _workload_points(workload, num_requests, seed)
+            csv_path = out or Path(f"{csv_default}.{workload}.workload.csv")
+            with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, disable=as_json or not console.is_terminal) as prog:
+                task = prog.add_task("profile", total=None)
+                run = pf.profile_footprints(virt_profile, fpts, csv_path, chunked_prefill=chunked,
+                                            max_requests=max_requests,
+                                            on_progress=lambda d, t: prog.update(task, completed=d, total=t))
+            run.inputs["workload"] = f"{workload}, {num_requests} requests, seed {seed}"
+            if warns:
+                run.inputs["workload_warnings"] = " | ".join(warns)
+            _report_profile(run, csv_path, as_json)
+            return
         points = pf.plan_points(
             list(pf.iter_modalities(modalities)), _ints(text_tokens, "--text-tokens"),
             _ints(image_counts, "--image-counts"), _ints(frame_counts, "--frame-counts"), repeats,
         )
-        if output_tokens < 1:
-            raise AstroUserError(f"must be ≥ 1, got {output_tokens}", field="--output-tokens")
-        csv_path = out or ARTIFACTS_DIR / "profiles" / f"{name or sim_profile or 'engine'}.workload.csv"
+        csv_path = out or Path(f"{csv_default}.workload.csv")
         rng = np.random.default_rng(seed)
         with Progress(TextColumn("profiling"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                       console=console, disable=as_json or not console.is_terminal) as prog:
@@ -88,14 +112,22 @@ def register(app: typer.Typer) -> None:
             def tick(done: int, total: int) -> None:
                 prog.update(task, completed=done, total=total)
 
-            if sim_profile is not None:
-                from rps_astro_cli.sim.profile import load_profile
-
-                run = pf.profile_virtual(load_profile(sim_profile), points, csv_path, rng,
+            if virt_profile is not None:
+                run = pf.profile_virtual(virt_profile, points, csv_path, rng,
                                          output_tokens=output_tokens, max_requests=max_requests, on_progress=tick)
             else:
+                assert engine_url is not None
                 run = pf.profile_engine(engine_url, points, csv_path, rng, model=model, output_tokens=output_tokens,
                                         max_requests=max_requests, api_key=api_key, on_progress=tick)
+        _report_profile(run, csv_path, as_json)
+
+    def _report_profile(run, csv_path: Path, as_json: bool) -> None:
+        """Summary .md and plot .png beside the CSV; the table (or --json); exit 1 when
+        nothing was profiled and something failed."""
+        from rps_astro_cli.cli.tables import print_table
+        from rps_astro_cli.profiling import profiler as pf
+        from rps_astro_cli.rps.records import read_profile_csv
+
         records = read_profile_csv(csv_path) if csv_path.exists() else []
         summary = pf.summarize(records)
         png = pf.write_plots(records, csv_path.with_suffix(".png")) if records else None
@@ -126,6 +158,44 @@ def register(app: typer.Typer) -> None:
         if run.done == 0 and (run.failed or run.rejected):
             raise typer.Exit(1)
 
+    def _virtual_profile(sim_profile: str | None, recipe: str | None):
+        """(profile, chunked prefill): --sim-profile, else the recipe's profile; the
+        recipe's engine limits override the profile's, as `astro serve` runs them."""
+        from dataclasses import replace
+
+        from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.sim.profile import load_profile
+
+        if recipe is None:
+            return load_profile(sim_profile or ""), True
+        from rps_astro_cli.bench.virtual import load_bench_recipe
+
+        eng = load_bench_recipe(recipe).engine
+        pid = sim_profile or eng.profile
+        if not pid:
+            raise AstroUserError(f"recipe {recipe} names no engine.profile", field="--recipe",
+                                 fix="add --sim-profile")
+        prof = load_profile(pid)
+        lim = {k: getattr(eng, k) for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
+                                            "max_model_len") if getattr(eng, k) is not None}
+        return replace(prof, **lim), bool(eng.chunked_prefill)
+
+    def _workload_points(workload: str, num_requests: int, seed: int) -> tuple[list, list[str]]:
+        """(points, the loader's warnings): the workload's requests (`astro bench`'s
+        loader, seeded by `seed`) as footprint points — text tokens, each image's size,
+        frames, the reply's length."""
+        import numpy as np
+
+        from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+        from rps_astro_cli.profiling.profiler import FootprintPoint
+
+        wl = load_workload(workload, WorkloadOptions(num_requests=num_requests, seed=seed),
+                           np.random.default_rng(seed))
+        return [FootprintPoint(f"wl-{r.request_id}", r.modality, r.prompt_tokens, max(1, r.output_tokens),
+                               tuple((m.width_px, m.height_px) for m in r.media if m.kind == "image"),
+                               r.num_frames)
+                for r in wl.requests], list(wl.warnings)
+
     @app.command("fit")
     @user_errors
     def fit(
@@ -135,15 +205,43 @@ def register(app: typer.Typer) -> None:
         test_fraction: Annotated[float, typer.Option("--test-fraction", help="Share of rows per modality held out for MAE.")] = 0.2,
         seed: SeedOpt = 0,
         as_json: JsonOpt = False,
+        select: Annotated[str, typer.Option("--select", help="kmeans: the k-means classifier (the paper's clustering); ttft: choose among k-means and class boundaries on the combined score by the change of mean TTFT (rps vs fcfs) on a replay of the profile's rows through one instance of --recipe's engine at --request-rate (needs a workload profile: astro profile --workload).")] = "kmeans",
+        recipe: Annotated[str | None, typer.Option("--recipe", help="--select ttft: the engine to replay on (name under recipes/ or YAML path): profile, limits, rps parameters.")] = None,
+        request_rate: Annotated[float | None, typer.Option("--request-rate", help="--select ttft: Poisson rate of the replay (req/s).")] = None,
+        select_seeds: Annotated[str, typer.Option("--select-seeds", help="--select ttft: replay seeds (comma list; the fit's own, not a benchmark's).")] = "101,102,103",
+        select_requests: Annotated[int, typer.Option("--select-requests", help="--select ttft: profile rows per replay.")] = 200,
     ) -> None:
-        """Fit the impact estimator (linear / 0.9-quantile regression) and the k-means
-        sand/pebbles/rocks classifier from a workload profile; print held-out MAE and
-        centroids beside the naive (by-modality) baseline."""
+        """Fit the impact estimator (linear / 0.9-quantile regression) and the
+        sand/pebbles/rocks classifier (k-means, or chosen by TTFT with --select ttft) from a
+        workload profile; print held-out MAE and centroids beside the naive (by-modality)
+        baseline."""
         from rps_astro_cli.cli.tables import print_table
+        from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.profiling.rps_fit import fit_profile
         from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
 
-        rep = fit_profile(profile_csv, name, out_dir or RPS_ARTIFACTS_DIR, seed=seed, test_fraction=test_fraction)
+        score, objective = None, ""
+        if select not in ("kmeans", "ttft"):
+            raise AstroUserError(f"unknown selection {select!r}", field="--select", fix="use kmeans or ttft")
+        if select == "ttft":
+            if recipe is None or request_rate is None:
+                raise AstroUserError("--select ttft needs --recipe and --request-rate", field="--select",
+                                     fix="e.g. --recipe rps-serve-testbed --request-rate 2")
+            from rps_astro_cli.bench.rps_select import replay_scorer
+            from rps_astro_cli.bench.virtual import load_bench_recipe
+            from rps_astro_cli.rps.records import read_profile_csv
+
+            prof, chunked = _virtual_profile(None, recipe)
+            eng = load_bench_recipe(recipe).engine
+            score, objective = replay_scorer(
+                read_profile_csv(profile_csv), prof, rate_rps=request_rate, chunked_prefill=chunked,
+                preprocess_slots=eng.preprocess_slots, policy_params=dict(eng.instance_policy_params or {}),
+                seeds=_ints(select_seeds, "--select-seeds"), num_requests=select_requests)
+        elif recipe is not None or request_rate is not None:
+            raise AstroUserError("--recipe and --request-rate apply to --select ttft only", field="--select",
+                                 fix="add --select ttft")
+        rep = fit_profile(profile_csv, name, out_dir or RPS_ARTIFACTS_DIR, seed=seed, test_fraction=test_fraction,
+                          score=score, objective=objective)
         if as_json:
             typer.echo(json.dumps({"out_dir": str(rep.out_dir), **rep.metadata}))
             return
@@ -161,6 +259,14 @@ def register(app: typer.Typer) -> None:
                          *(str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video"))])
         print_table(console, "classifier centroids (k-means, k=3)",
                     ["class", "prefill ms", "KV tokens", "rows", "text", "image", "video"], rows)
+        sel = rep.selection
+        if sel is not None:
+            console.print(f"objective: {sel.objective}", highlight=False)
+            km, ch = sel.kmeans, sel.chosen
+            console.print(f"k-means {km.score:+.1f} %; naive classes {sel.naive_score:+.1f} % (reference); "
+                          f"chosen: {ch.kind}"
+                          + (f" (boundaries {ch.t_sand:.3f} / {ch.t_rocks:.3f})" if ch.t_sand is not None else "")
+                          + f" {ch.score:+.1f} % of {len(sel.candidates)} candidates", highlight=False)
         console.print(f"naive classifier (text→sand, image→pebbles, video→rocks) agrees on "
                       f"{rep.classifier.naive_agreement:.0%} of the profile rows")
         console.print(f"wrote {rep.out_dir}/classifier.joblib and metadata.json")

@@ -300,6 +300,108 @@ def profile_virtual(
     return run
 
 
+@dataclass(frozen=True)
+class FootprintPoint:
+    """One request of a deployment's own traffic, to be profiled as it is (`profile_footprints`).
+
+    key: stable id (e.g. `wl-<request_id>`). modality: text / image / video.
+    text_tokens: tokens of the text part (the workload's counter). image_sizes: (width_px,
+    height_px) of each image ((0, 0) = size unknown: the profile's `tokens_per_image`).
+    n_frames: video frames sampled. output_tokens: the reply's length (tokens).
+    """
+
+    key: str
+    modality: str
+    text_tokens: int
+    output_tokens: int
+    image_sizes: tuple[tuple[int, int], ...] = ()
+    n_frames: int = 0
+
+
+def profile_footprints(
+    profile,
+    points: Sequence[FootprintPoint],
+    out: str | Path,
+    *,
+    chunked_prefill: bool = True,
+    max_requests: int | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+) -> ProfileRun:
+    """Price a deployment's own requests on an `ExecutionProfile` (whose limits are the
+    engine's: `max_num_batched_tokens` is the prefill chunk, `max_model_len` and the KV
+    cache bound what can run) and append one row per request (resumable by key).
+
+    Each row is the request run alone to the end of its reply, as RPS-Serve's profiler runs
+    its datasets (§3.2): vision tokens by the profile's own rule (`VisionCosts.image_tokens`
+    per image size — AnyRes on LLaVA-OneVision — and `video_tokens` per frame count),
+    encoder and preprocessing per item, prefill by `isolated_latency` with the engine's
+    chunk, and **kv_tokens = prompt + reply**, the KV footprint the request reaches (the
+    tokens cached when its reply ends: what the paper's Figure 2a plots). Rejected: a
+    prompt + reply above max_model_len or above the whole KV cache (it could never finish).
+    """
+    from rps_astro_cli.rps.estimator import isolated_latency
+    from rps_astro_cli.sim.latency import LatencyModel
+
+    outp = Path(out)
+    run = ProfileRun(outp)
+    have = _existing_keys(outp)
+    todo = [p for p in points if p.key not in have]
+    run.skipped_existing = len(points) - len(todo)
+    if max_requests is not None:
+        if max_requests < 1:
+            raise AstroUserError(f"must be ≥ 1, got {max_requests}", field="--max-requests")
+        todo = todo[:max_requests]
+    run.inputs = {"requests": f"{len(points)} workload requests (their own media sizes, frames and replies)",
+                  "engine": f"virtual:{profile.profile_id}",
+                  "limits": f"chunk {profile.max_num_batched_tokens if chunked_prefill else 'whole prompt'}, "
+                            f"max_model_len {profile.max_model_len}, KV {profile.num_gpu_blocks} blocks × "
+                            f"{profile.block_size}"}
+    lm = LatencyModel(profile)
+    v = profile.vision
+    kv_cap = profile.num_gpu_blocks * profile.block_size
+    for i, pt in enumerate(todo):
+        if pt.modality not in MODALITIES:
+            run.rejected.append((pt.key, f"unknown modality {pt.modality!r}"))
+            continue
+        media = bool(pt.image_sizes) or pt.n_frames > 0
+        if media and v is None:
+            run.rejected.append((pt.key, "the profile is text-only"))
+            continue
+        if pt.output_tokens < 1 or pt.text_tokens < 0:
+            run.rejected.append((pt.key, f"needs output_tokens ≥ 1 and text_tokens ≥ 0, got "
+                                         f"{pt.output_tokens}, {pt.text_tokens}"))
+            continue
+        n_img = len(pt.image_sizes)
+        vis = pre = enc = 0
+        if v is not None and media:
+            vis = sum(v.image_tokens(w, h) for w, h in pt.image_sizes) + (v.video_tokens(pt.n_frames)
+                                                                           if pt.n_frames else 0)
+            pre = n_img * v.preprocess_s_per_image + pt.n_frames * v.preprocess_s_per_frame
+            enc = n_img * v.encoder_s_per_image + pt.n_frames * v.encoder_s_per_frame
+        prompt = max(1, pt.text_tokens + vis)
+        total = prompt + pt.output_tokens
+        if total > profile.max_model_len:
+            run.rejected.append((pt.key, f"prompt {prompt} + output {pt.output_tokens} > max_model_len "
+                                         f"{profile.max_model_len}"))
+            continue
+        if total > kv_cap:
+            run.rejected.append((pt.key, f"prompt {prompt} + output {pt.output_tokens} > the KV cache's "
+                                         f"{kv_cap} tokens"))
+            continue
+        iso = isolated_latency(lm, prompt, pt.output_tokens, enc, pre,
+                               chunk_tokens=None if chunked_prefill else prompt)
+        rec = ProfileRecord(
+            key=pt.key, modality=pt.modality, n_images=n_img, n_frames=pt.n_frames,
+            prompt_tokens=prompt, vision_tokens=vis, kv_tokens=total, output_tokens=pt.output_tokens,
+            preprocess_s=pre, encoder_s=enc, prefill_s=iso.prefill_s - enc, ttft_s=iso.ttft_s, e2e_s=iso.e2e_s,
+        )
+        append_profile_csv(outp, [rec])
+        run.done += 1
+        if on_progress:
+            on_progress(i + 1, len(todo))
+    return run
+
+
 def _stream_chat(client, url: str, body: dict[str, Any]) -> tuple[float, float, dict[str, Any], dict[str, Any]]:
     """POST a streaming chat completion; (ttft_s, e2e_s, usage, astro_timing)."""
     t0 = time.perf_counter()

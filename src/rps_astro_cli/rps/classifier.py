@@ -144,6 +144,29 @@ class RequestClassifier:
         )
 
 
+def threshold_classifier(
+    estimator: ImpactEstimator, mean: Sequence[float], std: Sequence[float], t_sand: float, t_rocks: float,
+    name: str = "",
+) -> RequestClassifier:
+    """Classes by the combined score S = z_prefill + z_kv of the standardized features
+    (the order the k-means classes are sorted by): S < t_sand → sand, t_sand < S < t_rocks
+    → pebbles, S > t_rocks → rocks.
+
+    Stored as an ordinary 3-centroid `RequestClassifier`: centroids (s_i / 2, s_i / 2) on
+    the diagonal with s = (2 t_sand − m, m, 2 t_rocks − m), m = (t_sand + t_rocks) / 2.
+    The squared distance to centroid i is const − s_i · S + s_i² / 2, so the nearest
+    centroid changes exactly where S = (s_i + s_j) / 2, i.e. at t_sand and t_rocks.
+
+    Raises:
+        AstroUserError: t_sand ≥ t_rocks.
+    """
+    if not t_sand < t_rocks:
+        raise AstroUserError(f"needs t_sand < t_rocks, got {t_sand} ≥ {t_rocks}", field="classifier")
+    m = (t_sand + t_rocks) / 2
+    s = (2 * t_sand - m, m, 2 * t_rocks - m)
+    return RequestClassifier(estimator, mean, std, [(x / 2, x / 2) for x in s], name=name)
+
+
 # -- fitting ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ClassifierFit:
