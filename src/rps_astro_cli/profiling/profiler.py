@@ -344,13 +344,7 @@ def profile_footprints(
 
     outp = Path(out)
     run = ProfileRun(outp)
-    have = _existing_keys(outp)
-    todo = [p for p in points if p.key not in have]
-    run.skipped_existing = len(points) - len(todo)
-    if max_requests is not None:
-        if max_requests < 1:
-            raise AstroUserError(f"must be ≥ 1, got {max_requests}", field="--max-requests")
-        todo = todo[:max_requests]
+    todo = _todo(points, outp, max_requests, run)
     run.inputs = {"requests": f"{len(points)} workload requests (their own media sizes, frames and replies)",
                   "engine": f"virtual:{profile.profile_id}",
                   "limits": f"chunk {profile.max_num_batched_tokens if chunked_prefill else 'whole prompt'}, "
