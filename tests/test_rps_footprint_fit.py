@@ -149,6 +149,13 @@ def test_cli_profile_workload_then_fit_by_ttft(tmp_path):
     sel = meta["classifier"]["selection"]
     assert sel["chosen"]["score"] <= sel["kmeans"]["score"]
     assert sel["chosen"]["score"] == min(c["score"] for c in sel["candidates"])
+    # the console names what was chosen: k-means centroids, or the boundaries (no centroids)
+    text = " ".join(res.output.split())
+    if sel["chosen"]["kind"] == "kmeans":
+        assert "centroids (k-means" in text and "boundaries" not in text.split("objective:")[0]
+    else:
+        assert f"boundaries {sel['chosen']['t_sand']:.3f} / {sel['chosen']['t_rocks']:.3f}" in text
+        assert "centroids" not in text
     load_classifier(tmp_path / "rps" / "tb")
 
 

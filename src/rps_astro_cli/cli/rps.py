@@ -213,11 +213,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Fit the impact estimator (linear / 0.9-quantile regression) and the
         sand/pebbles/rocks classifier (k-means, or chosen by TTFT with --select ttft) from a
-        workload profile; print held-out MAE and centroids beside the naive (by-modality)
-        baseline."""
+        workload profile; print held-out MAE and the classes (k-means centroids, or the chosen
+        boundaries) beside the naive (by-modality) baseline."""
         from rps_astro_cli.cli.tables import print_table
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.profiling.rps_fit import fit_profile
+        from rps_astro_cli.rps.classes import CLASSES
         from rps_astro_cli.rps.classifier import RPS_ARTIFACTS_DIR
 
         score, objective = None, ""
@@ -252,14 +253,18 @@ def register(app: typer.Typer) -> None:
                      for m in rep.estimator_metrics],
                     right=[False, False, True, True, True, True, True])
         ct = rep.classifier.crosstab
-        rows = []
-        for cen in rep.classifier.classifier.centroids_original():
-            k = cen["class"]
-            rows.append([k, f"{cen['prefill_s'] * 1000:.1f}", f"{cen['kv_tokens']:.0f}", str(rep.classifier.counts[k]),
-                         *(str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video"))])
-        print_table(console, "classifier centroids (k-means, k=3)",
-                    ["class", "prefill ms", "KV tokens", "rows", "text", "image", "video"], rows)
         sel = rep.selection
+        by_modality = [[str(ct.get(m, {}).get(k, 0)) for m in ("text", "image", "video")] for k in CLASSES]
+        if sel is not None and sel.chosen.t_sand is not None:  # boundaries chosen: its centroids mean nothing
+            print_table(console, f"classes (boundaries {sel.chosen.t_sand:.3f} / {sel.chosen.t_rocks:.3f})",
+                        ["class", "rows", "text", "image", "video"],
+                        [[k, str(rep.classifier.counts[k]), *mods] for k, mods in zip(CLASSES, by_modality)])
+        else:
+            cens = {cen["class"]: cen for cen in rep.classifier.classifier.centroids_original()}
+            print_table(console, "classifier centroids (k-means, k=3)",
+                        ["class", "prefill ms", "KV tokens", "rows", "text", "image", "video"],
+                        [[k, f"{cens[k]['prefill_s'] * 1000:.1f}", f"{cens[k]['kv_tokens']:.0f}",
+                          str(rep.classifier.counts[k]), *mods] for k, mods in zip(CLASSES, by_modality)])
         if sel is not None:
             console.print(f"objective: {sel.objective}", highlight=False)
             km, ch = sel.kmeans, sel.chosen
