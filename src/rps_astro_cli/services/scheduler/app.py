@@ -47,7 +47,8 @@ class Scheduler:
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
-                                    self.models, self.tags, needs_prefix=self.dispatcher.needs_prefix)
+                                    self.models, self.tags, needs_prefix=self.dispatcher.needs_prefix,
+                                    needs_kv_growth=self.dispatcher.needs_kv_growth)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models)
         self.discovered: InstanceSet | None = None

@@ -46,6 +46,12 @@ class Dispatcher:
         return bool(self.policy.needs_status)
 
     @property
+    def needs_kv_growth(self) -> bool:
+        """Whether the policy reads the running requests' projected KV growth
+        (power_of_k `kv_growth=true`): the health loop then derives it from each `/status`."""
+        return bool(self.policy.needs_kv_growth)
+
+    @property
     def needs_prefix(self) -> bool:
         """Whether the policy reads each instance's cached prefix of a request (cache_aware's
         scorer, power_of_k's cache pin): the front door then hashes each request's
