@@ -95,6 +95,7 @@ class SchedulerSettings:
         astro sim engine, else fallback ids; `prompt_ids.py`).
     tokenize_deadline_s: deadline of that `/tokenize` RPC, from its start; on miss the
         fallback ids are hashed (`astro:dispatch_fallbacks_total{reason="tokenize timeout"}`).
+        The RPC itself ends after `clients.RPC_BOUND_S` (1 s) whatever the deadline.
     """
 
     instances: tuple[InstanceEndpoint, ...]
