@@ -67,6 +67,20 @@ def test_prediction_noise_multiplies_each_prediction():
     assert pol.needs_predictions and pol.describe()["prediction_noise_sigma"] == 0.5
 
 
+def test_prediction_noise_keeps_the_inner_policys_needs():
+    # the virtual cluster fills `kv_growth_blocks` only when the policy it holds
+    # needs_kv_growth: the wrapper must say what the wrapped one needs (before: False,
+    # so --prediction-noise with kv_growth=true ran the growth gate on no growth)
+    from rps_astro_cli.dispatch import make_dispatch
+
+    for params in ({"kv_growth": True}, {}):
+        inner = make_dispatch("power_of_k", **params)
+        pol = NoisyDispatch(inner, 0.5, np.random.default_rng(5))
+        assert pol.needs_kv_growth is ("kv_growth" in params), params
+        assert (pol.needs_status, pol.needs_prefix_hits, pol.needs_predictions) == (
+            inner.needs_status, inner.needs_prefix_hits, True), params
+
+
 def test_objective_reaches_power_of_k_only(tmp_path):
     reqs = [BenchRequest("t", "hi", 10, 5)]
     cfg = BenchConfig.flat(virtual=True, profile=str(hand_profile(tmp_path)), oracle_lengths=True, objective="ttft")

@@ -3,6 +3,9 @@ round 6) and the per-request-confidence remaining rule: hand-computed cases."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import numpy as np
 
 import rps_astro_cli.types as t
@@ -32,7 +35,7 @@ def _status(name: str, free: int, running: tuple[t.RequestStatus, ...]) -> t.Ins
     return t.InstanceStatus(name, 0.0, CFG, free, running=running)
 
 
-def _gate_loads(free1: int = 18) -> list[InstanceLoad]:
+def _gate_statuses(free1: int = 18) -> tuple[t.InstanceStatus, t.InstanceStatus]:
     # e0: one request of 96 prompt + 4 generated tokens in 7 blocks, predicted 324 → 320
     # to go → 420 tokens = ceil(420/16) = 27 blocks: growth 20.
     e0 = _status("e0", 30, (t.RequestStatus("a", 0.0, 96, num_computed_tokens=100, generated_tokens=4,
@@ -45,15 +48,96 @@ def _gate_loads(free1: int = 18) -> list[InstanceLoad]:
                         kv_blocks=5),
         t.RequestStatus("c", 0.0, 30, num_computed_tokens=70, generated_tokens=40, predicted_output_tokens=20,
                         kv_blocks=5)))
+    return e0, e1
+
+
+def _gate_loads(free1: int = 18) -> list[InstanceLoad]:
     loads = []
-    for i, st in enumerate((e0, e1)):
-        loads.append(InstanceLoad(i, **InstanceLoad.status_fields(st), request_prompt_tokens=48))
+    for i, st in enumerate(_gate_statuses(free1)):
+        loads.append(InstanceLoad(i, **InstanceLoad.status_fields(st, kv_growth=True), request_prompt_tokens=48))
     return loads
 
 
 def test_status_fields_project_each_running_request_growth():
     e0, e1 = _gate_loads()
     assert (e0.kv_growth_blocks, e1.kv_growth_blocks) == (20, 1)
+
+
+class _StatusResp:
+    status = 200
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+class _StatusClients:
+    """The scheduler's `Clients` as far as the health loop's /status poll uses them:
+    engine URL → the `InstanceStatus` its `GET /status` answers."""
+
+    def __init__(self, by_url: dict[str, t.InstanceStatus]):
+        self.by_url = by_url
+
+    def pool(self, url: str):
+        st = self.by_url[url]
+
+        class _Pool:
+            async def request(self, method: str, path: str):
+                assert (method, path) == ("GET", "/status")
+                return _StatusResp(json.dumps(st.to_dict()).encode())
+        return _Pool()
+
+
+def _live_load_fields(monkeypatch, policy: str, **params) -> tuple[list[dict[str, int]], int]:
+    """One health-loop /status poll of e0 and e1 by a scheduler with `policy`: each
+    instance's stored load fields, and how many times the KV growth projection ran."""
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings
+    from rps_astro_cli.services.scheduler.app import Scheduler
+
+    calls = []
+    real = t.kv_growth_peak_blocks
+
+    def counted(rows, bs):
+        calls.append(len(rows))
+        return real(rows, bs)
+
+    monkeypatch.setattr(t, "kv_growth_peak_blocks", counted)
+    statuses = dict(zip(("http://e0", "http://e1"), _gate_statuses()))
+    sched = Scheduler(SchedulerSettings(
+        instances=tuple(InstanceEndpoint(f"e{i}", url, None) for i, url in enumerate(statuses)),
+        policy=policy, policy_params=params, length_model="baseline", served_models=("m",)))
+    assert sched.health.needs_status
+    sched.health.clients = _StatusClients(statuses)  # type: ignore[assignment]
+    states = [sched.instances[0], sched.instances[1]]
+    asyncio.run(sched.health.check_all(with_services=False))
+    assert all(st.healthy for st in states)
+    return [st.load_fields for st in states], len(calls)
+
+
+def test_live_status_poll_projects_kv_growth_only_for_a_policy_that_needs_it(monkeypatch):
+    # default power_of_k (the KV gate without growth) and llumnix read /status but not
+    # the growth: the poll stores the other fields (by hand from _gate_statuses: e0 30
+    # free of 100, 1 running; e1 18 free, 2 running; no waiting queue) and never runs
+    # the O(n²) projection; the dispatch then sees kv_growth_blocks None
+    for policy, params in (("power_of_k", {}), ("llumnix", {})):
+        fields, calls = _live_load_fields(monkeypatch, policy, **params)
+        assert calls == 0, policy
+        assert [(f["kv_blocks_free"], f["kv_blocks_total"], f["num_running"], f["num_waiting"],
+                 f["waiting_blocks_needed"], f["kv_block_size"], f["max_num_seqs"]) for f in fields] == [
+            (30, 100, 1, 0, 0, 16, 48), (18, 100, 2, 0, 0, 16, 48)], policy
+        assert all("kv_growth_blocks" not in f for f in fields), policy
+        assert InstanceLoad(0, **fields[0]).kv_growth_blocks is None
+
+
+def test_live_status_poll_projects_kv_growth_for_power_of_k_kv_growth(monkeypatch):
+    # power_of_k kv_growth=true: one projection per instance per poll, the growth worked
+    # out by hand in _gate_statuses (e0 20 blocks, e1 1), the other fields as without it
+    fields, calls = _live_load_fields(monkeypatch, "power_of_k", kv_growth=True)
+    assert calls == 2
+    assert [f["kv_growth_blocks"] for f in fields] == [20, 1]
+    assert [(f["kv_blocks_free"], f["num_running"]) for f in fields] == [(30, 1), (18, 2)]
 
 
 def test_growth_gate_verdict_by_hand():

@@ -3,6 +3,7 @@ artifact save/load, corrupt or mismatched artifacts, and the shipped default."""
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -156,6 +157,17 @@ def test_corrupt_artifacts_name_the_problem(saved_classic, tmp_path, damage, nee
     with pytest.raises(AstroUserError) as e:
         load_length_model(d)
     assert needle in str(e.value)
+
+
+def test_chat_gbm_weights_that_do_not_match_meta_name_the_array(tmp_path):
+    # the shipped chat-gbm artifact has n_hash 2**18, so idf holds 2 * 2**18 values; meta
+    # claiming 2**17 must be refused naming idf's real and expected shapes
+    d = tmp_path / "gbm"
+    shutil.copytree(Path(LENGTH_ARTIFACTS_DIR) / "chat-gbm", d)
+    _edit_meta(d, params={"n_hash": 2**17})
+    with pytest.raises(AstroUserError) as e:
+        load_length_model(d)
+    assert "array 'idf' has shape (524288,), expected (262144,) for n_hash=131072" in str(e.value)
 
 
 def test_unknown_artifact_name():

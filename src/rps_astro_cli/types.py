@@ -675,25 +675,26 @@ class InstanceLoad:
     kv_growth_blocks: int | None = None
 
     @staticmethod
-    def status_fields(st: InstanceStatus) -> dict[str, int]:
+    def status_fields(st: InstanceStatus, kv_growth: bool = False) -> dict[str, int]:
         """The status-derived fields from an engine's status: free/total blocks, running
         and waiting counts, the blocks the waiting queue still needs for its prompts
-        (Σ max(0, ceil(prompt_tokens / block_size) − blocks held)), and the running
-        requests' projected peak KV growth (`kv_growth_peak_blocks`; each running request
-        ends at its predicted length, or GROWTH_EXTENSION_TOKENS past what it has
-        generated once it has reached that — the Predictor's default auto-extension rule;
-        GROWTH_DEFAULT_OUTPUT_TOKENS when it has no prediction)."""
+        (Σ max(0, ceil(prompt_tokens / block_size) − blocks held)), and, with
+        `kv_growth` only, the running requests' projected peak KV growth
+        (`kv_growth_blocks`: `kv_growth_peak_blocks`; each running request ends at its
+        predicted length, or GROWTH_EXTENSION_TOKENS past what it has generated once it
+        has reached that — the Predictor's default auto-extension rule;
+        GROWTH_DEFAULT_OUTPUT_TOKENS when it has no prediction).
+
+        Why `kv_growth` is off by default: the projection is O(n²) in the running
+        requests and the live scheduler derives these fields on every `/status` poll,
+        while only a policy that `needs_kv_growth` (power_of_k `kv_growth=true`, off by
+        default) reads it; without it the field is left out, so `InstanceLoad`'s is None,
+        as the virtual cluster leaves it."""
         bs = st.limits.block_size
         need = 0
         for r in st.waiting:
             need += max(0, -(-r.prompt_tokens // bs) - r.kv_blocks)
-        rows = []
-        for r in st.running:
-            pred = r.predicted_output_tokens or GROWTH_DEFAULT_OUTPUT_TOKENS
-            g = r.generated_tokens
-            rem = pred - g if g < pred else GROWTH_EXTENSION_TOKENS
-            rows.append((r.prompt_tokens + g, r.kv_blocks, rem))
-        return {
+        fields = {
             "kv_blocks_free": st.kv_blocks_free,
             "kv_blocks_total": st.kv_blocks_total,
             "num_running": len(st.running),
@@ -701,8 +702,16 @@ class InstanceLoad:
             "waiting_blocks_needed": need,
             "kv_block_size": bs,
             "max_num_seqs": st.limits.max_num_seqs,
-            "kv_growth_blocks": kv_growth_peak_blocks(rows, bs),
         }
+        if kv_growth:
+            rows = []
+            for r in st.running:
+                pred = r.predicted_output_tokens or GROWTH_DEFAULT_OUTPUT_TOKENS
+                g = r.generated_tokens
+                rem = pred - g if g < pred else GROWTH_EXTENSION_TOKENS
+                rows.append((r.prompt_tokens + g, r.kv_blocks, rem))
+            fields["kv_growth_blocks"] = kv_growth_peak_blocks(rows, bs)
+        return fields
 
 
 GROWTH_EXTENSION_TOKENS = 10  # `status_fields`: tokens a running request past its prediction is assumed to add

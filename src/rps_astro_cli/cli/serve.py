@@ -195,6 +195,12 @@ TagModelOpt = Annotated[str | None, typer.Option("--length-model", help="Length 
 DispatchSeedOpt = Annotated[int | None, typer.Option(
     "--seed", help="Seed of the dispatch Generator (default 0; with --discover, derived from the pod name "
     "$HOSTNAME so replicas differ).")]
+PrefixTokenizerOpt = Annotated[str, typer.Option(
+    "--prefix-tokenizer", help="Prefix-aware policies: a text prompt's token ids for its block hashes from an engine's "
+    "POST /tokenize (engine: the ids vLLM caches by), the fallback tokenizer (fallback: the sim engine's), or auto "
+    "(default): engine once some engine's /version is not astro-sim's.")]
+TokenizeDeadlineOpt = Annotated[float, typer.Option(
+    "--tokenize-deadline-ms", help="Deadline of that /tokenize RPC (ms); then the fallback ids are hashed.")]
 OracleOpt = Annotated[bool, typer.Option(
     "--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")]
 
@@ -223,6 +229,8 @@ def scheduler(
     seed: DispatchSeedOpt = None,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
     oracle_lengths: OracleOpt = False,
+    prefix_tokenizer: PrefixTokenizerOpt = "auto",
+    tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
@@ -246,7 +254,8 @@ def scheduler(
         status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
         length_model=length_model, seed=seed, decisions_kept=decisions_kept, oracle_lengths=oracle_lengths,
         max_body_bytes=max_body_bytes, api_key=api_key, early_dispatch=early_dispatch,
-        predict_in_process=predict_in_process)
+        predict_in_process=predict_in_process, prefix_tokenizer=prefix_tokenizer,
+        tokenize_deadline_ms=tokenize_deadline_ms)
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     run_scheduler(settings, host, port, log_level, ready_file)
 
@@ -274,6 +283,8 @@ def epp(
     length_model: TagModelOpt = None,
     seed: DispatchSeedOpt = None,
     oracle_lengths: OracleOpt = False,
+    prefix_tokenizer: PrefixTokenizerOpt = "auto",
+    tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
     destination_header: Annotated[str, typer.Option("--destination-header", help="Header (and metadata key) carrying the picked IP:PORT to the gateway.")] = "x-gateway-destination-endpoint",
     metadata_namespace: Annotated[str, typer.Option("--metadata-namespace", help="Dynamic-metadata namespace of the picked endpoint ('' = none).")] = "envoy.lb",
     body_mode: Annotated[str, typer.Option("--body-mode", help="Envoy's body mode when it sends no protocol_config: full_duplex_streamed (GIE's) | buffered.")] = "full_duplex_streamed",
@@ -308,7 +319,8 @@ def epp(
         tag_deadline_ms=tag_deadline_ms, health_interval_ms=health_interval_ms,
         status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
         length_model=length_model, seed=seed, decisions_kept=1000, oracle_lengths=oracle_lengths,
-        max_body_bytes=max_body_bytes, api_key=api_key)
+        max_body_bytes=max_body_bytes, api_key=api_key, prefix_tokenizer=prefix_tokenizer,
+        tokenize_deadline_ms=tokenize_deadline_ms)
     run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
                         metrics_port=metrics_port), host, port, log_level, ready_file)
 
@@ -316,7 +328,8 @@ def epp(
 def _scheduler_settings(*, engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
                         objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
                         status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
-                        oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False):
+                        oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False,
+                        prefix_tokenizer="auto", tokenize_deadline_ms=20.0):
     """The `SchedulerSettings` of `astro serve scheduler`'s flags (`astro serve epp` shares
     them); raises AstroUserError naming the flag."""
     from rps_astro_cli.errors import AstroUserError
@@ -339,7 +352,8 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
     from rps_astro_cli.params import parse_assignments
 
     params = parse_assignments(param)
-    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params}
+    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params,
+                   "prefix_tokenizer": prefix_tokenizer, "tokenize_deadline_ms": tokenize_deadline_ms}
     if k is not None:
         sched["k"] = k
     # with discovery the fleet size is unknown: k is checked against the largest fleet
@@ -349,7 +363,8 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
     sec = parse_config({"instances": n_instances, "scheduler": sched, "predictor": {"enabled": predictors}}, "flags",
                        {"instances": "the --engine count", "scheduler.k": "--k", "scheduler.policy": "--policy",
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
-                        "predictor.enabled": "--predictor",
+                        "predictor.enabled": "--predictor", "scheduler.prefix_tokenizer": "--prefix-tokenizer",
+                        "scheduler.tokenize_deadline_ms": "--tokenize-deadline-ms",
                         **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     return SchedulerSettings(
@@ -360,7 +375,8 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
         served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
-        predict_in_process=predict_in_process, discovery=discovery)
+        predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
+        tokenize_deadline_s=sec.tokenize_deadline_ms / 1000)
 
 
 def _positive(v: float, field: str) -> float:

@@ -45,8 +45,9 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
   of their token ids, so `/status?prefix_since=N` answers `prefix_cache` in the sim
   engine's form and the scheduler computes a request's hit on this instance as it does
   on a sim engine. The hit matches vLLM's only when the scheduler hashes the token ids
-  vLLM runs: a completions prompt sent as token ids, or the same tokenizer (the
-  scheduler's default text ids are the fallback tokenizer's).
+  vLLM runs: a completions prompt sent as token ids, or for a text prompt this server's
+  own `POST /tokenize` answer, which the scheduler asks for (`prefix_tokenizer` auto or
+  engine: `services/scheduler/prompt_ids.py`).
 
 Use `rps_astro_cli.engine.vllm_plugin.astro_scheduler` as `--scheduler-cls`: it builds
 `AstroAsyncScheduler` when vLLM runs with async scheduling (GPU default) and

@@ -49,6 +49,7 @@ from rps_astro_cli.length.classic import (
     dense_matrix,
     design_matrix,
     init_text_weights,
+    load_linear_weights,
     ngram_window,
     tf_matrix,
 )
@@ -71,8 +72,8 @@ GBM_PARAMS: dict[str, Any] = {"loss": "absolute_error", "learning_rate": 0.05, "
 SHIFTS = np.linspace(-1.0, 1.0, 81)
 _WEIGHTS_FILE = "model.npz"
 _SENTENCE_END = frozenset(".!?)]}\"'`*:;")
-_ARRAYS = ("idf", "coef", "dense_mean", "dense_std", "dense_coef", "scalars", "tree_feature", "tree_threshold",
-           "tree_left", "tree_right", "tree_value", "tree_missing_left", "tree_roots")
+_TREE_ARRAYS = ("tree_feature", "tree_threshold", "tree_left", "tree_right", "tree_value", "tree_missing_left",
+                "tree_roots")
 
 
 def approx_tokens(text: str) -> float:
@@ -350,22 +351,7 @@ class ChatGBMLengthModel(LengthModel):
 
     @classmethod
     def load_files(cls, directory: Path, meta: LengthModelMeta) -> ChatGBMLengthModel:
-        fp = directory / _WEIGHTS_FILE
-        n_hash = meta.params.get("n_hash")
-        if not isinstance(n_hash, int) or n_hash <= 0:
-            raise AstroUserError(f"{directory}/meta.json: params.n_hash must be a positive int, got {n_hash!r}",
-                                 field="--model")
-        try:
-            with np.load(fp, allow_pickle=False) as z:
-                a = {k: z[k] for k in _ARRAYS}
-        except (OSError, ValueError, KeyError) as exc:
-            raise AstroUserError(f"{fp}: unreadable chat-gbm weights ({exc})", field="--model") from None
-        expect = {"idf": 2 * n_hash, "coef": 2 * n_hash, "dense_mean": N_DENSE, "dense_std": N_DENSE,
-                  "dense_coef": N_DENSE, "scalars": 3}
-        for key, size in expect.items():
-            if a[key].shape != (size,):
-                raise AstroUserError(f"{fp}: array {key!r} has shape {a[key].shape}, expected ({size},)",
-                                     field="--model", fix="the weights do not match meta.json; retrain the artifact")
+        fp, n_hash, a = load_linear_weights(directory, meta, "chat-gbm", _TREE_ARRAYS)
         n_nodes = a["tree_value"].shape[0]
         for key in ("tree_feature", "tree_threshold", "tree_left", "tree_right", "tree_missing_left"):
             if a[key].shape != (n_nodes,):
@@ -378,9 +364,8 @@ class ChatGBMLengthModel(LengthModel):
                 or a["tree_roots"].min(initial=0) < 0 or a["tree_roots"].max(initial=0) >= n_nodes):
             raise AstroUserError(f"{fp}: tree arrays point outside the model", field="--model",
                                  fix="retrain the artifact")
-        for key in ("idf", "coef", "dense_mean", "dense_std", "dense_coef", "scalars", "tree_value"):
-            if not np.all(np.isfinite(a[key])):
-                raise AstroUserError(f"{fp}: array {key!r} holds NaN/inf", field="--model")
+        if not np.all(np.isfinite(a["tree_value"])):
+            raise AstroUserError(f"{fp}: array 'tree_value' holds NaN/inf", field="--model")
         m = cls(n_hash=n_hash)
         m.idf, m.coef = a["idf"].astype(np.float64), a["coef"].astype(np.float64)
         m.dense_mean, m.dense_std, m.dense_coef = a["dense_mean"], a["dense_std"], a["dense_coef"]

@@ -247,29 +247,42 @@ class ClassicLengthModel(LengthModel):
 
     @classmethod
     def load_files(cls, directory: Path, meta: LengthModelMeta) -> ClassicLengthModel:
-        fp = directory / _WEIGHTS_FILE
-        n_hash = meta.params.get("n_hash")
-        if not isinstance(n_hash, int) or n_hash <= 0:
-            raise AstroUserError(f"{directory}/meta.json: params.n_hash must be a positive int, got {n_hash!r}",
-                                 field="--model")
-        try:
-            with np.load(fp, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("idf", "coef", "dense_mean", "dense_std", "dense_coef", "scalars")}
-        except (OSError, ValueError, KeyError) as exc:
-            raise AstroUserError(f"{fp}: unreadable classic weights ({exc})", field="--model") from None
-        expect = {"idf": 2 * n_hash, "coef": 2 * n_hash, "dense_mean": N_DENSE, "dense_std": N_DENSE,
-                  "dense_coef": N_DENSE, "scalars": 3}
-        for key, size in expect.items():
-            if arrays[key].shape != (size,):
-                raise AstroUserError(
-                    f"{fp}: array {key!r} has shape {arrays[key].shape}, expected ({size},) for n_hash={n_hash}",
-                    field="--model", fix="the weights do not match meta.json; retrain the artifact",
-                )
-            if not np.all(np.isfinite(arrays[key])):
-                raise AstroUserError(f"{fp}: array {key!r} holds NaN/inf", field="--model")
+        _, n_hash, arrays = load_linear_weights(directory, meta, "classic", ())
         m = cls(n_hash=n_hash)
         m.idf = arrays["idf"].astype(np.float64)
         m.coef = arrays["coef"].astype(np.float64)
         m.dense_mean, m.dense_std, m.dense_coef = arrays["dense_mean"], arrays["dense_std"], arrays["dense_coef"]
         m.intercept, m.shift, m.alpha = (float(v) for v in arrays["scalars"])
         return m
+
+
+LINEAR_ARRAYS = ("idf", "coef", "dense_mean", "dense_std", "dense_coef", "scalars")
+
+
+def load_linear_weights(directory: Path, meta: LengthModelMeta, kind: str,
+                        extra: tuple[str, ...]) -> tuple[Path, int, dict[str, np.ndarray]]:
+    """The weights file of a hashed n-gram + dense-feature model (`classic`, and the
+    linear stage of `chat-gbm`): `meta.params.n_hash` checked, the arrays `LINEAR_ARRAYS`
+    + `extra` read, the linear ones checked for shape and NaN/inf. Returns (the file,
+    n_hash, the arrays); raises AstroUserError naming the file and the array."""
+    fp = directory / _WEIGHTS_FILE
+    n_hash = meta.params.get("n_hash")
+    if not isinstance(n_hash, int) or n_hash <= 0:
+        raise AstroUserError(f"{directory}/meta.json: params.n_hash must be a positive int, got {n_hash!r}",
+                             field="--model")
+    try:
+        with np.load(fp, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in LINEAR_ARRAYS + extra}
+    except (OSError, ValueError, KeyError) as exc:
+        raise AstroUserError(f"{fp}: unreadable {kind} weights ({exc})", field="--model") from None
+    expect = {"idf": 2 * n_hash, "coef": 2 * n_hash, "dense_mean": N_DENSE, "dense_std": N_DENSE,
+              "dense_coef": N_DENSE, "scalars": 3}
+    for key, size in expect.items():
+        if arrays[key].shape != (size,):
+            raise AstroUserError(
+                f"{fp}: array {key!r} has shape {arrays[key].shape}, expected ({size},) for n_hash={n_hash}",
+                field="--model", fix="the weights do not match meta.json; retrain the artifact",
+            )
+        if not np.all(np.isfinite(arrays[key])):
+            raise AstroUserError(f"{fp}: array {key!r} holds NaN/inf", field="--model")
+    return fp, n_hash, arrays

@@ -18,7 +18,8 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     tagger:    {enabled, length_model}
     scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed, decisions_kept, oracle_lengths, early_dispatch}
+                port, seed, decisions_kept, oracle_lengths, early_dispatch, prefix_tokenizer,
+                tokenize_deadline_ms}
                 # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
                 # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
                 # k, objective and llumnix's variant
@@ -110,6 +111,12 @@ class SchedulerSection(_Strict):
     oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
     early_dispatch: bool = Field(True, description="objective ttft, text requests: ask the Predictors while the "
                                  "tagger works (a text request's TTFT does not depend on its reply length)")
+    prefix_tokenizer: Literal["auto", "engine", "fallback"] = Field(
+        "auto", description="prefix-aware policies: a text prompt's token ids for its block hashes from an engine's "
+        "POST /tokenize (engine: the ids vLLM caches by), astro's fallback tokenizer (fallback: the sim engine's), or "
+        "auto: engine unless every engine's /version says astro-sim")
+    tokenize_deadline_ms: float = Field(20.0, gt=0, description="deadline of that /tokenize RPC; then the fallback "
+                                        "ids are hashed")
 
     @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod

@@ -365,12 +365,17 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             if isinstance(exc, oa.ApiError):
                 return [immediate(exc.status_code, exc.message, exc.param, exc.err_type)]
             return [immediate(exc.status, exc.message, exc.param, exc.type)]
-        tag = await self.sched.tags.finish(tag_task, raw)
+        tok = self.door.start_prompt_ids(body, endpoint, parsed)  # runs while the tagger works
+        try:
+            tag = await self.sched.tags.finish(tag_task, raw)
+            blocks = await self.door.prompt_blocks(body, endpoint, tok)
+        except BaseException:
+            self.door.prompt_ids.abandon(tok)
+            raise
         s = self.s.scheduler
         cand = candidate_of(tag, parsed, s.default_output_tokens, s.oracle_lengths)
-        hashes, bs = self.door.prompt_blocks(body, endpoint)
         excluded, hinted = self._excluded(ctx)
-        dec = await self.sched.dispatcher.choose(cand, excluded, hashes, bs)
+        dec = await self.sched.dispatcher.choose(cand, excluded, *blocks)
         st = self.instances.get(dec.choice) if dec is not None else None
         if st is None:  # none, or dropped by discovery while the predictions were out
             ctx.done = True

@@ -10,6 +10,11 @@ Per request to `/v1/chat/completions` or `/v1/completions`:
    parallel, with a deadline (`predict_deadline_s`, 50 ms): late or failed ones are
    skipped; the policy's `choose` picks (falling back to least outstanding requests when
    none answered).
+   A policy that reads prefix-cache hits (cache_aware, power_of_k's cache pin) hashes
+   the prompt's token ids as the engines cache them: on a vLLM fleet an engine's
+   `POST /tokenize` answer (sent while the tagger works, deadline
+   `tokenize_deadline_s`, then the fallback ids, counted), on a sim fleet the fallback
+   tokenizer's ids with no RPC (`prefix_tokenizer` auto; `prompt_ids.py`).
 3. forward the body to the chosen engine with `vllm_xargs.astro_predicted_output_tokens`
    set to the tagger's prediction (so the engine's `/status` shows it), and stream the
    response back unchanged (SSE events relayed whole), with header `x-astro-instance`
@@ -50,7 +55,7 @@ Metrics (`GET /metrics`):
   (decision time incl. predict RPCs), `astro:predict_rpcs_total{policy,outcome}`
   (ok | timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
   "skipped" = not sent, the Predictor's breaker is open),
-  `astro:tag_rpcs_total{outcome}`, `astro:scheduler_retries_total`,
+  `astro:tag_rpcs_total{outcome}`, `astro:tokenize_rpcs_total{outcome}`, `astro:scheduler_retries_total`,
   `astro:instance_healthy{instance}`, `astro:instance_outstanding_requests{instance}`,
   `astro:instance_dispatched_total{instance}`, `astro:breaker_trips_total{instance}`.
 - `GET /decisions?n=100` (API key when set): the last decisions as JSON
@@ -62,7 +67,8 @@ Metrics (`GET /metrics`):
 The package, one job per module: `settings` (SchedulerSettings, InstanceEndpoint),
 `instances` (per-instance state, circuit breakers, dispatchable), `health` (health checks, status
 polls, model discovery), `clients` (connection pools), `tagging` (tag client),
-`predictions` (predict client and Predictor breakers), `dispatcher` (the one call into
+`predictions` (predict client and Predictor breakers), `prompt_ids` (a prompt's token
+ids for prefix hashes: engine `/tokenize` or the fallback tokenizer), `dispatcher` (the one call into
 `dispatch/`), `front_door` (parse → tag → dispatch → forward, retry), `relay` (response
 and SSE relay), `metrics` (Prometheus), `app` (the ASGI app and `run_scheduler`; the discovery events).
 """

@@ -23,6 +23,7 @@ from rps_astro_cli.services.scheduler.health import HealthMonitor
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
+from rps_astro_cli.services.scheduler.prompt_ids import PromptIds
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint, SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 
@@ -46,10 +47,14 @@ class Scheduler:
         self.tags = TagClient(settings, self.clients, self.m)
         predict = PredictClient(settings, self.instances, self.clients, self.m, settings.policy)
         self.dispatcher = Dispatcher(settings, self.instances, predict, self.m)
+        self.prompt_ids = PromptIds(settings, self.instances, self.clients, self.m, settings.policy)
+        needs_prefix = self.dispatcher.needs_prefix
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
-                                    self.models, self.tags, needs_prefix=self.dispatcher.needs_prefix)
+                                    self.models, self.tags, needs_prefix=needs_prefix,
+                                    needs_kv_growth=self.dispatcher.needs_kv_growth,
+                                    probe_version=needs_prefix and self.prompt_ids.probes_version)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
-                                    self.models)
+                                    self.models, self.prompt_ids)
         self.discovered: InstanceSet | None = None
         self.watcher: EndpointSliceWatcher | None = None
         self._by_key: dict[str, InstanceState] = {}  # discovery key (pod UID) → its state

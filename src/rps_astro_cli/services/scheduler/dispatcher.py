@@ -46,6 +46,12 @@ class Dispatcher:
         return bool(self.policy.needs_status)
 
     @property
+    def needs_kv_growth(self) -> bool:
+        """Whether the policy reads the running requests' projected KV growth
+        (power_of_k `kv_growth=true`): the health loop then derives it from each `/status`."""
+        return bool(self.policy.needs_kv_growth)
+
+    @property
     def needs_prefix(self) -> bool:
         """Whether the policy reads each instance's cached prefix of a request (cache_aware's
         scorer, power_of_k's cache pin): the front door then hashes each request's
@@ -57,7 +63,8 @@ class Dispatcher:
         return self.policy.describe()
 
     async def choose(self, candidate: CandidateRequest, excluded: frozenset[int],
-                     block_hashes: tuple[int, ...] = (), block_size: int = 16) -> DispatchDecision | None:
+                     block_hashes: tuple[int, ...] = (), block_size: int = 16,
+                     prefix_tokens: int | None = None) -> DispatchDecision | None:
         """Choose a dispatchable instance for `candidate` outside `excluded` (instance
         indices); None when there is none. The policy sees only the dispatchable
         instances, at positions 0..n-1 (so its "no healthy instance → all" fallback
@@ -65,10 +72,15 @@ class Dispatcher:
         to instance indices. `block_hashes` (of `block_size`-token blocks): the
         request's prompt blocks, for a policy that `needs_prefix`; each instance's load
         then carries the request's cached prefix there, and each candidate's Predictor
-        gets it as `cached_tokens`."""
+        gets it as `cached_tokens`. `prefix_tokens`: the prompt's length in the ids the
+        hashes were taken of, when those are the engine's (`/tokenize`; None: the
+        candidate's `prompt_tokens`): it caps a hit (at least the last prompt token is
+        computed, as the engine caps it) and is the load's `request_prompt_tokens`, so
+        the hit's share of the prompt (cache_aware) and the KV headroom gate count in
+        the engine's tokens, the unit of its hits and of its `/status`."""
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
-        prefix = (block_hashes, block_size, candidate.prompt_tokens) if block_hashes else None
+        prefix = (block_hashes, block_size, prefix_tokens or candidate.prompt_tokens) if block_hashes else None
         # the request's own prompt counts against KV headroom (status-based policies)
         own = candidate.prompt_tokens if self.policy.needs_status else None
         loads = [st.load(j, excluded, prefix, own) for j, st in enumerate(pool)]

@@ -7,15 +7,26 @@
 2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
    client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
    `Dispatcher` choose an instance. For a policy that reads prefix-cache hits, the
-   prompt's block hashes are computed here, once per request, from the same token ids
-   the sim engine uses (`protocol.openai.prompt_token_ids` with the fallback tokenizer's
-   ids; `sim.prefix_cache.block_hashes` of the instances' block size).
+   prompt's block hashes are computed here, once per request
+   (`sim.prefix_cache.block_hashes` of the instances' block size), from the token ids
+   the engines cache by (`prompt_ids.py`, setting `prefix_tokenizer`): on a sim fleet
+   the fallback tokenizer's (`protocol.openai.prompt_token_ids`, no RPC, as the sim
+   engine hashes); on a vLLM fleet an engine's `POST /tokenize` answer (the model's
+   tokenizer and chat template), sent once the body is valid, while the tag RPC is in
+   flight, with a deadline (`tokenize_deadline_s`) after which the fallback ids are
+   hashed (counted). A token-id prompt's ids are its own (no RPC).
    Early dispatch (`early_dispatch`, on by default): under objective ttft a text
    request's Predictor RPCs go out right after parsing, while the tagger works — its
    TTFT on an instance does not depend on its own reply length, and the parser counts
    prompt tokens as the tagger does. The forward still waits for the tag (the engine's
    `/status` and the pending list carry the tag's length); the decision's `e2e_s`
-   predictions assume `default_output_tokens` (`DecisionRecord.early_dispatch`).
+   predictions assume `default_output_tokens` (`DecisionRecord.early_dispatch`). When
+   the prompt's ids come from `/tokenize`, the early decision starts once they are in
+   (or at the deadline): fallback ids never match a vLLM engine's cache, so deciding
+   before they arrive would leave a prefix-aware policy blind on the one signal it
+   exists for; the wait is bounded by `tokenize_deadline_s` (20 ms, under the tag's
+   50 ms) and overlaps the tag RPC. Without early dispatch the ids are awaited after the
+   tag, so the RPC costs no wait unless it is slower than the tagger.
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). A request whose instance fails before anything was sent to the client
@@ -47,15 +58,18 @@ from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+from rps_astro_cli.services.scheduler.prompt_ids import PromptIds, Tokenize
 from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
-from rps_astro_cli.tokens import token_ids_fallback
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
 
 ENGINE_5XX_BREAKER = 3  # consecutive 5xx answers that take an instance out of rotation
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
+# a prompt's prefix for the dispatch: (block hashes, block size, the engine's prompt
+# token count when the ids are the engine's, else None: the candidate's count caps hits)
+PromptBlocks = tuple[tuple[int, ...], int, int | None]
 
 
 def candidate_of(tag: TagResult | None, parsed: oa.ParsedRequest, default_output_tokens: int,
@@ -91,7 +105,8 @@ class FrontDoor:
     docstring). `decisions` holds the last `decisions_kept` records."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients, tags: TagClient,
-                 dispatcher: Dispatcher, metrics: SchedulerMetrics, models: set[str]):
+                 dispatcher: Dispatcher, metrics: SchedulerMetrics, models: set[str],
+                 prompt_ids: PromptIds | None = None):
         self.s = settings
         self.instances = instances
         self.clients = clients
@@ -99,6 +114,7 @@ class FrontDoor:
         self.dispatcher = dispatcher
         self.m = metrics
         self.models = models
+        self.prompt_ids = prompt_ids or PromptIds(settings, instances, clients, metrics, dispatcher.policy_name)
         self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
         self._n = 0
 
@@ -120,13 +136,24 @@ class FrontDoor:
         self.check_model(parsed)
         return body, parsed
 
-    def prompt_blocks(self, body: dict, endpoint: str) -> tuple[tuple[int, ...], int]:
-        """The prompt's block hashes and their block size (the instances' KV block size) for
-        a policy that `needs_prefix`; `((), 16)` otherwise."""
+    def start_prompt_ids(self, body: dict, endpoint: str, parsed: oa.ParsedRequest) -> Tokenize | None:
+        """Send the `/tokenize` RPC of a validated body's prompt when a policy that
+        `needs_prefix` wants the engine's ids of it (`prompt_ids.PromptIds.start`); None
+        otherwise (no RPC)."""
         if not self.dispatcher.needs_prefix:
-            return (), 16
+            return None
+        return self.prompt_ids.start(body, endpoint, parsed)
+
+    async def prompt_blocks(self, body: dict, endpoint: str, tok: Tokenize | None = None) -> PromptBlocks:
+        """The prompt's block hashes, their block size (the instances' KV block size) and
+        the engine's token count of the prompt (None: fallback ids) for a policy that
+        `needs_prefix`; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
+        deadline; without `tok` it does not suspend."""
+        if not self.dispatcher.needs_prefix:
+            return (), 16, None
         bs = next((st.block_size for st in self.instances if st.block_size), 16)
-        return block_hashes(oa.prompt_token_ids(body, endpoint, token_ids_fallback), bs), bs
+        ids, from_engine = await self.prompt_ids.finish(tok, body, endpoint)
+        return block_hashes(ids, bs), bs, len(ids) if from_engine else None
 
     async def handle(self, request: Request, endpoint: str) -> Response:
         t0 = time.perf_counter()
@@ -143,21 +170,36 @@ class FrontDoor:
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
-        hashes, bs = self.prompt_blocks(body, endpoint)
+        tok = self.start_prompt_ids(body, endpoint, parsed)
+        early_ok = self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text"
+        blocks: PromptBlocks | None = None
+        if tok is None or early_ok:  # an early decision waits for the engine's ids (module docstring)
+            try:
+                blocks = await self.prompt_blocks(body, endpoint, tok)
+            except BaseException:
+                self.tags.abandon(tag_task)
+                self.prompt_ids.abandon(tok)
+                raise
         early = None
-        if self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text":
+        if early_ok:
             # a text request's TTFT on an instance does not depend on its own reply length,
             # and its prompt tokens are the parser's (the tagger counts the same way): the
             # Predictors can be asked while the tagger works (see module docstring)
             early_cand = candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
-            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), hashes, bs))
+            assert blocks is not None
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), *blocks))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
+        elif tok is not None:
+            await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
         t_tag = time.perf_counter()
         try:
             tag = await self.tags.finish(tag_task, raw)
+            if blocks is None:  # the /tokenize RPC ran while the tagger worked
+                blocks = await self.prompt_blocks(body, endpoint, tok)
         except BaseException:
             if early is not None:
                 early.cancel()
+            self.prompt_ids.abandon(tok)
             raise
         tag_wait_us = (time.perf_counter() - t_tag) * 1e6
         self.m.stage.labels(self.dispatcher.policy_name, "tag").observe(tag_wait_us / 1e6)
@@ -170,7 +212,7 @@ class FrontDoor:
         payload = json.dumps(body).encode()
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
-        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, hashes, bs, early))
+        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, blocks, early))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -190,7 +232,7 @@ class FrontDoor:
         return Response(status_code=499)
 
     async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
-                       rec: DecisionRecord, t0: float, hashes: tuple[int, ...] = (), block_size: int = 16,
+                       rec: DecisionRecord, t0: float, blocks: PromptBlocks = ((), 16, None),
                        early: asyncio.Future | None = None) -> Response:
         path = _PATHS[endpoint]
         excluded: frozenset[int] = frozenset()
@@ -202,7 +244,7 @@ class FrontDoor:
                 dec = await early  # chosen while the tagger worked (text, objective ttft)
                 rec.early_dispatch = True
             else:
-                dec = await self.dispatcher.choose(cand, excluded, hashes, block_size)
+                dec = await self.dispatcher.choose(cand, excluded, *blocks)
             if dec is None:
                 break
             st = self.instances.get(dec.choice)

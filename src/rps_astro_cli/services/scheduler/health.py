@@ -12,7 +12,8 @@ status's `InstanceLoad` fields. The Predictors' and the tagger's `/health` are a
 were a third of the scheduler's CPU on a 4-instance fleet: 50 httpx calls/s); for the
 hits it asks `?prefix_since=N` and applies the engine's change of cached block hashes
 to the instance's `PrefixMirror` (an engine that does not answer `prefix_cache` leaves
-it empty: no hits).
+it empty: no hits). Under `prefix_tokenizer` auto it also asks each engine's `GET
+/version` until one answer tells its kind (astro sim engine or not: `prompt_ids.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import time
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
+from rps_astro_cli.services.scheduler.prompt_ids import engine_kind_of_version
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.types import InstanceLoad, InstanceStatus
 
@@ -42,14 +44,20 @@ class HealthMonitor:
     engine's `/v1/models` when the settings name none."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
-                 needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False):
+                 needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False,
+                 needs_kv_growth: bool = False, probe_version: bool = False):
         self.s = settings
         self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
         self.needs_status = needs_status or needs_prefix
         self.needs_prefix = needs_prefix
+        # the policy reads `InstanceLoad.kv_growth_blocks`: only then is it derived from
+        # each /status (O(n²) in the running requests, at every poll)
+        self.needs_kv_growth = needs_kv_growth
         self.models = models
+        # learn each engine's kind from its GET /version, once (prefix_tokenizer auto)
+        self.probe_version = probe_version
         self._task: asyncio.Task | None = None
 
     async def check(self, st: InstanceState, with_predictor: bool = True) -> None:
@@ -66,7 +74,7 @@ class HealthMonitor:
                     raise ValueError(f"/status answered {resp.status}")
                 d = json.loads(body)
                 status = InstanceStatus.from_dict(d)
-                st.load_fields = InstanceLoad.status_fields(status)
+                st.load_fields = InstanceLoad.status_fields(status, kv_growth=self.needs_kv_growth)
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size
@@ -76,6 +84,8 @@ class HealthMonitor:
                 code, _ = await self.clients.get(st.ep.engine_url, "/health")
                 if code != 200:
                     raise ValueError(f"/health answered {code}")
+            if self.probe_version and st.engine_kind is None:
+                await self.probe_kind(st)
             if not self.models:
                 code, body = await self.clients.get(st.ep.engine_url, "/v1/models")
                 if code == 200:
@@ -86,6 +96,16 @@ class HealthMonitor:
             self.instances.mark_ok(st)
         if st.ep.predictor_url and with_predictor:
             await self.check_predictor(st)
+
+    async def probe_kind(self, st: InstanceState) -> None:
+        """`GET /version` of `st`'s engine → `st.engine_kind` (`prompt_ids.engine_kind_of_version`);
+        a failed call leaves it unknown, asked again at the next check, and is not a
+        health failure (the engine answered its health check)."""
+        try:
+            code, body = await self.clients.get(st.ep.engine_url, "/version")
+        except (TimeoutError, RpcError):
+            return
+        st.engine_kind = engine_kind_of_version(code, body)
 
     async def check_predictor(self, st: InstanceState) -> None:
         """`GET /health` of `st`'s Predictor: a failure, or a body whose status is not

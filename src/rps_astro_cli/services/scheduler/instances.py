@@ -57,7 +57,7 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -81,6 +81,8 @@ class InstanceState:
         self.predictor_error_at = 0.0  # time.monotonic() of the last failed predict RPC
         self.prefix = PrefixMirror()  # its engine's cached block hashes (`/status?prefix_since=`)
         self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
+        # "astro-sim" | "other" (its /version, asked once under prefix_tokenizer auto; None: not known yet)
+        self.engine_kind: str | None = None
 
     def problems(self) -> list[str]:
         """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
@@ -96,10 +98,10 @@ class InstanceState:
              request_prompt_tokens: int | None = None) -> InstanceLoad:
         """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
         `excluded` holds its index (a retry's failed one). `prefix` = (the request's
-        block hashes, their block size, its prompt tokens): the load then carries the
-        request's cached prefix here (`prefix_hit_tokens`, from `self.prefix`) and its
-        prompt tokens; `request_prompt_tokens` sets those without a prefix (the KV
-        headroom gate counts them)."""
+        block hashes, their block size, its prompt tokens in the hashed ids): the load
+        then carries the request's cached prefix here (`prefix_hit_tokens`, from
+        `self.prefix`) and those prompt tokens; `request_prompt_tokens` sets those
+        without a prefix (the KV headroom gate counts them)."""
         fields: dict[str, int] = self.load_fields
         bs = fields.get("kv_block_size")
         if bs and self.pending:  # forwarded since that status was asked for: not in it yet

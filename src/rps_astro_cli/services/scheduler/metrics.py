@@ -6,7 +6,9 @@
   (decision time incl. predict RPCs); `astro:predict_rpcs_total{policy,outcome}` (ok |
   timeout | error | skipped; per request exactly k for power_of_k, N for k=all;
   "skipped" = not sent, the Predictor's breaker is open; "in_process" = predicted in the
-  scheduler's own process, `predict_in_process`); `astro:tag_rpcs_total{outcome}`.
+  scheduler's own process, `predict_in_process`); `astro:tag_rpcs_total{outcome}`;
+  `astro:tokenize_rpcs_total{outcome}` (ok | timeout | error: an engine's `/tokenize`
+  for a prompt's prefix hashes, `prompt_ids.py`).
 - `astro:scheduler_overhead_seconds`: what the scheduler adds per request, engine time
   excluded (see the package docstring); `astro:scheduler_retries_total`.
 - per instance: `astro:instance_healthy`, `astro:instance_outstanding_requests`,
@@ -24,7 +26,10 @@
   fan-out), score, pick: `DispatchDecision.stage_us`); `astro:dispatch_fallbacks_total
   {policy,reason}` — a decision the policy made without its signal (its "fallback: ..."
   reason) and `reason="no tag"` (the tag missed its deadline or failed: the default
-  length was used).
+  length was used), `reason="tokenize timeout"` | `"tokenize error"` | `"tokenize no
+  engine"` (the engine's token ids of a prompt were wanted for its prefix hashes but did
+  not come: the fallback tokenizer's were hashed, which a vLLM engine's cache never
+  matches for a text prompt).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ class SchedulerMetrics:
                                 ["policy"], buckets=fast, registry=r)
         self.predict_rpcs = Counter("astro:predict_rpcs", "Predict RPCs sent", ["policy", "outcome"], registry=r)
         self.tag_rpcs = Counter("astro:tag_rpcs", "Tag calls", ["outcome"], registry=r)
+        self.tokenize_rpcs = Counter("astro:tokenize_rpcs", "Engine /tokenize calls for prefix hashes",
+                                     ["outcome"], registry=r)
         self.overhead = Histogram("astro:scheduler_overhead_seconds", "Scheduler overhead per request (s)",
                                   buckets=fast, registry=r)
         self.retries = Counter("astro:scheduler_retries", "Requests retried on another instance", registry=r)

@@ -7,7 +7,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rps_astro_cli.discovery.kubernetes import KubeApi, WatchSettings
+from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.services.http_common import DEFAULT_MAX_BODY_BYTES
+
+# where a prefix-aware policy gets a text prompt's token ids (`SchedulerSettings.prefix_tokenizer`)
+PREFIX_TOKENIZERS = ("auto", "engine", "fallback")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,13 @@ class SchedulerSettings:
     `--time-scale`; 1 for vLLM): the scheduler observes latencies in wall seconds and the
     Predictors answer in engine seconds, so the observed ones are divided by it before
     the prediction-error metrics compare them.
+    prefix_tokenizer: where a policy that reads prefix-cache hits gets a text prompt's
+        token ids for its block hashes: `engine` (the engine's `POST /tokenize`, the ids
+        vLLM caches by), `fallback` (astro's fallback tokenizer: the ids the sim engine
+        caches by), `auto` (engine ids once some engine's `/version` says it is not an
+        astro sim engine, else fallback ids; `prompt_ids.py`).
+    tokenize_deadline_s: deadline of that `/tokenize` RPC, from its start; on miss the
+        fallback ids are hashed (`astro:dispatch_fallbacks_total{reason="tokenize timeout"}`).
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -114,3 +125,13 @@ class SchedulerSettings:
     pending_keep_s: float = 1.0
     discovery: DiscoverySettings | None = None
     time_scale: float = 1.0
+    prefix_tokenizer: str = "auto"
+    tokenize_deadline_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if self.prefix_tokenizer not in PREFIX_TOKENIZERS:
+            raise AstroUserError(f"unknown prefix tokenizer {self.prefix_tokenizer!r}", field="prefix_tokenizer",
+                                 fix="use one of: auto, engine, fallback")
+        if not self.tokenize_deadline_s > 0:
+            raise AstroUserError(f"must be > 0 s, got {self.tokenize_deadline_s}", field="tokenize_deadline_s",
+                                 fix="give a deadline such as 0.02 (20 ms)")
