@@ -61,6 +61,16 @@ busy machine. The engines' own mean TTFT / E2E (their `vllm:*_seconds` histogram
 arrival at the engine → first / last token) are reported beside the client's, to tell
 queueing at the engines (what dispatch changes) from delay in the streaming path.
 
+CPU pinning (`--engine-cpus 0 --front-cpus 1`, taskset lists, disjoint): the sim engines
+model GPUs, and a real fleet's GPUs do not slow down when the router uses CPU; on a shared
+host the simulated engines would (round 5: astro's Predictors, tagger and relay took CPU
+from them). With the flags the harness pins itself first (its load-generator processes,
+the tagger, the Predictors and every front door inherit that set), then moves every thread
+of each engine's process tree to the engine set; the kernel's `Cpus_allowed_list` is read
+back for every thread after each fleet start and for each run's router (a mismatch stops
+the harness). The sets are in the JSON (`cpu_pinning`, per run `cpus`) and the table's
+header. Same pinning for every arm.
+
 Output: `<out>/peer_routers.json` (config, capacity, every run, summary) and
 `<out>/peer_routers.md` (median and min–max over accepted runs of P99 TTFT, mean TTFT,
 mean E2E, throughput; paired ratio of P99 TTFT to the reference arm in the same repeat).
@@ -78,6 +88,7 @@ import hashlib
 import json
 import math
 import multiprocessing as mp
+import os
 import shutil
 import signal
 import socket
@@ -163,6 +174,102 @@ def peer_binary(router: str) -> str | None:
     """Path of a peer router's executable: beside this Python first (the venv), else PATH."""
     local = Path(sys.executable).parent / router
     return str(local) if local.is_file() else shutil.which(router)
+
+
+# -- CPU pinning (the engines off the router's cores) ------------------------------------------
+
+def parse_cpus(spec: str) -> frozenset[int]:
+    """`taskset -c` style list ("0", "0-2", "0,3-4") → the CPU numbers; ValueError if empty
+    or malformed."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        a, b = int(lo), int(hi) if sep else int(lo)
+        if a < 0 or b < a:
+            raise ValueError(f"bad CPU range {part!r}")
+        out.update(range(a, b + 1))
+    if not out:
+        raise ValueError(f"no CPU in {spec!r}")
+    return frozenset(out)
+
+
+def format_cpus(cpus) -> str:
+    """The CPU set as the kernel writes Cpus_allowed_list ({0, 1, 2, 5} → "0-2,5")."""
+    s = sorted(cpus)
+    parts: list[str] = []
+    i = 0
+    while i < len(s):
+        j = i
+        while j + 1 < len(s) and s[j + 1] == s[j] + 1:
+            j += 1
+        parts.append(str(s[i]) if i == j else f"{s[i]}-{s[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def cpus_allowed(pid: int, tid: int | None = None) -> frozenset[int]:
+    """The kernel's Cpus_allowed_list of a process (or one of its threads)."""
+    p = Path(f"/proc/{pid}") / ("task/" + str(tid) if tid is not None else "") / "status"
+    for line in p.read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return parse_cpus(line.split(":", 1)[1])
+    raise HarnessError(f"no Cpus_allowed_list in {p}")
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (from /proc/<pid>/task/<tid>/children), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        try:
+            for t in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (t / "children").read_text().split()]
+        except OSError:  # exited meanwhile
+            continue
+    return out
+
+
+def pin_tree(pid: int, cpus: frozenset[int]) -> str:
+    """Pin every thread of `pid` and of its descendants to `cpus` (sched_setaffinity acts
+    on one thread; threads started later inherit their creator's set), then check that the
+    kernel shows exactly `cpus` for each; returns that Cpus_allowed_list."""
+    for p in process_tree(pid):
+        try:
+            tids = [int(t.name) for t in Path(f"/proc/{p}/task").iterdir()]
+        except OSError:
+            continue
+        for t in tids:
+            try:
+                os.sched_setaffinity(t, cpus)
+            except ProcessLookupError:
+                continue
+        for t in tids:
+            try:
+                got = cpus_allowed(p, t)
+            except OSError:
+                continue
+            if got != cpus:
+                raise HarnessError(f"pid {p} thread {t}: Cpus_allowed_list {format_cpus(got)}, "
+                                   f"wanted {format_cpus(cpus)}")
+    return format_cpus(cpus_allowed(pid))
+
+
+@dataclass(frozen=True)
+class Pinning:
+    """`--engine-cpus` / `--front-cpus`: the sim engines on one CPU set, everything else
+    (this harness, its load-generator processes, Predictors, tagger, every front door) on
+    the other. A real fleet's GPUs do not slow down when the router uses CPU; on a shared
+    host the sim engines would."""
+
+    engine: frozenset[int]
+    front: frozenset[int]
+
+    def describe(self) -> dict[str, str]:
+        return {"engine_cpus": format_cpus(self.engine), "front_cpus": format_cpus(self.front)}
 
 
 class Router:
@@ -272,7 +379,8 @@ class Fleet:
     """The sim fleet: engines + Predictors + tagger via `ClusterSupervisor` (its own
     scheduler is stopped at once: every run brings its own front door)."""
 
-    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path, prefix_cache: bool = False):
+    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path, prefix_cache: bool = False,
+                 pinning: Pinning | None = None):
         # prefix caching off by default: every arm of a repeat sends the same prompts, and a
         # cache left by the previous arm would favour whoever routes to it next (astro reads
         # the engines' cached blocks; the peers keep their own per-run view). With
@@ -287,6 +395,8 @@ class Fleet:
         self.sup: ClusterSupervisor | None = None
         self.info: dict[str, Any] = {}
         self.starts = 0
+        self.pinning = pinning
+        self.pins: dict[str, str] = {}  # child name → its Cpus_allowed_list, checked after each start
 
     def start(self) -> dict[str, Any]:
         self.starts += 1
@@ -298,7 +408,18 @@ class Fleet:
             sched.proc.terminate()
             sched.proc.wait(10)
             self.sup.scheduler = None
+        self.pins = {}
+        if self.pinning is not None:  # engines to their set; tagger and Predictors (inherited) checked on the other
+            for c in self.sup.engines:
+                self.pins[c.name] = pin_tree(c.pid, self.pinning.engine)
+            for c in [*([self.sup.tagger] if self.sup.tagger else []), *self.sup.predictors]:
+                self.pins[c.name] = pin_tree(c.pid, self.pinning.front)
+            self.info["cpu_pinning"] = dict(self.pins)
         return self.info
+
+    def engine_cpus_now(self) -> list[str]:
+        """Each engine's Cpus_allowed_list as the kernel shows it now."""
+        return [format_cpus(cpus_allowed(c.pid)) for c in (self.sup.engines if self.sup else []) if c.pid]
 
     def stop(self) -> None:
         if self.sup is not None:
@@ -458,7 +579,9 @@ def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientO
 def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[float], *, seed: int,
             max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None,
             max_send_delay_s: float | None = None) -> dict[str, Any]:
-    """Start the arm's router, send the list (engine-second times × time_scale), stop it."""
+    """Start the arm's router, send the list (engine-second times × time_scale), stop it.
+    With the fleet pinned, the router's process tree is pinned (checked) to the front set
+    and the engines' sets are re-read before the traffic starts."""
     ts = float(fleet.info["time_scale"])
     model = fleet.info.get("model")
     urls = fleet.engine_urls()
@@ -472,6 +595,11 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
     try:
         router.wait_ready(lambda u: client_opts(arm, u, model, 30.0))
         out["router_ready_s"] = time.perf_counter() - t_start
+        if fleet.pinning is not None:
+            out["cpus"] = {"router": pin_tree(router.proc.pid, fleet.pinning.front),
+                           "engines": fleet.engine_cpus_now()}
+            if any(c != format_cpus(fleet.pinning.engine) for c in out["cpus"]["engines"]):
+                raise HarnessError(f"engines not on CPUs {format_cpus(fleet.pinning.engine)}: {out['cpus']['engines']}")
         opts = client_opts(arm, router.url or "", model, run_timeout_s)
         before = asyncio.run(_scrape(urls))
         t0 = time.perf_counter()
@@ -593,7 +721,8 @@ def _stat(vals: list[float]) -> dict[str, float | None]:
 
 
 METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_ttft_mean_s", "engine_e2e_mean_s",
-           "send_delay_p99_s", "ttft_later_mean_s", "ttft_later_p99_s", "prefix_hit_rate", "engine_lag_max_s")
+           "send_delay_p99_s", "ttft_later_mean_s", "ttft_later_p99_s", "prefix_hit_rate", "engine_lag_max_s",
+           "steps_late_fraction")
 
 
 def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
@@ -648,18 +777,30 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
              f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
              "TTFT / E2E: at the client (send → first / last streamed token); engine TTFT / E2E: the engines' own "
              "histograms (arrival at the engine → first / last token), exact means over the run; client send "
-             "P99: how late the load generator sent (a busy machine delays it).",
+             "P99: how late the load generator sent (a busy machine delays it); engine lag: the highest reading "
+             "of an engine's lag gauge (max since the fleet started) that rose during the run (wall s; 0: none "
+             "rose); late steps: fraction of engine steps that ran late." + _pinning_text(meta),
              "",
-             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) | throughput (req/s) "
-             "| engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) "
+             "| throughput (req/s) | engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) "
+             "| engine lag (s) | late steps |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
         lines.append(f"| {_load_cell(row, loads, 'req/s')} | `{row['arm']}` | {row['lengths']} | "
                      f"{row['runs_ok']}/{row['runs_total']} | {_fmt(row['ttft_p99_s'])} | {_ratio_cell(row)} | "
                      f"{_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
                      f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
-                     f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} |")
+                     f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} | "
+                     f"{_fmt(row['engine_lag_max_s'])} | {_fmt(row['steps_late_fraction'])} |")
     return "\n".join(lines + _rejected_lines(summary, "req/s")) + "\n"
+
+
+def _pinning_text(meta: dict[str, Any]) -> str:
+    p = meta.get("cpu_pinning")
+    if not p:
+        return " CPUs: not pinned (engines share the front door's cores)."
+    return (f" CPUs: sim engines on {p['engine_cpus']}; harness, load generators, Predictors, tagger and every "
+            f"front door on {p['front_cpus']} (checked in /proc per start and per run).")
 
 
 def _turns(meta: dict[str, Any]) -> str:
@@ -748,6 +889,11 @@ def parse_args(argv: list[str] | None = None):
                     help="reject a run whose load generator's P99 send delay passed this (engine s; default: "
                          "report it only)")
     ap.add_argument("--retries", type=int, default=1, help="re-runs of a rejected run, at the end of the schedule")
+    ap.add_argument("--engine-cpus", default=None,
+                    help="CPUs of the sim engines (taskset list, e.g. 0); needs --front-cpus")
+    ap.add_argument("--front-cpus", default=None,
+                    help="CPUs of everything else: this harness, its load generators, Predictors, tagger, every "
+                         "front door (e.g. 1); disjoint from --engine-cpus")
     ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (1 = in this one)")
     ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
     ap.add_argument("--out", default="bench-results/peer-routers", help="folder for the JSON and Markdown")
@@ -755,6 +901,19 @@ def parse_args(argv: list[str] | None = None):
     args = ap.parse_args(argv)
     if args.from_json:
         return args
+    args.pinning = None
+    if (args.engine_cpus is None) != (args.front_cpus is None):
+        ap.error("--engine-cpus and --front-cpus go together")
+    if args.engine_cpus is not None:
+        try:
+            eng, front = parse_cpus(args.engine_cpus), parse_cpus(args.front_cpus)
+        except ValueError as e:
+            ap.error(f"--engine-cpus/--front-cpus: {e}")
+        have = os.sched_getaffinity(0)
+        if eng & front or not (eng | front) <= have:
+            ap.error(f"--engine-cpus/--front-cpus: two disjoint sets within this process's CPUs "
+                     f"{format_cpus(have)} (got {format_cpus(eng)} / {format_cpus(front)})")
+        args.pinning = Pinning(eng, front)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in names if a not in ARMS]
     if bad:
@@ -825,7 +984,7 @@ def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
     meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
     meta["source"] = (doc.get("workload_sources") or ["?"])[0]
     meta.update(multi_turn=cfg.get("multi_turn", False), think_time_s=cfg.get("think_time", 2.0),
-                prefix_cache=cfg.get("prefix_cache", False))
+                prefix_cache=cfg.get("prefix_cache", False), cpu_pinning=doc.get("cpu_pinning"))
     meta.update(sessions=cfg.get("sessions"), turns_per_run=[r["num_requests"] for r in doc["runs"]])
     summary = summarize(doc["runs"], arms, doc["rates_rps"], cfg["reference"])
     return markdown(summary, cfg["load_list"], cfg["reference"], meta)
@@ -867,7 +1026,11 @@ def main(argv: list[str] | None = None) -> int:
     plan = schedule(args.arm_list, rates, args.repeats)
     log_dir = out_dir / "logs"
     log_dir.mkdir(exist_ok=True)
-    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir, prefix_cache=args.prefix_cache)
+    pins: dict[str, Any] = {}
+    if args.pinning is not None:  # this process first: the pool, Predictors, tagger and routers inherit the set
+        pins = {**args.pinning.describe(), "harness": pin_tree(os.getpid(), args.pinning.front)}
+    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir, prefix_cache=args.prefix_cache,
+                  pinning=args.pinning)
     runs: list[dict[str, Any]] = []
     retries: dict[tuple[int, int, str], int] = {}
 
@@ -875,6 +1038,8 @@ def main(argv: list[str] | None = None) -> int:
     # (see _client_worker_init)
     pool = mp.get_context("fork").Pool(args.client_procs, initializer=_client_worker_init) \
         if args.client_procs > 1 else None
+    if pool is not None and args.pinning is not None:
+        pins["load_generators"] = [pin_tree(p.pid, args.pinning.front) for p in pool._pool]  # noqa: SLF001
 
     def _term(signum, _frame):
         raise KeyboardInterrupt
@@ -884,7 +1049,7 @@ def main(argv: list[str] | None = None) -> int:
             "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats,
             "seed": args.seed, "source": sources[0], "multi_turn": args.multi_turn, "think_time_s": args.think_time,
             "prefix_cache": args.prefix_cache, "sessions": args.sessions,
-            "turns_per_run": [len(reqs) for reqs, _ in lists.values()]}
+            "turns_per_run": [len(reqs) for reqs, _ in lists.values()], "cpu_pinning": pins or None}
     versions = {}
     for b in PEER_BINARIES:
         try:
@@ -901,7 +1066,8 @@ def main(argv: list[str] | None = None) -> int:
         md = markdown(summary, args.load_list, args.reference, meta)
         doc = {"schema": "astro.peer_routers/1", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "complete": done, "started_unix_s": t_start, "wall_s": time.time() - t_start,
-               "config": {k: v for k, v in vars(args).items() if k != "arm_list"},
+               "config": {k: v for k, v in vars(args).items() if k not in ("arm_list", "pinning")},
+               "cpu_pinning": {**pins, "fleet": fleet.pins} if pins else None,
                "arms": [a.__dict__ for a in args.arm_list], "peer_versions": versions, "capacity": capacity,
                "rates_rps": rates, "workload_sources": sources, "fleet_starts": fleet.starts, "log_dir": str(log_dir),
                "runs": runs, "summary": summary}

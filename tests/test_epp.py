@@ -233,7 +233,7 @@ def test_epp_picks_the_instance_astros_dispatch_picks(length_model, tmp_path):
         dest, _, _ = dispatch(channel, chat_body("another one"), chunks=3)
         assert dest == addr[0]
         # each stream released its instance at the response's end (the load went straight to the engines)
-        wait_for(lambda: srv.call(_outstanding) == [0, 0], 5)
+        wait_for(lambda: srv.call(_outstanding) == [0, 0], 30)
         assert srv.call(_dispatched) == [1, 1]
 
         # Envoy's BUFFERED body mode: headers answered at once, the pick rides on the body answer

@@ -76,7 +76,22 @@ class Fleet:
         out = sum(i["outstanding_requests"] for i in httpx.get(self.sched + "/instances", timeout=5).json())
         return out == 0 and all(self.busy(i) == 0 for i in range(len(self.info["instances"])))
 
-    def whole(self, timeout_s: float = 60.0) -> None:
+    def wait_out(self, name: str, timeout_s: float = 40.0) -> dict[str, Any]:
+        """Wait until `/health` is degraded with exactly the other instance healthy and
+        `name` among its problems; returns that /health (fails with the last one seen)."""
+        last: list = [None]
+
+        def out() -> bool:
+            last[0] = h = self.health()
+            return (h["status"] == "degraded" and h["healthy_instances"] == len(self.info["instances"]) - 1
+                    and name in h.get("problems", {}))
+        try:
+            wait_for(out, timeout_s, f"/health to take {name} out and keep the others")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last /health: {last[0]}") from None
+        return last[0]
+
+    def whole(self, timeout_s: float = 180.0) -> None:
         """Restart what died (the supervisor's own step), wait until /health is ok."""
         last: list = [None]
 
@@ -160,36 +175,37 @@ def posts(fleet: Fleet, n: int) -> list[httpx.Response]:
 def test_engine_killed_mid_run(fleet):
     fleet.whole()
     out, ts = streams(fleet, 10)
-    wait_for(lambda: fleet.busy(1) > 0, 20, "engine-1 to run requests")
+    wait_for(lambda: fleet.busy(1) > 0, 60, "engine-1 to run requests")
     fleet.child("engine-1").proc.kill()
-    wait_for(lambda: "engine-1" in fleet.health().get("problems", {}), 10, "/health to name engine-1")
-    h = fleet.health()
-    assert h["status"] == "degraded" and h["healthy_instances"] == 1
+    # /health names engine-1 and keeps engine-0 (waited for as one state: a loaded host
+    # can time out one 1 s health check of the live engine, which the next re-check
+    # readmits; before: asserted on the read right after the one naming engine-1)
+    fleet.wait_out("engine-1")
     assert httpx.get(fleet.sched + "/ready", timeout=5).status_code == 200  # engine-0 still takes requests
     kinds = joined(out, ts)
     assert kinds.count("ok") >= 1
+    fleet.wait_out("engine-1")
     assert all(r.status_code == 200 and r.headers["x-astro-instance"] == "engine-0" for r in posts(fleet, 4))
-    wait_for(lambda: fleet.busy(0) == 0, 20, "engine-0 to be idle")
+    wait_for(lambda: fleet.busy(0) == 0, 60, "engine-0 to be idle")
     fleet.whole()
-    wait_for(fleet.idle, 20, "no work left")
+    wait_for(fleet.idle, 60, "no work left")
 
 
 def test_engine_sigstopped_mid_run(fleet):
     fleet.whole()
     out, ts = streams(fleet, 8)
-    wait_for(lambda: fleet.busy(0) > 0, 20, "engine-0 to run requests")
+    wait_for(lambda: fleet.busy(0) > 0, 60, "engine-0 to run requests")
     pid = fleet.child("engine-0").proc.pid
     os.kill(pid, signal.SIGSTOP)
     try:
-        wait_for(lambda: "engine-0" in fleet.health().get("problems", {}), 15, "/health to name engine-0")
-        assert fleet.health()["status"] == "degraded"
+        fleet.wait_out("engine-0")  # (kept under the streams' 60 s read timeout)
         # new requests avoid the frozen engine
         assert all(r.status_code == 200 and r.headers["x-astro-instance"] == "engine-1" for r in posts(fleet, 4))
     finally:
         os.kill(pid, signal.SIGCONT)
     joined(out, ts)  # the frozen engine's streams resume and finish (or end with a clear error)
     fleet.whole()
-    wait_for(fleet.idle, 20, "no work left")
+    wait_for(fleet.idle, 60, "no work left")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGSTOP])
@@ -318,7 +334,11 @@ def slow_predictor(delay_s: float) -> FastAPI:
 def test_predictor_slower_than_the_deadline_costs_no_request(monkeypatch):
     from rps_astro_cli.services.scheduler import health as health_mod
 
-    monkeypatch.setattr(health_mod, "PREDICT_ERROR_STALE_S", 0.3)
+    # while the requests run, a missed deadline's error never ages out: /health must
+    # show it however long the requests and the reads after them take on a loaded host
+    # (before: 0.3 s from the start, which a loaded host outran: a health check passed
+    # the Predictor and cleared the error before /health was read)
+    monkeypatch.setattr(health_mod, "PREDICT_ERROR_STALE_S", 3600.0)
     with ExitStack() as st:
         engs = [start(st, engine_app(i)) for i in range(2)]
         slow = slow_predictor(0.5)
@@ -336,6 +356,7 @@ def test_predictor_slower_than_the_deadline_costs_no_request(monkeypatch):
             assert h["status"] == "degraded" and "deadline" in " ".join(h["problems"]["engine-0"]), h
             # no more traffic: the missed deadlines age out once the Predictors' /health
             # passes (before: degraded for ever, nothing left to clear it)
-            wait_for(lambda: c.get("/health").json()["status"] == "ok", 10, "/health ok again")
+            monkeypatch.setattr(health_mod, "PREDICT_ERROR_STALE_S", 0.3)
+            wait_for(lambda: c.get("/health").json()["status"] == "ok", 30, "/health ok again")
         wait_for(lambda: all(len(httpx.get(e.url + "/status", timeout=5).json()["running"]) == 0 for e in engs),
-                 10, "engines idle")
+                 30, "engines idle")

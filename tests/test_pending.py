@@ -84,9 +84,13 @@ def test_pending_codec_round_trip_and_bad_field():
 
 
 def test_scheduler_sends_pending_requests_to_the_predictor():
-    """Two requests 0.3 s apart to an engine that takes 1 s to answer: the second's
-    /predict body lists the first as pending (sent ~0.3 s ago, not accepted yet); with
-    count_pending off it does not."""
+    """Two requests, the second sent 0.3 s after the engine got the first, which it holds
+    until the second is answered: the second's /predict body lists the first as pending
+    (sent at least 0.3 s and at most the test's own measured span ago, not accepted yet);
+    with count_pending off it does not. (Before: an engine taking 1 s for each, and the
+    first's age bounded by 1 s — a loaded host stretched the 0.3 s gap past it, or let
+    the engine answer the first before the second was predicted.)"""
+    import asyncio
     import threading
     import time
     from contextlib import ExitStack
@@ -106,6 +110,7 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
         return {"ttft_s": 0.1, "e2e_s": 0.2}
 
     eng = FastAPI()
+    got_first, release = threading.Event(), threading.Event()
 
     @eng.get("/health")
     async def _health():
@@ -113,29 +118,36 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
 
     @eng.post("/v1/chat/completions")
     async def _chat():
-        import asyncio
-
-        await asyncio.sleep(1.0)
+        if not got_first.is_set():  # the first request: held until the test lets it go
+            got_first.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
         return {"id": "x", "object": "chat.completion", "choices": []}
 
     msg = {"model": "m", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
     for count in (True, False):
         bodies.clear()
+        got_first.clear()
+        release.clear()
         with ExitStack() as st:
             e = st.enter_context(ServerThread(eng))
+            st.callback(release.set)  # never leave the engine holding a request
             p = st.enter_context(ServerThread(pred))
             s = st.enter_context(ServerThread(create_app(SchedulerSettings(
                 instances=(InstanceEndpoint("e0", e.url, p.url),), policy="power_of_k", policy_params={"k": 1},
-                length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=count))))
+                length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=count,
+                pending_keep_s=3600.0))))
             first = threading.Thread(target=httpx.post, args=(s.url + "/v1/chat/completions",),
-                                     kwargs={"json": msg, "timeout": 5})
+                                     kwargs={"json": msg, "timeout": 60})
+            t0 = time.monotonic()
             first.start()
-            deadline = time.monotonic() + 3.0
-            while not bodies and time.monotonic() < deadline:
-                time.sleep(0.01)
+            assert got_first.wait(60), "the first request did not reach the engine"
             time.sleep(0.3)
-            r = httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=5)
-            first.join(timeout=5)
+            r = httpx.post(s.url + "/v1/chat/completions", json=msg, timeout=60)
+            span_s = time.monotonic() - t0  # the first was sent after t0, the second predicted before now
+            assert first.is_alive()  # still held: the engine has not answered it
+            release.set()
+            first.join(timeout=60)
             assert r.status_code == 200 and len(bodies) == 2
         assert "pending" not in bodies[0]
         if not count:
@@ -144,4 +156,4 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
         (pend,) = bodies[1]["pending"]
         assert pend["prompt_tokens"] == bodies[0]["prompt_tokens"]
         assert pend["predicted_output_tokens"] == bodies[0]["predicted_output_tokens"]
-        assert 0.25 <= pend["sent_age_s"] < 1.0 and pend["accepted_age_s"] is None
+        assert 0.3 <= pend["sent_age_s"] <= span_s and pend["accepted_age_s"] is None

