@@ -1,15 +1,19 @@
 """Factories shared by the test files (import them: `from conftest import linear_profile`).
 
-Hand-computable execution profiles, request builders, profile files on disk and a
-Prometheus text reader. Each factory takes overrides, so a test states only the numbers
+Hand-computable execution profiles, request builders, profile files on disk, a
+Prometheus text reader and a loader for the scripts under benchmarks/ and scripts/.
+Each factory takes overrides, so a test states only the numbers
 its hand computation depends on.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import sys
 from pathlib import Path
+from types import ModuleType
 
 from rps_astro_cli.sim.profile import ExecutionProfile, VisionCosts
 from rps_astro_cli.sim.request import SimRequest
@@ -69,3 +73,18 @@ def prom_sum(text: str, name: str, **labels) -> float:
         if all(got.get(k) == v for k, v in labels.items()):
             total += float(m.group(2))
     return total
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(relpath: str, name: str) -> ModuleType:
+    """A script of the repository that is not a package module (`benchmarks/x.py`,
+    `scripts/y.py`) imported as module `name` (registered in sys.modules, so its
+    dataclasses and pickling work)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / relpath)
+    assert spec is not None and spec.loader is not None, relpath
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod

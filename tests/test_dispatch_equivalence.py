@@ -8,8 +8,7 @@ and re-record them (the script prints them)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from conftest import load_script
 
 RECORDED_FE1A52E = [
     'round_robin     {}                               fcfs         noise=None  2dbdb738f6d91bf6  per-instance=[15, 15, 15, 15]',  # noqa: E501
@@ -27,8 +26,5 @@ RECORDED_FE1A52E = [
 
 
 def test_virtual_cluster_per_request_results_are_bit_identical_to_fe1a52e():
-    path = Path(__file__).resolve().parents[1] / "scripts" / "dispatch_equivalence.py"
-    spec = importlib.util.spec_from_file_location("dispatch_equivalence", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script("scripts/dispatch_equivalence.py", "dispatch_equivalence")
     assert mod.scenario_lines(60, 14.0, 4) == RECORDED_FE1A52E

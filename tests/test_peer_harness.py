@@ -4,7 +4,6 @@ always; a vllm-router arm when `.[peers]` is installed)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,22 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import load_script
 from rps_astro_cli.bench.client import build_body
 from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
 from rps_astro_cli.data_paths import data_dir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_routers.py"
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("peer_routers", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["peer_routers"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-pr = _load()
+pr = load_script("benchmarks/peer_routers.py", "peer_routers")
 
 
 def test_schedule_interleaves_and_rotates_each_repeat() -> None:

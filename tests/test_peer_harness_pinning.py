@@ -4,7 +4,6 @@ thread of every process ends on the set, as /proc/<pid>/task/<tid>/status shows 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,18 +12,9 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_routers.py"
+from conftest import load_script
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("peer_routers_pin", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["peer_routers_pin"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-pr = _load()
+pr = load_script("benchmarks/peer_routers.py", "peer_routers_pin")
 
 
 def test_cpu_lists_parse_and_format_like_the_kernel() -> None:

@@ -14,31 +14,19 @@ the sim fleet (BENCHMARKS.md, issue 17) would break them; the measured excess he
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import statistics
-import sys
 import threading
-from pathlib import Path
 
 import pytest
 
+from conftest import load_script
 from rps_astro_cli.bench.client import ClientOptions, run_requests
 from rps_astro_cli.bench.workloads import BenchRequest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "fake_sse_server.py"
 TTFT_S, ITL_S, CHUNKS = 0.080, 0.020, 5
 BOUND_S = 0.005  # what the client may add (median); a 10 ms offset fails it
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("fake_sse_server", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["fake_sse_server"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fss = _load()
+fss = load_script("benchmarks/fake_sse_server.py", "fake_sse_server")
 
 
 @pytest.fixture
