@@ -602,6 +602,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
                 raise HarnessError(f"engines not on CPUs {format_cpus(fleet.pinning.engine)}: {out['cpus']['engines']}")
         opts = client_opts(arm, router.url or "", model, run_timeout_s)
         before = asyncio.run(_scrape(urls))
+        cpu0 = read_cpu_times()
         t0 = time.perf_counter()
         # think times are engine seconds too (as `astro bench` live scales them)
         wall_reqs = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
@@ -611,6 +612,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
             out.update(status="error", reason=f"run exceeded {run_timeout_s:.0f} s wall")
             return out
         wall = time.perf_counter() - t0
+        cpu1 = read_cpu_times()
         after = asyncio.run(_scrape(urls))
     finally:
         router.stop()
@@ -645,6 +647,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         engine_lag_max_s=run_lag, engine_lag=lag, steps_late_fraction=(late / steps) if steps else None,
         **eng, send_delay_max_s=max(send_delay, default=0.0),
         send_delay_p99_s=float(np.percentile(send_delay, 99)) if send_delay else None,
+        **steal_fractions(cpu0, cpu1),
     )
     why = verdict(run_lag, m.num_failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
     if why:
@@ -677,6 +680,41 @@ def session_metrics(requests: list[BenchRequest], records: list[RequestRecord],
             "ttft_later_p99_s": float(np.percentile(later, 99)) if later else None,
             "prefix_cache_queries_tokens": queried, "prefix_cache_hits_tokens": hit,
             "prefix_hit_rate": (hit / queried) if queried and hit is not None else None}
+
+
+def read_cpu_times(text: str | None = None) -> dict[str, list[int]]:
+    """The kernel's cumulative CPU time counters (USER_HZ ticks) per line of /proc/stat:
+    {"cpu": [user, nice, system, idle, iowait, irq, softirq, steal, ...], "cpu0": [...], ...};
+    {} where /proc/stat is not readable (not Linux)."""
+    if text is None:
+        try:
+            text = Path("/proc/stat").read_text()
+        except OSError:
+            return {}
+    out = {}
+    for line in text.splitlines():
+        f = line.split()
+        if f and f[0].startswith("cpu"):
+            out[f[0]] = [int(x) for x in f[1:]]
+    return out
+
+
+def steal_fractions(before: dict[str, list[int]], after: dict[str, list[int]]) -> dict[str, Any]:
+    """Host steal time over a run: Δsteal ÷ Δ(all ticks) for the whole machine
+    (`host_steal_fraction`) and per CPU (`cpu_steal_fraction`, by name). Steal is time a
+    virtual CPU was runnable but the hypervisor ran something else — the host stalls that
+    reject runs for engine lag on a shared VM. None where the counters are missing or
+    did not move. Guest time (fields 9–10) is already inside user / nice, so the total is
+    fields 1–8."""
+    def frac(name: str) -> float | None:
+        b, a = before.get(name), after.get(name)
+        if not b or not a or len(b) < 8 or len(a) < 8:
+            return None
+        d = [x - y for x, y in zip(a[:8], b[:8])]
+        total = sum(d)
+        return d[7] / total if total > 0 else None
+    per = {n: frac(n) for n in sorted(after) if n != "cpu"}
+    return {"host_steal_fraction": frac("cpu"), "cpu_steal_fraction": per}
 
 
 def verdict(lag_s: float, failed: int, mismatches: int, max_lag_s: float, send_p99_s: float | None = None,
@@ -722,7 +760,7 @@ def _stat(vals: list[float]) -> dict[str, float | None]:
 
 METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_ttft_mean_s", "engine_e2e_mean_s",
            "send_delay_p99_s", "ttft_later_mean_s", "ttft_later_p99_s", "prefix_hit_rate", "engine_lag_max_s",
-           "steps_late_fraction")
+           "steps_late_fraction", "host_steal_fraction")
 
 
 def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
@@ -779,19 +817,22 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
              "histograms (arrival at the engine → first / last token), exact means over the run; client send "
              "P99: how late the load generator sent (a busy machine delays it); engine lag: the highest reading "
              "of an engine's lag gauge (max since the fleet started) that rose during the run (wall s; 0: none "
-             "rose); late steps: fraction of engine steps that ran late." + _pinning_text(meta),
+             "rose); late steps: fraction of engine steps that ran late; steal: the host's steal time over the run "
+             "(/proc/stat, Δsteal ÷ Δall ticks: a virtual CPU runnable while the hypervisor ran something else)."
+             + _pinning_text(meta),
              "",
              "| load | arm | lengths | runs ok | P99 TTFT (s) | × ref | mean TTFT (s) | mean E2E (s) "
              "| throughput (req/s) | engine mean TTFT (s) | engine mean E2E (s) | client send P99 (s) "
-             "| engine lag (s) | late steps |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| engine lag (s) | late steps | steal |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in summary:
         lines.append(f"| {_load_cell(row, loads, 'req/s')} | `{row['arm']}` | {row['lengths']} | "
                      f"{row['runs_ok']}/{row['runs_total']} | {_fmt(row['ttft_p99_s'])} | {_ratio_cell(row)} | "
                      f"{_fmt(row['ttft_mean_s'])} | {_fmt(row['e2e_mean_s'])} | "
                      f"{_fmt(row['throughput_rps'])} | {_fmt(row['engine_ttft_mean_s'])} | "
                      f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} | "
-                     f"{_fmt(row['engine_lag_max_s'])} | {_fmt(row['steps_late_fraction'])} |")
+                     f"{_fmt(row['engine_lag_max_s'])} | {_fmt(row['steps_late_fraction'])} | "
+                     f"{_fmt(row['host_steal_fraction'])} |")
     return "\n".join(lines + _rejected_lines(summary, "req/s")) + "\n"
 
 
@@ -1094,7 +1135,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} {unit} {arm.name}: {res['status']} "
                   f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
                   f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
-                  f"wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
+                  f"steal {res.get('host_steal_fraction') or 0:.1%}, wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
                   file=sys.stderr, flush=True)
             if res["status"] != "ok":
                 key = (r, li, arm.name)

@@ -74,3 +74,25 @@ def test_pin_tree_pins_every_thread_of_a_child_and_its_grandchild() -> None:
             except ProcessLookupError:
                 pass
         child.wait(10)
+
+
+def test_steal_fraction_from_two_proc_stat_readings() -> None:
+    # hand-made /proc/stat: between the readings cpu0 spends 100 ticks (30 of them stolen),
+    # cpu1 100 ticks (none stolen); the machine line is their sum: 30 / 200 = 0.15
+    before = pr.read_cpu_times("cpu  100 0 50 800 0 0 0 10 5 0\n"
+                               "cpu0 50 0 25 400 0 0 0 10 5 0\ncpu1 50 0 25 400 0 0 0 0 0 0\nintr 1 2\n")
+    after = pr.read_cpu_times("cpu  160 0 70 890 0 0 0 40 25 0\n"
+                              "cpu0 80 0 35 430 0 0 0 40 25 0\ncpu1 80 0 35 460 0 0 0 0 0 0\nintr 9 9\n")
+    out = pr.steal_fractions(before, after)
+    assert out["host_steal_fraction"] == pytest.approx(0.15)
+    assert out["cpu_steal_fraction"] == {"cpu0": pytest.approx(0.30), "cpu1": 0.0}
+    # counters that did not move, or a machine without /proc/stat: no figure, no error
+    assert pr.steal_fractions(before, before)["host_steal_fraction"] is None
+    assert pr.steal_fractions({}, {}) == {"host_steal_fraction": None, "cpu_steal_fraction": {}}
+
+
+def test_this_machines_proc_stat_parses() -> None:
+    if not Path("/proc/stat").exists():
+        pytest.skip("no /proc/stat")
+    now = pr.read_cpu_times()
+    assert len(now["cpu"]) >= 8 and f"cpu{min(os.sched_getaffinity(0))}" in now
