@@ -157,3 +157,60 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
         assert pend["prompt_tokens"] == bodies[0]["prompt_tokens"]
         assert pend["predicted_output_tokens"] == bodies[0]["predicted_output_tokens"]
         assert 0.3 <= pend["sent_age_s"] <= span_s and pend["accepted_age_s"] is None
+
+
+def test_an_ended_request_leaves_the_pending_list():
+    """A request answered before any /status could show it has left the engine: the next
+    request's /predict body must not list it as pending (before: it stayed there until
+    `pending_keep_s`, so a Predictor simulated a prefill the engine no longer had).
+    Both ways a response ends: a JSON body and a relayed stream."""
+    from contextlib import ExitStack
+
+    import httpx
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    from rps_astro_cli.protocol.http_server import ServerThread
+    from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+
+    bodies: list[dict] = []
+    pred = FastAPI()
+
+    @pred.post("/predict")
+    async def _predict(body: dict):
+        bodies.append(body)
+        return {"ttft_s": 0.1, "e2e_s": 0.2}
+
+    eng = FastAPI()
+
+    @eng.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @eng.post("/v1/chat/completions")
+    async def _chat(body: dict):
+        if body.get("stream"):
+            async def events():
+                yield b'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n'
+                yield b"data: [DONE]\n\n"
+            return StreamingResponse(events(), media_type="text/event-stream")
+        return {"id": "x", "object": "chat.completion", "choices": []}
+
+    msg = {"model": "m", "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 4}
+    for stream in (False, True):
+        bodies.clear()
+        with ExitStack() as st:
+            e = st.enter_context(ServerThread(eng))
+            p = st.enter_context(ServerThread(pred))
+            s = st.enter_context(ServerThread(create_app(SchedulerSettings(
+                instances=(InstanceEndpoint("e0", e.url, p.url),), policy="power_of_k", policy_params={"k": 1},
+                length_model="baseline", served_models=("m",), predict_deadline_s=2.0, count_pending=True,
+                pending_keep_s=3600.0))))
+            with httpx.Client(base_url=s.url, timeout=60) as c:
+                for _ in range(2):
+                    r = c.post("/v1/chat/completions", json={**msg, "stream": stream})
+                    assert r.status_code == 200
+                    if stream:
+                        assert r.text.endswith("data: [DONE]\n\n")
+        assert len(bodies) == 2
+        assert "pending" not in bodies[1], (stream, bodies[1])

@@ -372,6 +372,17 @@ def _wait_cached(c: httpx.Client, name: str, blocks: int, timeout_s: float = 10.
         time.sleep(0.02)
 
 
+def _wait_idle(engine_url: str, timeout_s: float = 10.0) -> None:
+    """Until the engine's /status shows nothing running or waiting."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        d = httpx.get(engine_url + "/status").json()
+        if not d["running"] and not d["waiting"]:
+            return
+        assert time.monotonic() < deadline, f"{engine_url} never idle: {d}"
+        time.sleep(0.02)
+
+
 def test_prefix_hits_live_power_of_k_pin_and_cache_aware(length_model, profile_path):
     # block 16, fallback token ids ("abcd" = 1 token; a chat prompt's ids are its role's,
     # "user" = 1, then its text's). A: 1 + 60 ids → 3 full blocks cached on the instance
@@ -410,6 +421,52 @@ def test_prefix_hits_live_power_of_k_pin_and_cache_aware(length_model, profile_p
         m = httpx.get(engs[xi].url + "/metrics").text
         # B hit 48 tokens, C 96 (its prompt, 1 + 120 ids, caps the hit at 7 blocks; 6 cached)
         assert metric(m, "vllm:prefix_cache_hits_total") == 48 + 96
+        # power_of_k's defaults (k = all: no pin) still tell each Predictor the hit on its
+        # instance. D = A's text + 80 words (1 + 140 ids, hit capped at 8 blocks; C left 7
+        # cached on X → 112 tokens): X's Predictor predicts 10 ms + 0.1 ms × (prompt − 112),
+        # the other's (no hit) 10 ms + 0.1 ms × prompt, so D goes to X
+        full = scheduler(st, urls, [p.url for p in preds], policy="power_of_k", length_model=length_model,
+                         policy_params={"tie_tolerance_s": 0.0}, predict_deadline_s=5.0, status_interval_s=0.05)
+        with httpx.Client(base_url=full.url, timeout=20) as c:
+            _wait_cached(c, x, 7)
+            for e in engs:  # both idle, so each prediction is one prefill step from now
+                _wait_idle(e.url)
+            r = c.post("/v1/chat/completions", json=chat(text + "abcd " * 80, max_tokens=2))
+            assert r.status_code == 200 and r.headers["x-astro-instance"] == x
+            d = c.get("/decisions").json()[-1]
+            assert sorted(d["candidates"]) == [0, 1]
+            n = d["prompt_tokens"]
+            # abs 0.5 ms: a live engine's clock sits between its idle ticks (the hit is 11.2 ms)
+            assert d["predictions"][str(xi)]["ttft_s"] == pytest.approx(0.010 + 0.0001 * (n - 112), abs=5e-4)
+            assert d["predictions"][str(1 - xi)]["ttft_s"] == pytest.approx(0.010 + 0.0001 * n, abs=5e-4)
+        m = httpx.get(engs[xi].url + "/metrics").text
+        assert metric(m, "vllm:prefix_cache_hits_total") == 48 + 96 + 112
+
+
+def test_default_power_of_k_hashes_no_prompt_when_no_engine_caches(length_model, profile_path):
+    # engines with prefix caching off answer /status without `prefix_cache`: no hit can
+    # exist, so the front door neither hashes prompts nor (on a vLLM fleet) asks /tokenize;
+    # the Predictors then predict the whole prompt's prefill (no cached_tokens)
+    with ExitStack() as st:
+        engs = [start(st, sim_server.create_app(SimEngine(hand_profile(), time_scale=0.05, instance_id=f"engine-{i}",
+                                                          seed=i, enable_prefix_caching=False)))
+                for i in range(2)]
+        preds = [start(st, pred_mod.create_app(pred_mod.PredictorSettings(e.url, profile=profile_path)))
+                 for e in engs]
+        eps = tuple(InstanceEndpoint(f"engine-{i}", e.url, p.url) for i, (e, p) in enumerate(zip(engs, preds)))
+        app = create_app(SchedulerSettings(instances=eps, policy="power_of_k", length_model=length_model,
+                                           predict_deadline_s=5.0, status_interval_s=0.05))
+        s = start(st, app)
+        with httpx.Client(base_url=s.url, timeout=20) as c:
+            text = "abcd " * 60
+            for _ in range(2):
+                assert c.post("/v1/chat/completions", json=chat(text, max_tokens=2)).status_code == 200
+            d = c.get("/decisions").json()[-1]
+            assert all(i["prefix_cached_blocks"] == 0 for i in c.get("/instances").json())
+        disp = app.state.scheduler.dispatcher
+        assert disp.needs_prefix and not disp.prefix_wanted()
+        n = d["prompt_tokens"]
+        assert all(p["ttft_s"] == pytest.approx(0.010 + 0.0001 * n, abs=5e-4) for p in d["predictions"].values())
 
 
 def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):

@@ -53,11 +53,27 @@ class Dispatcher:
 
     @property
     def needs_prefix(self) -> bool:
-        """Whether the policy reads each instance's cached prefix of a request (cache_aware's
-        scorer, power_of_k's cache pin): the front door then hashes each request's
-        prompt blocks, the health loop mirrors the engines' cached block hashes, and
+        """Whether the policy reads each instance's cached prefix of a request: cache_aware's
+        scorer, power_of_k's cache pin, or a Predictor's look-ahead (every prediction-guided
+        policy: the look-ahead starts a candidate's prefill past its hit there, as the
+        virtual cluster's does). The health loop then mirrors the engines' cached block
+        hashes, the front door hashes each request's prompt blocks (`prefix_wanted`), and
         each candidate's Predictor is told the candidate's hit there (`cached_tokens`)."""
+        return bool(self._prefix_always or self.policy.needs_predictions)
+
+    @property
+    def _prefix_always(self) -> bool:
         return bool(self.policy.needs_prefix_hits or self.policy_name == "cache_aware")
+
+    def prefix_wanted(self) -> bool:
+        """Whether to hash this request's prompt blocks (and ask an engine's `/tokenize`
+        for them) now: always for a policy whose sampler or scorer reads the hits; for
+        one that only passes them to its Predictors, once some engine's `/status` has
+        reported a prefix cache (with caching off everywhere no hit can exist, so the
+        hashing — and on a vLLM fleet the RPC — would be waste)."""
+        if self._prefix_always:
+            return True
+        return self.needs_prefix and any(st.prefix_caching for st in self.instances)
 
     def describe(self) -> dict:
         return self.policy.describe()

@@ -6,7 +6,9 @@
    and nothing reaches an engine; an unknown `model` → 404.
 2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
    client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
-   `Dispatcher` choose an instance. For a policy that reads prefix-cache hits, the
+   `Dispatcher` choose an instance. For a policy that reads prefix-cache hits
+   (cache_aware, power_of_k's pin, or any prediction-guided policy's look-ahead once
+   an engine's `/status` reports a prefix cache: `Dispatcher.prefix_wanted`), the
    prompt's block hashes are computed here, once per request
    (`sim.prefix_cache.block_hashes` of the instances' block size), from the token ids
    the engines cache by (`prompt_ids.py`, setting `prefix_tokenizer`): on a sim fleet
@@ -14,7 +16,9 @@
    engine hashes); on a vLLM fleet an engine's `POST /tokenize` answer (the model's
    tokenizer and chat template), sent once the body is valid, while the tag RPC is in
    flight, with a deadline (`tokenize_deadline_s`) after which the fallback ids are
-   hashed (counted). A token-id prompt's ids are its own (no RPC).
+   hashed (counted). A token-id prompt's ids are its own (no RPC). With the engine's
+   ids the candidate's prompt length is their count (`in_engine_tokens`): the unit
+   of the engine's `/status` and of its hits.
    Early dispatch (`early_dispatch`, on by default): under objective ttft a text
    request's Predictor RPCs go out right after parsing, while the tagger works — its
    TTFT on an instance does not depend on its own reply length, and the parser counts
@@ -47,6 +51,7 @@ import collections
 import functools
 import json
 import time
+from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -91,6 +96,16 @@ def candidate_of(tag: TagResult | None, parsed: oa.ParsedRequest, default_output
         cand = CandidateRequest(cand.prompt_tokens, out_tokens, cand.modality, cand.vision_tokens, cand.encoder_s,
                                 cand.preprocess_s, parsed.req_class or None)
     return cand
+
+
+def in_engine_tokens(cand: CandidateRequest, blocks: PromptBlocks) -> CandidateRequest:
+    """`cand` with its prompt length in the engine's tokens when the prefix ids are the
+    engine's (`/tokenize`): the unit of the engine's `/status` (its queue's and batch's
+    prompt lengths) and of the hit in `cached_tokens`, so the Predictor's prefill, the
+    KV headroom gate and the pending list count in one unit. Unchanged otherwise (the
+    tagger's fallback count, the sim engine's own unit)."""
+    n = blocks[2]
+    return cand if n is None or n == cand.prompt_tokens else replace(cand, prompt_tokens=n)
 
 
 async def _disconnected(request: Request) -> None:
@@ -140,7 +155,7 @@ class FrontDoor:
         """Send the `/tokenize` RPC of a validated body's prompt when a policy that
         `needs_prefix` wants the engine's ids of it (`prompt_ids.PromptIds.start`); None
         otherwise (no RPC)."""
-        if not self.dispatcher.needs_prefix:
+        if not self.dispatcher.prefix_wanted():
             return None
         return self.prompt_ids.start(body, endpoint, parsed)
 
@@ -149,7 +164,7 @@ class FrontDoor:
         the engine's token count of the prompt (None: fallback ids) for a policy that
         `needs_prefix`; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
         deadline; without `tok` it does not suspend."""
-        if not self.dispatcher.needs_prefix:
+        if not self.dispatcher.prefix_wanted():
             return (), 16, None
         bs = next((st.block_size for st in self.instances if st.block_size), 16)
         ids, from_engine = await self.prompt_ids.finish(tok, body, endpoint)
@@ -185,8 +200,9 @@ class FrontDoor:
             # a text request's TTFT on an instance does not depend on its own reply length,
             # and its prompt tokens are the parser's (the tagger counts the same way): the
             # Predictors can be asked while the tagger works (see module docstring)
-            early_cand = candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
             assert blocks is not None
+            early_cand = in_engine_tokens(
+                candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
             early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), *blocks))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
@@ -205,7 +221,8 @@ class FrontDoor:
         self.m.stage.labels(self.dispatcher.policy_name, "tag").observe(tag_wait_us / 1e6)
         if tag is None:
             self.m.fallbacks.labels(self.dispatcher.policy_name, "no tag").inc()
-        cand = candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+        cand = in_engine_tokens(candidate_of(tag, parsed, self.s.default_output_tokens, self.s.oracle_lengths),
+                                blocks)
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
@@ -272,7 +289,7 @@ class FrontDoor:
                     rec.observed_ttft_s = t1 - t_send
                     overhead += time.perf_counter() - t1
                     on_end = functools.partial(self._end_stream, endpoint, overhead)
-                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end)
+                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end, entry)
                 data = await resp.read()
             except (TimeoutError, RpcError) as exc:
                 if resp is not None:
@@ -292,7 +309,7 @@ class FrontDoor:
                 self.instances.release(st, entry)
                 raise
             t1 = time.perf_counter()
-            self.instances.release(st)
+            self.instances.release(st, entry)  # ended: no status will show it again
             if resp.status == 401:  # the engine refused the scheduler, not the client: say so, as a 502
                 data, status = _refused(st.ep.name, data), 502
             else:

@@ -78,8 +78,10 @@ class HealthMonitor:
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size
-                if self.needs_prefix and isinstance(d.get("prefix_cache"), dict):
-                    st.prefix.apply(d["prefix_cache"])
+                if self.needs_prefix:
+                    st.prefix_caching = isinstance(d.get("prefix_cache"), dict)
+                    if st.prefix_caching:
+                        st.prefix.apply(d["prefix_cache"])
             else:
                 code, _ = await self.clients.get(st.ep.engine_url, "/health")
                 if code != 200:

@@ -57,7 +57,8 @@ class InstanceState:
     __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
-                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind")
+                 "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind",
+                 "prefix_caching")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -80,6 +81,8 @@ class InstanceState:
         self.engine_5xx = 0  # consecutive 5xx answers to forwarded requests (its breaker opens at 3)
         self.predictor_error_at = 0.0  # time.monotonic() of the last failed predict RPC
         self.prefix = PrefixMirror()  # its engine's cached block hashes (`/status?prefix_since=`)
+        # its latest /status?prefix_since= answered a `prefix_cache` (prefix caching on there)
+        self.prefix_caching = False
         self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
         # "astro-sim" | "other" (its /version, asked once under prefix_tokenizer auto; None: not known yet)
         self.engine_kind: str | None = None
@@ -219,7 +222,8 @@ class Instances:
 
     def release(self, st: InstanceState, entry: Pending | None = None) -> None:
         """Count the end of a request forwarded to `st` (the last one of a removed
-        instance drops it); `entry`: its pending entry, forgotten now (a failed forward)."""
+        instance drops it); `entry`: its pending entry, forgotten now (a failed forward,
+        or the request ended: no later `/status` can show it)."""
         if entry is not None and entry in st.pending:
             st.pending.remove(entry)
         st.outstanding -= 1

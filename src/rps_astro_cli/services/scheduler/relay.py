@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 from rps_astro_cli.services.http_common import error_body
 from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
-from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, Pending
 from rps_astro_cli.types import DecisionRecord
 
 _HOP_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "date", "server",
@@ -61,11 +61,13 @@ class _RelayResponse(StreamingResponse):
 
 def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
                     first: bytes, rec: DecisionRecord, t_send: float,
-                    on_end: Callable[[DecisionRecord, str], None]) -> StreamingResponse:
+                    on_end: Callable[[DecisionRecord, str], None], entry: Pending | None = None) -> StreamingResponse:
     """The client's streaming response relaying `resp` (whose first chunk `first` has been
     read from `it`). At the end, once: the engine connection is closed (or returned to
-    its pool), `st` released, `rec.observed_e2e_s` set and `on_end(rec, outcome)` called
-    with ok | midstream_error | client_disconnected."""
+    its pool), `st` released with its pending `entry` (the request has ended: no later
+    `/status` shows it, so a Predictor must not count it as on its way),
+    `rec.observed_e2e_s` set and `on_end(rec, outcome)` called with ok | midstream_error
+    | client_disconnected."""
     state = {"outcome": "client_disconnected", "closed": False}
 
     async def cleanup() -> None:  # idempotent: from the relay's end or the response's
@@ -73,7 +75,7 @@ def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, 
             return
         state["closed"] = True
         await resp.aclose()  # an unfinished body drops the connection: the engine aborts
-        instances.release(st)
+        instances.release(st, entry)
         rec.observed_e2e_s = time.perf_counter() - t_send
         on_end(rec, str(state["outcome"]))
 
