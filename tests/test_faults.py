@@ -360,3 +360,55 @@ def test_predictor_slower_than_the_deadline_costs_no_request(monkeypatch):
             wait_for(lambda: c.get("/health").json()["status"] == "ok", 30, "/health ok again")
         wait_for(lambda: all(len(httpx.get(e.url + "/status", timeout=5).json()["running"]) == 0 for e in engs),
                  30, "engines idle")
+
+
+def test_health_check_deadline_is_a_setting():
+    """An engine whose /health takes 0.4 s: with a 0.2 s health deadline every check
+    misses and it leaves rotation; with 2 s it stays in (before: a hard-coded 1 s, so a
+    live engine on a loaded host was marked unhealthy for a tick). The flag and the
+    config key name themselves when out of range."""
+    import asyncio
+
+    from rps_astro_cli.cli.serve import _scheduler_settings
+    from rps_astro_cli.errors import AstroUserError
+
+    slow = FastAPI()
+    answered: list[float] = []
+
+    @slow.get("/health")
+    async def _health():
+        await asyncio.sleep(0.4)
+        answered.append(time.monotonic())
+        return {"status": "ok"}
+
+    def healthy_after(timeout_s: float) -> bool:
+        """Whether the scheduler has the engine in rotation once 3 checks have run."""
+        answered.clear()
+        with ExitStack() as st:
+            e = start(st, slow)
+            s = scheduler(st, [e.url], policy="round_robin", served_models=(MODEL,), health_interval_s=0.05,
+                          recheck_interval_s=0.05, health_timeout_s=timeout_s)
+            with httpx.Client(base_url=s.url, timeout=10) as c:
+                deadline = time.monotonic() + 20.0
+                while len(answered) < 3:  # the engine answered 3 checks (late ones included)
+                    assert time.monotonic() < deadline, "the scheduler never health-checked the engine"
+                    time.sleep(0.05)
+                time.sleep(0.1)
+                return c.get("/instances").json()[0]["healthy"]
+
+    assert healthy_after(0.2) is False
+    assert healthy_after(2.0) is True
+    kw = dict(engine=["http://127.0.0.1:1"], predictor=None, discover=None, discover_service=None,
+              discover_namespace=None, tagger=None, policy="round_robin", k=None, objective="ttft",
+              llumnix_variant="astrolabe", param=None, predict_deadline_ms=50.0, tag_deadline_ms=50.0,
+              health_interval_ms=500.0, status_interval_ms=100.0, served_model_name=None, profile=None,
+              length_model=None, seed=None, decisions_kept=10, oracle_lengths=False, max_body_bytes=1 << 20,
+              api_key=None)
+    assert _scheduler_settings(**kw, health_timeout_ms=2500.0).health_timeout_s == 2.5
+    assert _scheduler_settings(**kw).health_timeout_s == 1.0
+    with pytest.raises(AstroUserError) as exc:
+        _scheduler_settings(**kw, health_timeout_ms=-5.0)
+    assert exc.value.field == "--health-timeout-ms"
+    with pytest.raises(AstroUserError) as exc:
+        parse_config({"scheduler": {"health_timeout_ms": 0}})
+    assert exc.value.field == "scheduler.health_timeout_ms"

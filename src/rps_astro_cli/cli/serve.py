@@ -186,6 +186,9 @@ LlumnixVariantOpt = Annotated[str, typer.Option("--llumnix-variant", help="astro
 PredictDeadlineOpt = Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")]
 TagDeadlineOpt = Annotated[float, typer.Option("--tag-deadline-ms", help="Tag RPC deadline (ms).")]
 HealthIntervalOpt = Annotated[float, typer.Option("--health-interval-ms", help="Health-check period (ms).")]
+HealthTimeoutOpt = Annotated[float, typer.Option(
+    "--health-timeout-ms", help="Deadline of one engine health check or /status poll (ms); a miss takes the engine "
+    "out of rotation until a check passes (raise it on a loaded host).")]
 StatusIntervalOpt = Annotated[float, typer.Option(
     "--status-interval-ms", help="Status poll period of status-based policies (ms).")]
 ServedModelOpt = Annotated[list[str] | None, typer.Option(
@@ -231,6 +234,7 @@ def scheduler(
     oracle_lengths: OracleOpt = False,
     prefix_tokenizer: PrefixTokenizerOpt = "auto",
     tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
+    health_timeout_ms: HealthTimeoutOpt = 1000.0,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
@@ -255,7 +259,7 @@ def scheduler(
         length_model=length_model, seed=seed, decisions_kept=decisions_kept, oracle_lengths=oracle_lengths,
         max_body_bytes=max_body_bytes, api_key=api_key, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, prefix_tokenizer=prefix_tokenizer,
-        tokenize_deadline_ms=tokenize_deadline_ms)
+        tokenize_deadline_ms=tokenize_deadline_ms, health_timeout_ms=health_timeout_ms)
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     run_scheduler(settings, host, port, log_level, ready_file)
 
@@ -285,6 +289,7 @@ def epp(
     oracle_lengths: OracleOpt = False,
     prefix_tokenizer: PrefixTokenizerOpt = "auto",
     tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
+    health_timeout_ms: HealthTimeoutOpt = 1000.0,
     destination_header: Annotated[str, typer.Option("--destination-header", help="Header (and metadata key) carrying the picked IP:PORT to the gateway.")] = "x-gateway-destination-endpoint",
     metadata_namespace: Annotated[str, typer.Option("--metadata-namespace", help="Dynamic-metadata namespace of the picked endpoint ('' = none).")] = "envoy.lb",
     body_mode: Annotated[str, typer.Option("--body-mode", help="Envoy's body mode when it sends no protocol_config: full_duplex_streamed (GIE's) | buffered.")] = "full_duplex_streamed",
@@ -320,7 +325,7 @@ def epp(
         status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
         length_model=length_model, seed=seed, decisions_kept=1000, oracle_lengths=oracle_lengths,
         max_body_bytes=max_body_bytes, api_key=api_key, prefix_tokenizer=prefix_tokenizer,
-        tokenize_deadline_ms=tokenize_deadline_ms)
+        tokenize_deadline_ms=tokenize_deadline_ms, health_timeout_ms=health_timeout_ms)
     run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
                         metrics_port=metrics_port), host, port, log_level, ready_file)
 
@@ -329,7 +334,7 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
                         objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
                         status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
                         oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False,
-                        prefix_tokenizer="auto", tokenize_deadline_ms=20.0):
+                        prefix_tokenizer="auto", tokenize_deadline_ms=20.0, health_timeout_ms=1000.0):
     """The `SchedulerSettings` of `astro serve scheduler`'s flags (`astro serve epp` shares
     them); raises AstroUserError naming the flag."""
     from rps_astro_cli.errors import AstroUserError
@@ -353,7 +358,8 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
 
     params = parse_assignments(param)
     sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params,
-                   "prefix_tokenizer": prefix_tokenizer, "tokenize_deadline_ms": tokenize_deadline_ms}
+                   "prefix_tokenizer": prefix_tokenizer, "tokenize_deadline_ms": tokenize_deadline_ms,
+                   "health_timeout_ms": health_timeout_ms}
     if k is not None:
         sched["k"] = k
     # with discovery the fleet size is unknown: k is checked against the largest fleet
@@ -365,6 +371,7 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
                         "predictor.enabled": "--predictor", "scheduler.prefix_tokenizer": "--prefix-tokenizer",
                         "scheduler.tokenize_deadline_ms": "--tokenize-deadline-ms",
+                        "scheduler.health_timeout_ms": "--health-timeout-ms",
                         **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     return SchedulerSettings(
@@ -376,7 +383,7 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
-        tokenize_deadline_s=sec.tokenize_deadline_ms / 1000)
+        tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000)
 
 
 def _positive(v: float, field: str) -> float:

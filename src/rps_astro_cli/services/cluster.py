@@ -274,7 +274,8 @@ class ClusterSupervisor:
                      "--seed", str(s.seed), "--profile", cfg.engine.profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             argv += [] if s.early_dispatch else ["--no-early-dispatch"]
-            argv += ["--prefix-tokenizer", s.prefix_tokenizer, "--tokenize-deadline-ms", repr(s.tokenize_deadline_ms)]
+            argv += ["--prefix-tokenizer", s.prefix_tokenizer, "--tokenize-deadline-ms", repr(s.tokenize_deadline_ms),
+                     "--health-timeout-ms", repr(s.health_timeout_ms)]
             argv += ["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else []
             if cfg.engine.backend == "sim" and cfg.engine.time_scale != 1.0:  # observed wall s → engine s
                 argv += ["--time-scale", repr(cfg.engine.time_scale)]

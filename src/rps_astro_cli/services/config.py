@@ -19,7 +19,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
                 port, seed, decisions_kept, oracle_lengths, early_dispatch, prefix_tokenizer,
-                tokenize_deadline_ms}
+                tokenize_deadline_ms, health_timeout_ms}
                 # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
                 # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
                 # k, objective and llumnix's variant
@@ -117,6 +117,8 @@ class SchedulerSection(_Strict):
         "auto: engine unless every engine's /version says astro-sim")
     tokenize_deadline_ms: float = Field(20.0, gt=0, description="deadline of that /tokenize RPC; then the fallback "
                                         "ids are hashed")
+    health_timeout_ms: float = Field(1000.0, gt=0, description="deadline of one health check or /status poll of an "
+                                     "engine; a miss takes it out of rotation until a check passes")
 
     @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod

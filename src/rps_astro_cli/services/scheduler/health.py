@@ -67,7 +67,7 @@ class HealthMonitor:
             if self.needs_status:  # polled every status_interval_s: the lean client
                 asked_s = time.monotonic()
                 path = f"/status?prefix_since={st.prefix.seq}" if self.needs_prefix else "/status"
-                async with asyncio.timeout(1.0):
+                async with asyncio.timeout(self.s.health_timeout_s):
                     resp = await self.clients.pool(st.ep.engine_url).request("GET", path)
                     body = await resp.read()
                 if resp.status != 200:
@@ -83,7 +83,7 @@ class HealthMonitor:
                     if st.prefix_caching:
                         st.prefix.apply(d["prefix_cache"])
             else:
-                code, _ = await self.clients.get(st.ep.engine_url, "/health")
+                code, _ = await self.clients.get(st.ep.engine_url, "/health", self.s.health_timeout_s)
                 if code != 200:
                     raise ValueError(f"/health answered {code}")
             if self.probe_version and st.engine_kind is None:

@@ -96,6 +96,8 @@ class SchedulerSettings:
     tokenize_deadline_s: deadline of that `/tokenize` RPC, from its start; on miss the
         fallback ids are hashed (`astro:dispatch_fallbacks_total{reason="tokenize timeout"}`).
         The RPC itself ends after `clients.RPC_BOUND_S` (1 s) whatever the deadline.
+    health_timeout_s: deadline of one engine health check or `/status` poll; a miss
+        takes the engine out of rotation until a check passes.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -128,11 +130,15 @@ class SchedulerSettings:
     time_scale: float = 1.0
     prefix_tokenizer: str = "auto"
     tokenize_deadline_s: float = 0.02
+    health_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.prefix_tokenizer not in PREFIX_TOKENIZERS:
             raise AstroUserError(f"unknown prefix tokenizer {self.prefix_tokenizer!r}", field="prefix_tokenizer",
                                  fix="use one of: auto, engine, fallback")
+        if not self.health_timeout_s > 0:
+            raise AstroUserError(f"must be > 0 s, got {self.health_timeout_s}", field="health_timeout_s",
+                                 fix="give a deadline such as 1.0 (1 s)")
         if not self.tokenize_deadline_s > 0:
             raise AstroUserError(f"must be > 0 s, got {self.tokenize_deadline_s}", field="tokenize_deadline_s",
                                  fix="give a deadline such as 0.02 (20 ms)")
