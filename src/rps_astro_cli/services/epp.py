@@ -87,7 +87,7 @@ from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.internal_auth import token_headers
 from rps_astro_cli.services.http_common import HTTPUserError, error_body
 from rps_astro_cli.services.scheduler import Scheduler, SchedulerSettings
-from rps_astro_cli.services.scheduler.front_door import candidate_of
+from rps_astro_cli.services.scheduler.front_door import candidate_of, in_engine_tokens
 from rps_astro_cli.services.scheduler.instances import InstanceState, Pending
 
 log = logging.getLogger("astro.epp")
@@ -373,7 +373,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             self.door.prompt_ids.abandon(tok)
             raise
         s = self.s.scheduler
-        cand = candidate_of(tag, parsed, s.default_output_tokens, s.oracle_lengths)
+        cand = in_engine_tokens(candidate_of(tag, parsed, s.default_output_tokens, s.oracle_lengths), blocks)
         excluded, hinted = self._excluded(ctx)
         dec = await self.sched.dispatcher.choose(cand, excluded, *blocks)
         st = self.instances.get(dec.choice) if dec is not None else None
