@@ -176,6 +176,13 @@ ARMS: dict[str, Arm] = {
     "kvtie": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "kvtie_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                        "tie_tolerance_s": 0.02}, lengths="oracle"),
+    # issue 13 round 7 (mean E2E): the default + a fraction of the predicted decode time in the score
+    "kvtie_dw02": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
+                                     "decode_weight": 0.02}),
+    "kvtie_dw05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
+                                     "decode_weight": 0.05}),
+    "kvtie_dw10": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
+                                     "decode_weight": 0.1}),
     "kvtie05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.05, "tie_tolerance_s": 0.02}),
     # issue 13 round 5 (mean E2E, first-turn pool): the default with a wider tie tolerance
     # (more decisions by Llumnix- load), the model's own length distribution for queued /

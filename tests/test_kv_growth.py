@@ -80,12 +80,16 @@ class _StatusClients:
     def __init__(self, by_url: dict[str, t.InstanceStatus]):
         self.by_url = by_url
 
+    async def get(self, url: str, path: str, timeout_s: float = 1.0) -> tuple[int, bytes]:
+        return 404, b""  # GET /version (prefix_tokenizer auto asks each engine's kind once)
+
     def pool(self, url: str):
         st = self.by_url[url]
 
         class _Pool:
             async def request(self, method: str, path: str):
-                assert (method, path) == ("GET", "/status")
+                # a prediction-guided policy polls with its prefix-cache delta
+                assert method == "GET" and path.split("?")[0] == "/status", path
                 return _StatusResp(json.dumps(st.to_dict()).encode())
         return _Pool()
 

@@ -291,14 +291,19 @@ class PredictedLatencyScorer(Scorer):
     name = "predicted_latency"
     needs_predictions = True
 
-    def __init__(self, objective: str) -> None:
+    def __init__(self, objective: str, decode_weight: float = 0.0) -> None:
         self.objective = objective
-        self.reason = f"lowest {objective}"
+        # objective ttft only: + decode_weight × the predicted decode time (e2e − ttft)
+        self.decode_weight = decode_weight if objective == "ttft" else 0.0
+        self.reason = f"lowest {objective}" + (f" + {self.decode_weight:g} × decode" if self.decode_weight else "")
 
     def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
               predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
-        ttft = self.objective == "ttft"
         # in the order the predictions came (the tie-break draws index into it)
+        if self.decode_weight:
+            w = self.decode_weight
+            return {j: round((p.ttft_s + w * (p.e2e_s - p.ttft_s)) / TIE_RESOLUTION_S) for j, p in predictions.items()}
+        ttft = self.objective == "ttft"
         return {j: round((p.ttft_s if ttft else p.e2e_s) / TIE_RESOLUTION_S) for j, p in predictions.items()}
 
 

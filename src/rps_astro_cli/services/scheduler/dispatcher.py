@@ -38,7 +38,10 @@ class Dispatcher:
         self.instances = instances
         self.predict = predict
         self.m = metrics
-        self.objective: str = self.policy.describe().get("objective") or "e2e"
+        desc = self.policy.describe()
+        # a score that weighs the decode time needs e2e predictions with the tagged length
+        # (so no early dispatch, which predicts before the tag)
+        self.objective: str = "e2e" if desc.get("decode_weight") else (desc.get("objective") or "e2e")
 
     @property
     def needs_status(self) -> bool:
