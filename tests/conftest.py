@@ -88,3 +88,16 @@ def load_script(relpath: str, name: str) -> ModuleType:
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def scheduler_flag_kwargs(**over) -> dict:
+    """The keyword arguments of `cli.serve._scheduler_settings` as `astro serve scheduler`
+    passes them with its flags' defaults and one engine (the tests override a few)."""
+    kw = dict(engine=["http://127.0.0.1:1"], predictor=None, discover=None, discover_service=None,
+              discover_namespace=None, tagger=None, policy="power_of_k", k=None, objective="ttft",
+              llumnix_variant="astrolabe", param=None, predict_deadline_ms=50.0, tag_deadline_ms=50.0,
+              health_interval_ms=500.0, status_interval_ms=100.0, served_model_name=None, profile=None,
+              length_model=None, seed=None, decisions_kept=10, oracle_lengths=False, max_body_bytes=1 << 20,
+              api_key=None)
+    kw.update(over)
+    return kw

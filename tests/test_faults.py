@@ -25,6 +25,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from conftest import scheduler_flag_kwargs
 from rps_astro_cli.protocol.internal_auth import TOKEN_HEADER
 from rps_astro_cli.services.cluster import Child, ClusterSupervisor
 from rps_astro_cli.services.config import parse_config
@@ -398,12 +399,7 @@ def test_health_check_deadline_is_a_setting():
 
     assert healthy_after(0.2) is False
     assert healthy_after(2.0) is True
-    kw = dict(engine=["http://127.0.0.1:1"], predictor=None, discover=None, discover_service=None,
-              discover_namespace=None, tagger=None, policy="round_robin", k=None, objective="ttft",
-              llumnix_variant="astrolabe", param=None, predict_deadline_ms=50.0, tag_deadline_ms=50.0,
-              health_interval_ms=500.0, status_interval_ms=100.0, served_model_name=None, profile=None,
-              length_model=None, seed=None, decisions_kept=10, oracle_lengths=False, max_body_bytes=1 << 20,
-              api_key=None)
+    kw = scheduler_flag_kwargs(policy="round_robin")
     assert _scheduler_settings(**kw, health_timeout_ms=2500.0).health_timeout_s == 2.5
     assert _scheduler_settings(**kw).health_timeout_s == 1.0
     with pytest.raises(AstroUserError) as exc:

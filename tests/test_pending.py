@@ -83,6 +83,31 @@ def test_pending_codec_round_trip_and_bad_field():
     assert ei.value.param == "pending" and ei.value.status == 400
 
 
+def _recording_predictor(bodies: list[dict]):
+    """A Predictor that appends every /predict body to `bodies` and answers a fixed estimate."""
+    from fastapi import FastAPI
+
+    pred = FastAPI()
+
+    @pred.post("/predict")
+    async def _predict(body: dict):
+        bodies.append(body)
+        return {"ttft_s": 0.1, "e2e_s": 0.2}
+    return pred
+
+
+def _healthy_app():
+    """An engine app whose /health passes; the test adds its completions route."""
+    from fastapi import FastAPI
+
+    eng = FastAPI()
+
+    @eng.get("/health")
+    async def _health():
+        return {"status": "ok"}
+    return eng
+
+
 def test_scheduler_sends_pending_requests_to_the_predictor():
     """Two requests, the second sent 0.3 s after the engine got the first, which it holds
     until the second is answered: the second's /predict body lists the first as pending
@@ -96,25 +121,14 @@ def test_scheduler_sends_pending_requests_to_the_predictor():
     from contextlib import ExitStack
 
     import httpx
-    from fastapi import FastAPI
 
     from rps_astro_cli.protocol.http_server import ServerThread
     from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 
     bodies: list[dict] = []
-    pred = FastAPI()
-
-    @pred.post("/predict")
-    async def _predict(body: dict):
-        bodies.append(body)
-        return {"ttft_s": 0.1, "e2e_s": 0.2}
-
-    eng = FastAPI()
+    pred = _recording_predictor(bodies)
+    eng = _healthy_app()
     got_first, release = threading.Event(), threading.Event()
-
-    @eng.get("/health")
-    async def _health():
-        return {"status": "ok"}
 
     @eng.post("/v1/chat/completions")
     async def _chat():
@@ -167,25 +181,14 @@ def test_an_ended_request_leaves_the_pending_list():
     from contextlib import ExitStack
 
     import httpx
-    from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
     from rps_astro_cli.protocol.http_server import ServerThread
     from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 
     bodies: list[dict] = []
-    pred = FastAPI()
-
-    @pred.post("/predict")
-    async def _predict(body: dict):
-        bodies.append(body)
-        return {"ttft_s": 0.1, "e2e_s": 0.2}
-
-    eng = FastAPI()
-
-    @eng.get("/health")
-    async def _health():
-        return {"status": "ok"}
+    pred = _recording_predictor(bodies)
+    eng = _healthy_app()
 
     @eng.post("/v1/chat/completions")
     async def _chat(body: dict):

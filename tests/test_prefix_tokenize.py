@@ -21,6 +21,7 @@ import pytest
 from fastapi import FastAPI, Request
 
 from conftest import prom_sum as metric
+from conftest import scheduler_flag_kwargs
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import ServerThread
@@ -195,12 +196,7 @@ def test_engine_kind_from_version_and_settings_name_the_field():
 def test_cli_flag_is_checked_and_reaches_the_settings():
     from rps_astro_cli.cli.serve import _scheduler_settings
 
-    kw = dict(engine=["http://127.0.0.1:1"], predictor=None, discover=None, discover_service=None,
-              discover_namespace=None, tagger=None, policy="cache_aware", k=None, objective="ttft",
-              llumnix_variant="astrolabe", param=None, predict_deadline_ms=50.0, tag_deadline_ms=50.0,
-              health_interval_ms=500.0, status_interval_ms=100.0, served_model_name=None, profile=None,
-              length_model=None, seed=None, decisions_kept=10, oracle_lengths=False, max_body_bytes=1 << 20,
-              api_key=None)
+    kw = scheduler_flag_kwargs(policy="cache_aware")
     s = _scheduler_settings(**kw, prefix_tokenizer="engine", tokenize_deadline_ms=30.0)
     assert (s.prefix_tokenizer, s.tokenize_deadline_s) == ("engine", 0.03)
     assert _scheduler_settings(**kw).prefix_tokenizer == "auto"
