@@ -201,8 +201,19 @@ def _check_cluster(sup, info, run, prof_path):
         per_inst[inst] += 1
     assert sum(per_inst.values()) == N_REQ
 
-    # 3b. /status agrees with /metrics on each engine; the plugin is active.
-    time.sleep(0.5)
+    # 3b. /status agrees with /metrics on each engine; the plugin is active. Every reply is
+    #     in, but an engine frees a finished request's blocks and updates its gauges after
+    #     the last token: wait (bounded) until both views say idle instead of a fixed sleep.
+    deadline = time.monotonic() + 30.0
+    for url in engines:
+        while True:
+            st = get(url + "/status").json()
+            m = parse_metrics(get(url + "/metrics").text)
+            if (not st["running"] and not st["waiting"] and st["kv_blocks_free"] == st["kv_blocks_total"]
+                    and m["vllm:num_requests_running"] == 0.0 and m["vllm:kv_cache_usage_perc"] == 0.0):
+                break
+            assert time.monotonic() < deadline, f"{url} not idle 30 s after the last reply: {st}"
+            time.sleep(0.05)
     reordered = 0
     for k, url in enumerate(engines):
         st = get(url + "/status").json()
