@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from contextlib import ExitStack
 
 import httpx
@@ -240,3 +241,45 @@ def test_early_dispatch_waits_for_the_engines_ids():
                 assert c.post("/v1/chat/completions", json=chat_body()).status_code == 200
             recs = c.get("/decisions").json()
             assert len(recs) == 6 and all(d["early_dispatch"] and d["candidates"] == [1] for d in recs)
+
+
+def test_predictors_see_the_prompt_in_engine_tokens():
+    # power_of_k's defaults (k = all) on a vLLM-like fleet: the prompt's ids come from
+    # /tokenize (KNOWN, 13 ids); engine-1 holds KNOWN's first 2 blocks (8 tokens). Each
+    # Predictor must get the prompt as the engine counts it (13, the unit of its /status
+    # and of the hit), with the hit on its own instance: 8 on engine-1, none on engine-0.
+    # Before: the tagger's fallback count of TEXT (not 13) beside a hit in vLLM tokens.
+    bodies: dict[int, list[dict]] = {0: [], 1: []}
+
+    def predictor(i: int) -> FastAPI:
+        app = FastAPI()
+
+        @app.post("/predict")
+        async def _predict(body: dict):
+            bodies[i].append(body)
+            return {"ttft_s": 0.1 + 0.01 * i, "e2e_s": 0.2}
+        return app
+
+    fallback_n = len(oa.prompt_token_ids(chat_body(), "chat", token_ids_fallback))
+    assert fallback_n != len(KNOWN)  # else the test could not tell the two counts apart
+    with ExitStack() as st:
+        a0, _ = fake_engine(VLLM, [])
+        a1, calls = fake_engine(VLLM, list(block_hashes(KNOWN, BS)[:2]))
+        urls = [st.enter_context(ServerThread(a)).url for a in (a0, a1)]
+        purls = [st.enter_context(ServerThread(predictor(i))).url for i in range(2)]
+        eps = tuple(InstanceEndpoint(f"engine-{i}", u, p) for i, (u, p) in enumerate(zip(urls, purls)))
+        s = st.enter_context(ServerThread(create_app(SchedulerSettings(
+            instances=eps, policy="power_of_k", status_interval_s=0.05, tokenize_deadline_s=1.0,
+            predict_deadline_s=2.0, length_model="baseline", served_models=(MODEL,)))))
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            t_end = time.monotonic() + 10.0  # until the scheduler mirrors both engines' caches
+            while not all(i["prefix_cached_blocks"] == n for i, n in zip(c.get("/instances").json(), (0, 2))):
+                assert time.monotonic() < t_end, c.get("/instances").json()
+                time.sleep(0.02)
+            r = c.post("/v1/chat/completions", json=chat_body())
+            assert r.status_code == 200
+            assert c.get("/decisions").json()[-1]["prompt_tokens"] == len(KNOWN)
+    assert len(calls) >= 1
+    (b0,), (b1,) = bodies[0][-1:], bodies[1][-1:]
+    assert b0["prompt_tokens"] == b1["prompt_tokens"] == len(KNOWN)
+    assert "cached_tokens" not in b0 and b1["cached_tokens"] == 8
