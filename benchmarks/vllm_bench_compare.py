@@ -33,7 +33,27 @@ METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
 ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
 
 
-def start_fleet(work: Path, instances: int, prefix_caching: bool) -> tuple[subprocess.Popen, Path]:
+def pinned(cpus: frozenset[int] | None):
+    """A preexec_fn that binds the child (and so every process it starts) to `cpus`; None
+    when no set is asked for."""
+    return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
+
+
+def parse_cpus(spec: str | None) -> frozenset[int] | None:
+    """`taskset -c` style list ("0", "0-2", "0,3") → the CPU numbers."""
+    if spec is None:
+        return None
+    out: set[int] = set()
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        lo, sep, hi = part.partition("-")
+        out.update(range(int(lo), int(hi if sep else lo) + 1))
+    if not out:
+        raise SystemExit(f"no CPU in {spec!r}")
+    return frozenset(out)
+
+
+def start_fleet(work: Path, instances: int, prefix_caching: bool,
+                cpus: frozenset[int] | None = None) -> tuple[subprocess.Popen, Path]:
     cj = work / "cluster.json"
     log = (work / "serve.log").open("w")
     extra: list[str] = []
@@ -42,7 +62,7 @@ def start_fleet(work: Path, instances: int, prefix_caching: bool) -> tuple[subpr
         extra = ["--recipe", str(work / "recipe.yaml")]
     p = subprocess.Popen([sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", str(instances),
                           "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0", *extra],
-                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=pinned(cpus))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if cj.is_file():
@@ -65,14 +85,24 @@ VLLM_SHIM = ("import sys; from vllm.benchmarks.serve import add_cli_args, main; 
              "add_cli_args(p); main(p.parse_args(sys.argv[1:]))")
 
 
-def vllm_cmd(vllm: str) -> list[str]:
+# Diagnostic only (--with-no-trust-env, a third arm): `vllm bench serve` opens its aiohttp session with
+# trust_env=True, so aiohttp 3.14 makes two thread-pool round trips per request before it
+# writes it (the ~/.netrc lookup in run_in_executor, the proxy lookup in asyncio.to_thread),
+# each after vLLM has started the request's clock. This prefix turns that off, to measure
+# what those hops add to vLLM's TTFT; the comparison itself runs vLLM as shipped.
+NO_TRUST_ENV = ("import aiohttp; _init = aiohttp.ClientSession.__init__\n"
+                "def _no_env(self, *a, **k):\n    k['trust_env'] = False; _init(self, *a, **k)\n"
+                "aiohttp.ClientSession.__init__ = _no_env\n")
+
+
+def vllm_cmd(vllm: str, trust_env: bool = True) -> list[str]:
     """The command prefix that runs `vllm bench serve`: the `vllm` script's interpreter
     with the shim (the arguments follow, without "bench serve")."""
-    return [str(Path(vllm).with_name("python")), "-c", VLLM_SHIM]
+    return [str(Path(vllm).with_name("python")), "-c", ("" if trust_env else NO_TRUST_ENV) + VLLM_SHIM]
 
 
-def vllm_args(a, url: str, model: str, out: Path) -> list[str]:
-    cmd = [*vllm_cmd(a.vllm), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+def vllm_args(a, url: str, model: str, out: Path, trust_env: bool = True) -> list[str]:
+    cmd = [*vllm_cmd(a.vllm, trust_env), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
            "--base-url", url, "--model", model, "--tokenizer", a.tokenizer, "--dataset-name", "sharegpt",
            "--dataset-path", a.dataset, "--num-prompts", str(a.num_prompts), "--seed", str(a.seed),
            "--request-rate", str(a.rate), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
@@ -104,9 +134,10 @@ def vllm_result(out: Path, cmd: list[str]) -> dict:
             "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
 
-def run_vllm(a, url: str, model: str, out: Path) -> dict:
-    cmd = vllm_args(a, url, model, out)
-    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=a.timeout)
+def run_vllm(a, url: str, model: str, out: Path, trust_env: bool = True) -> dict:
+    cmd = vllm_args(a, url, model, out, trust_env)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **VLLM_ENV}, timeout=a.timeout,
+                       preexec_fn=pinned(a.client_cpus))
     if r.returncode:
         raise SystemExit(f"vllm bench serve failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return vllm_result(out, cmd)
@@ -136,7 +167,7 @@ def astro_result(out: Path, cmd: list[str]) -> dict:
 
 def run_astro(a, cluster: Path, out: Path) -> dict:
     cmd = astro_args(a, cluster, out)
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, preexec_fn=pinned(a.client_cpus))
     if r.returncode:
         raise SystemExit(f"astro bench failed ({r.returncode}):\n{r.stderr[-3000:]}")
     return astro_result(out, cmd)
@@ -147,9 +178,10 @@ def run_both(a, url: str, model: str, cluster: Path, vout: Path, aout: Path) -> 
     the same moment, so the two copies meet the same fleet and the same machine load."""
     vcmd, acmd = vllm_args(a, url, model, vout), astro_args(a, cluster, aout)
     pv = subprocess.Popen(vcmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                          env={**os.environ, **VLLM_ENV})
+                          env={**os.environ, **VLLM_ENV}, preexec_fn=pinned(a.client_cpus))
     time.sleep(max(0.0, a.astro_delay_s))
-    pa = subprocess.Popen(acmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    pa = subprocess.Popen(acmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                          preexec_fn=pinned(a.client_cpus))
     _, verr = pv.communicate(timeout=a.timeout)
     _, aerr = pa.communicate(timeout=a.timeout)
     if pv.returncode:
@@ -254,7 +286,17 @@ def main() -> None:
                          "that drifts between arms hits both alike; the fleet then serves 2 × --rate")
     ap.add_argument("--astro-delay-s", type=float, default=0.0,
                     help="with --concurrent: start astro bench this long after vllm bench serve (s)")
+    ap.add_argument("--fleet-cpus", help="CPUs of the started fleet (taskset list, e.g. 0): engines, Predictors, "
+                                        "tagger and front door; with --client-cpus the load generators do not "
+                                        "share a core with the fleet")
+    ap.add_argument("--client-cpus", help="CPUs of both load generators (taskset list, e.g. 1)")
+    ap.add_argument("--with-no-trust-env", action="store_true",
+                    help="diagnostic third arm, interleaved with the two: vllm bench serve with aiohttp's "
+                         "trust_env off (no netrc / proxy thread hops per request before it sends)")
     a = ap.parse_args()
+    a.fleet_cpus, a.client_cpus = parse_cpus(a.fleet_cpus), parse_cpus(a.client_cpus)
+    if a.fleet_cpus and a.client_cpus and a.fleet_cpus & a.client_cpus:
+        raise SystemExit("--fleet-cpus and --client-cpus overlap: give them disjoint CPU sets")
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
     work = Path(tempfile.mkdtemp(prefix="astro-vllm-compare-"))
@@ -263,10 +305,15 @@ def main() -> None:
         if a.cluster:
             cluster = Path(a.cluster)
         else:
-            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching)
+            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching, a.fleet_cpus)
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
         runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
+        arms = ["vllm", "astro"] + (["vllm_noenv"] if a.with_no_trust_env else [])
+        if a.with_no_trust_env:
+            runs["vllm_noenv"] = []
+            if a.concurrent:
+                raise SystemExit("--with-no-trust-env runs the arms one after another: drop --concurrent")
         for i in range(a.repeats if a.concurrent else 0):
             vout, aout = work / f"vllm-{i}" / "result.json", work / f"astro-{i}"
             vout.parent.mkdir(parents=True, exist_ok=True)
@@ -281,12 +328,15 @@ def main() -> None:
                   f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
                   f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
         for i in range(0 if a.concurrent else a.repeats):
-            order = ("vllm", "astro") if i % 2 == 0 else ("astro", "vllm")
+            order = arms[i % len(arms):] + arms[:i % len(arms)]
+            if len(arms) == 2 and i % 2:
+                order = order[::-1]
             for arm in order:
-                out = work / f"{arm}-{i}" / ("result.json" if arm == "vllm" else "")
+                out = work / f"{arm}-{i}" / ("result.json" if arm != "astro" else "")
                 out.parent.mkdir(parents=True, exist_ok=True)
                 before = engine_sums(cj)
-                res = run_vllm(a, url, model, out) if arm == "vllm" else run_astro(a, cluster, work / f"astro-{i}")
+                res = (run_astro(a, cluster, work / f"astro-{i}") if arm == "astro"
+                       else run_vllm(a, url, model, out, trust_env=arm == "vllm"))
                 after = engine_sums(cj)
                 arm_fleet(res, before, after, cj, a.num_prompts)
                 runs[arm].append(res)
@@ -318,14 +368,25 @@ def main() -> None:
                 for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
         gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
         lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
-        for arm in ("vllm", "astro"):
+        for arm in arms:
             rs = runs[arm]
             over = [(r["mean"]["ttft"] - r["front_door_ttft_mean"]) * 1e3 for r in rs]
             print(f"{arm}: mean TTFT − the front door's observed TTFT per repeat "
                   + ", ".join(f"{x:.1f}" for x in over) + " ms; engine-side mean TTFT "
                   + ", ".join(f"{r['engine_ttft_mean'] * 1e3:.1f}" for r in rs) + " ms; late engine steps "
                   + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs))
-        print(f"\nlargest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
+        if a.with_no_trust_env:
+            print("\ndiagnostic arm vllm_noenv (vllm bench serve, aiohttp trust_env off), median over repeats:")
+            for stat in ("mean", "p99"):
+                nv = [r[stat]["ttft"] for r in runs["vllm_noenv"]]
+                r_v = [x / y for x, y in zip(nv, (r[stat]["ttft"] for r in runs["vllm"]))]
+                r_a = [y / x for x, y in zip(nv, (r[stat]["ttft"] for r in runs["astro"]))]
+                print(f"  {stat} TTFT {statistics.median(nv):.4f} s; vllm_noenv / vllm {statistics.median(r_v):.3f} "
+                      f"({min(r_v):.3f}–{max(r_v):.3f}); astro / vllm_noenv {statistics.median(r_a):.3f} "
+                      f"({min(r_a):.3f}–{max(r_a):.3f})")
+        print(f"CPUs: fleet {sorted(a.fleet_cpus) if a.fleet_cpus else 'any'}, load generators "
+              f"{sorted(a.client_cpus) if a.client_cpus else 'any'}")
+        print(f"largest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
               f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
         if a.json:
             Path(a.json).write_text(json.dumps({**{k: [{x: y for x, y in r.items() if x not in ("sent", "per")}
