@@ -264,6 +264,13 @@ def arm_fleet(res: dict, before: dict, after: dict, cj: dict, n_requests: int) -
     res["front_door_ttft_mean"] = front_door_ttft(cj, n_requests)
 
 
+def arm_order(arms: list[str], repeat: int) -> list[str]:
+    """The arms' order in repeat `repeat`: rotated by one each repeat, so each arm runs
+    first, middle and last equally often (two arms: vllm, astro / astro, vllm / ...)."""
+    k = repeat % len(arms)
+    return arms[k:] + arms[:k]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", default="/tmp/.astro-vllm-venv/bin/vllm")
@@ -328,10 +335,7 @@ def main() -> None:
                   f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
                   f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
         for i in range(0 if a.concurrent else a.repeats):
-            order = arms[i % len(arms):] + arms[:i % len(arms)]
-            if len(arms) == 2 and i % 2:
-                order = order[::-1]
-            for arm in order:
+            for arm in arm_order(arms, i):
                 out = work / f"{arm}-{i}" / ("result.json" if arm != "astro" else "")
                 out.parent.mkdir(parents=True, exist_ok=True)
                 before = engine_sums(cj)

@@ -44,3 +44,11 @@ def test_the_diagnostic_prefix_turns_aiohttp_trust_env_off(trust_env, shown):
     prefix = cmp.vllm_cmd("/venv/bin/vllm", trust_env)[2].removesuffix(cmp.VLLM_SHIM)
     out = subprocess.run([sys.executable, "-c", prefix + PROBE], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == shown
+
+
+def test_arms_rotate_so_each_runs_first_equally_often():
+    assert [cmp.arm_order(["vllm", "astro"], i) for i in range(4)] == [
+        ["vllm", "astro"], ["astro", "vllm"], ["vllm", "astro"], ["astro", "vllm"]]
+    three = [cmp.arm_order(["vllm", "astro", "vllm_noenv"], i) for i in range(3)]
+    assert [o[0] for o in three] == ["vllm", "astro", "vllm_noenv"]
+    assert all(sorted(o) == ["astro", "vllm", "vllm_noenv"] for o in three)
