@@ -130,6 +130,7 @@ def vllm_result(out: Path, cmd: list[str]) -> dict:
     now_unix, now_mono = time.time(), time.perf_counter()
     return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
             "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
+            "itl_gaps_over_100ms": sum(x > 0.1 for p in per if p for x in p["itl"]),
             "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [], "per": per,
             "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
@@ -162,6 +163,7 @@ def astro_result(out: Path, cmd: list[str]) -> dict:
     return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
             "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
             "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd, "per": per,
+            "itl_gaps_over_100ms": sum(x > 0.1 for p in per if p for x in p["itl"]),
             "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
 
 
@@ -218,7 +220,8 @@ def engine_sums(cj: dict) -> dict[str, float]:
     from prometheus_client.parser import text_string_to_metric_families
 
     names = {"vllm:time_to_first_token_seconds_sum": "ttft_sum", "vllm:time_to_first_token_seconds_count":
-             "ttft_count", "astro:engine_steps_total": "steps", "astro:engine_steps_late_total": "steps_late"}
+             "ttft_count", "astro:engine_steps_total": "steps", "astro:engine_steps_late_total": "steps_late",
+             "vllm:num_preemptions_total": "preemptions"}
     out = dict.fromkeys(names.values(), 0.0)
     for inst in cj.get("instances", []):
         url = inst.get("metrics_url")
@@ -262,6 +265,7 @@ def arm_fleet(res: dict, before: dict, after: dict, cj: dict, n_requests: int) -
     steps = after["steps"] - before["steps"]
     res["engine_steps_late_share"] = (after["steps_late"] - before["steps_late"]) / steps if steps else float("nan")
     res["front_door_ttft_mean"] = front_door_ttft(cj, n_requests)
+    res["preemptions"] = after["preemptions"] - before["preemptions"]
 
 
 def arm_order(arms: list[str], repeat: int) -> list[str]:
@@ -347,7 +351,8 @@ def main() -> None:
                 print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
                       f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s, "
                       f"front door's observed TTFT {res['front_door_ttft_mean']:.4f} s, late engine steps "
-                      f"{res['engine_steps_late_share']:.1%}", file=sys.stderr, flush=True)
+                      f"{res['engine_steps_late_share']:.1%}, preemptions {res['preemptions']:.0f}, ITL gaps > 0.1 s "
+                      f"{res['itl_gaps_over_100ms']}", file=sys.stderr, flush=True)
         print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
               "astro / vllm (median) | ratio range |")
         print("|---|---|---|---|---|")
@@ -378,7 +383,9 @@ def main() -> None:
             print(f"{arm}: mean TTFT − the front door's observed TTFT per repeat "
                   + ", ".join(f"{x:.1f}" for x in over) + " ms; engine-side mean TTFT "
                   + ", ".join(f"{r['engine_ttft_mean'] * 1e3:.1f}" for r in rs) + " ms; late engine steps "
-                  + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs))
+                  + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs) + "; engine preemptions "
+                  + ", ".join(f"{r['preemptions']:.0f}" for r in rs) + "; ITL gaps > 0.1 s "
+                  + ", ".join(str(r["itl_gaps_over_100ms"]) for r in rs))
         if a.with_no_trust_env:
             print("\ndiagnostic arm vllm_noenv (vllm bench serve, aiohttp trust_env off), median over repeats:")
             for stat in ("mean", "p99"):
