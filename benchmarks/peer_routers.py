@@ -187,7 +187,10 @@ def parse_cpus(spec: str) -> frozenset[int]:
         if not part:
             continue
         lo, sep, hi = part.partition("-")
-        a, b = int(lo), int(hi) if sep else int(lo)
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise ValueError(f"bad CPU range {part!r}") from None
         if a < 0 or b < a:
             raise ValueError(f"bad CPU range {part!r}")
         out.update(range(a, b + 1))

@@ -29,6 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from peer_routers import parse_cpus  # noqa: E402  (the taskset-list parser the peer harness checks)
+
 METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
 ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}
 
@@ -39,17 +42,9 @@ def pinned(cpus: frozenset[int] | None):
     return None if cpus is None else (lambda: os.sched_setaffinity(0, cpus))
 
 
-def parse_cpus(spec: str | None) -> frozenset[int] | None:
-    """`taskset -c` style list ("0", "0-2", "0,3") → the CPU numbers."""
-    if spec is None:
-        return None
-    out: set[int] = set()
-    for part in filter(None, (x.strip() for x in spec.split(","))):
-        lo, sep, hi = part.partition("-")
-        out.update(range(int(lo), int(hi if sep else lo) + 1))
-    if not out:
-        raise SystemExit(f"no CPU in {spec!r}")
-    return frozenset(out)
+def long_gaps(per: list[dict | None], over_s: float = 0.1) -> int:
+    """How many ITL gaps of the completed requests in `per` exceed `over_s`."""
+    return sum(x > over_s for p in per if p for x in p["itl"])
 
 
 def start_fleet(work: Path, instances: int, prefix_caching: bool,
@@ -130,7 +125,7 @@ def vllm_result(out: Path, cmd: list[str]) -> dict:
     now_unix, now_mono = time.time(), time.perf_counter()
     return {"mean": {m: d[f"mean_{m}_ms"] / 1e3 for m, _ in METRICS},
             "p99": {m: d[f"p99_{m}_ms"] / 1e3 for m, _ in METRICS},
-            "itl_gaps_over_100ms": sum(x > 0.1 for p in per if p for x in p["itl"]),
+            "itl_gaps_over_100ms": long_gaps(per),
             "completed": d["completed"], "sent": [s - min(starts) for s in starts] if starts else [], "per": per,
             "cmd": cmd, "first_send_unix": now_unix - (now_mono - min(starts)) if starts else None}
 
@@ -163,7 +158,7 @@ def astro_result(out: Path, cmd: list[str]) -> dict:
     return {"mean": {k: m[ASTRO_KEY[k]]["mean"] for k, _ in METRICS},
             "p99": {k: m[ASTRO_KEY[k]]["p99"] for k, _ in METRICS},
             "completed": m["num_completed"], "sent": [s - min(sent) for s in sent], "cmd": cmd, "per": per,
-            "itl_gaps_over_100ms": sum(x > 0.1 for p in per if p for x in p["itl"]),
+            "itl_gaps_over_100ms": long_gaps(per),
             "send_lag_p99_s": rep["runs"][0]["extras"].get("send_lag_s_p99")}
 
 
@@ -305,9 +300,13 @@ def main() -> None:
                     help="diagnostic third arm, interleaved with the two: vllm bench serve with aiohttp's "
                          "trust_env off (no netrc / proxy thread hops per request before it sends)")
     a = ap.parse_args()
-    a.fleet_cpus, a.client_cpus = parse_cpus(a.fleet_cpus), parse_cpus(a.client_cpus)
+    for flag in ("fleet_cpus", "client_cpus"):
+        try:
+            setattr(a, flag, None if getattr(a, flag) is None else parse_cpus(getattr(a, flag)))
+        except ValueError as e:
+            ap.error(f"--{flag.replace('_', '-')}: {e} (a taskset list such as 0 or 0-1,3)")
     if a.fleet_cpus and a.client_cpus and a.fleet_cpus & a.client_cpus:
-        raise SystemExit("--fleet-cpus and --client-cpus overlap: give them disjoint CPU sets")
+        ap.error("--fleet-cpus and --client-cpus overlap: give them disjoint CPU sets")
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
     work = Path(tempfile.mkdtemp(prefix="astro-vllm-compare-"))

@@ -24,8 +24,10 @@ def test_cpu_lists_parse_and_format_like_the_kernel() -> None:
     assert pr.format_cpus({0, 1, 2, 5}) == "0-2,5"
     assert pr.format_cpus({4, 0, 2}) == "0,2,4"
     assert pr.format_cpus({7}) == "7"
-    for bad in ("", "2-1", "a", "-1"):
-        with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no CPU in"):
+        pr.parse_cpus("")
+    for bad in ("2-1", "a", "-1", "0-x"):  # each named in the message, not int()'s own words
+        with pytest.raises(ValueError, match=f"bad CPU range '{bad}'"):
             pr.parse_cpus(bad)
 
 

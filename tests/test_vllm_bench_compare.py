@@ -9,17 +9,26 @@ import sys
 
 import pytest
 
-from conftest import load_script
+from conftest import REPO, load_script
 
 cmp = load_script("benchmarks/vllm_bench_compare.py", "vllm_bench_compare")
 
 
-def test_cpu_lists_parse_as_taskset_does():
-    assert cmp.parse_cpus("0") == {0}
-    assert cmp.parse_cpus("0,2-4") == {0, 2, 3, 4}
-    assert cmp.parse_cpus(None) is None
-    with pytest.raises(SystemExit, match="no CPU"):
-        cmp.parse_cpus(" , ")
+@pytest.mark.parametrize("argv, named", [
+    (["--fleet-cpus", "x"], "--fleet-cpus"),
+    (["--client-cpus", "3-1"], "--client-cpus"),
+    (["--fleet-cpus", "0", "--client-cpus", "0-1"], "overlap"),
+])
+def test_bad_cpu_lists_exit_2_naming_the_flag(argv, named):
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks/vllm_bench_compare.py"), *argv],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and named in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_long_gaps_counts_only_gaps_over_the_threshold():
+    per = [{"itl": [0.03, 0.2, 0.1]}, None, {"itl": [1.9]}, {"itl": []}]
+    assert cmp.long_gaps(per) == 2  # 0.2 and 1.9; exactly 0.1 is not over
+    assert cmp.long_gaps(per, over_s=0.02) == 4
 
 
 def test_a_pinned_child_runs_on_the_given_cpus_only():
