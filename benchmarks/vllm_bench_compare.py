@@ -270,6 +270,126 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
     return arms[k:] + arms[:k]
 
 
+def across_seeds_table(per_seed: dict[int, dict[str, list[dict]]], within: float = 0.03) -> str:
+    """A Markdown table over seeds: per metric, each seed's median (over its repeats) of
+    astro / vllm, the median of those per-seed medians and their range, how many seeds'
+    medians are within `within` of 1, the median over every (seed, repeat) pair, and the
+    noise floor: `vllm bench serve` against itself (repeat i+1 / repeat i of each seed,
+    pooled), as the median of |ratio − 1| and the largest |ratio − 1|."""
+    seeds = list(per_seed)
+    rows = [f"| metric | {' | '.join(f'seed {s}' for s in seeds)} | median of seeds | range | "
+            f"seeds within {within:.0%} | median of all {sum(len(r['vllm']) for r in per_seed.values())} pairs | "
+            "vllm vs itself: median / largest \\|ratio − 1\\| |",
+            "|---|" + "---|" * (len(seeds) + 5)]
+    for stat in ("mean", "p99"):
+        for m, name in METRICS:
+            ratios = {s: [x[stat][m] / y[stat][m] for x, y in zip(r["astro"], r["vllm"])]
+                      for s, r in per_seed.items()}
+            meds = [statistics.median(ratios[s]) for s in seeds]
+            ok = sum(abs(x - 1) <= within for x in meds)
+            every = [x for s in seeds for x in ratios[s]]
+            self_dev = [abs(y[stat][m] / x[stat][m] - 1) for r in per_seed.values()
+                        for x, y in zip(r["vllm"], r["vllm"][1:])]
+            floor = f"{statistics.median(self_dev):.1%} / {max(self_dev):.1%}" if self_dev else "n/a"
+            rows.append(f"| {stat} {name} | {' | '.join(f'{x:.3f}' for x in meds)} | "
+                        f"{statistics.median(meds):.3f} | {min(meds):.3f}–{max(meds):.3f} | "
+                        f"{ok} of {len(seeds)} | {statistics.median(every):.3f} | {floor} |")
+    return "\n".join(rows)
+
+
+def run_seed(a, seed: int, cluster: Path, cj: dict, url: str, model: str, work: Path) -> dict[str, list[dict]]:
+    """Every arm and repeat of one seed (the same 100 prompts and send plan for each arm):
+    the arms' results in repeat order, keyed by arm."""
+    a.seed = seed  # vllm_args / astro_args read it
+    runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
+    arms = ["vllm", "astro"] + (["vllm_noenv"] if a.with_no_trust_env else [])
+    if a.with_no_trust_env:
+        runs["vllm_noenv"] = []
+        if a.concurrent:
+            raise SystemExit("--with-no-trust-env runs the arms one after another: drop --concurrent")
+    for i in range(a.repeats if a.concurrent else 0):
+        vout, aout = work / f"vllm-{i}" / "result.json", work / f"astro-{i}"
+        vout.parent.mkdir(parents=True, exist_ok=True)
+        before = engine_sums(cj)
+        rv, ra = run_both(a, url, model, cluster, vout, aout)
+        after = engine_sums(cj)
+        for arm, res in (("vllm", rv), ("astro", ra)):
+            arm_fleet(res, before, after, cj, 2 * a.num_prompts)
+            runs[arm].append(res)
+        # the two tools' start offset is not controlled (a few seconds of start-up each) nor measured
+        print(f"repeat {i} (both at once): mean TTFT vllm "
+              f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
+              f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
+    for i in range(0 if a.concurrent else a.repeats):
+        for arm in arm_order(arms, i):
+            out = work / f"{arm}-{i}" / ("result.json" if arm != "astro" else "")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            before = engine_sums(cj)
+            res = (run_astro(a, cluster, work / f"astro-{i}") if arm == "astro"
+                   else run_vllm(a, url, model, out, trust_env=arm == "vllm"))
+            after = engine_sums(cj)
+            arm_fleet(res, before, after, cj, a.num_prompts)
+            runs[arm].append(res)
+            print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
+                  f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s, "
+                  f"front door's observed TTFT {res['front_door_ttft_mean']:.4f} s, late engine steps "
+                  f"{res['engine_steps_late_share']:.1%}, preemptions {res['preemptions']:.0f}, ITL gaps > 0.1 s "
+                  f"{res['itl_gaps_over_100ms']}", file=sys.stderr, flush=True)
+    return runs
+
+
+def report(a, runs: dict[str, list[dict]]) -> None:
+    """Print one seed's table (median over repeats per tool, their ratio and its range),
+    the per-prompt pairs and each arm's fleet-side figures."""
+    arms = list(runs)
+    print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
+          "astro / vllm (median) | ratio range |")
+    print("|---|---|---|---|---|")
+    worst = 0.0
+    for stat in ("mean", "p99"):
+        for m, name in METRICS:
+            v = [r[stat][m] for r in runs["vllm"]]
+            s = [r[stat][m] for r in runs["astro"]]
+            ratios = [x / y for x, y in zip(s, v)]
+            med = statistics.median(ratios)
+            worst = max(worst, abs(med - 1))
+            print(f"| {stat} {name} (s) | {statistics.median(v):.4f} | {statistics.median(s):.4f} | "
+                  f"{med:.3f} | {min(ratios):.3f}–{max(ratios):.3f} |")
+    prs = [paired(rv, ra) for rv, ra in zip(runs["vllm"], runs["astro"])]
+    if prs:
+        print("\nper-prompt pairs (prompts both tools completed), astro / vllm per repeat:")
+        for i, p in enumerate(prs):
+            print(f"  repeat {i}: {p['pairs']:.0f} pairs; TTFT median of ratios {p['ttft_median_ratio']:.3f}, "
+                  f"ratio of means {p['ttft_mean_ratio']:.3f}; E2E median of ratios "
+                  f"{p['e2el_median_ratio']:.3f}, ratio of means {p['e2el_mean_ratio']:.3f}")
+    gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
+            for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
+    gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
+    lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
+    for arm in arms:
+        rs = runs[arm]
+        over = [(r["mean"]["ttft"] - r["front_door_ttft_mean"]) * 1e3 for r in rs]
+        print(f"{arm}: mean TTFT − the front door's observed TTFT per repeat "
+              + ", ".join(f"{x:.1f}" for x in over) + " ms; engine-side mean TTFT "
+              + ", ".join(f"{r['engine_ttft_mean'] * 1e3:.1f}" for r in rs) + " ms; late engine steps "
+              + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs) + "; engine preemptions "
+              + ", ".join(f"{r['preemptions']:.0f}" for r in rs) + "; ITL gaps > 0.1 s "
+              + ", ".join(str(r["itl_gaps_over_100ms"]) for r in rs))
+    if a.with_no_trust_env:
+        print("\ndiagnostic arm vllm_noenv (vllm bench serve, aiohttp trust_env off), median over repeats:")
+        for stat in ("mean", "p99"):
+            nv = [r[stat]["ttft"] for r in runs["vllm_noenv"]]
+            r_v = [x / y for x, y in zip(nv, (r[stat]["ttft"] for r in runs["vllm"]))]
+            r_a = [y / x for x, y in zip(nv, (r[stat]["ttft"] for r in runs["astro"]))]
+            print(f"  {stat} TTFT {statistics.median(nv):.4f} s; vllm_noenv / vllm {statistics.median(r_v):.3f} "
+                  f"({min(r_v):.3f}–{max(r_v):.3f}); astro / vllm_noenv {statistics.median(r_a):.3f} "
+                  f"({min(r_a):.3f}–{max(r_a):.3f})")
+    print(f"CPUs: fleet {sorted(a.fleet_cpus) if a.fleet_cpus else 'any'}, load generators "
+          f"{sorted(a.client_cpus) if a.client_cpus else 'any'}")
+    print(f"largest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
+          f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--vllm", default="/tmp/.astro-vllm-venv/bin/vllm")
@@ -284,6 +404,8 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", help="several seeds, e.g. 0-4 or 0,3,7 (each: its own prompts and send plan, "
+                                    "every arm and repeat), then a table across them; overrides --seed")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--json", help="write the raw figures here")
@@ -307,6 +429,10 @@ def main() -> None:
             ap.error(f"--{flag.replace('_', '-')}: {e} (a taskset list such as 0 or 0-1,3)")
     if a.fleet_cpus and a.client_cpus and a.fleet_cpus & a.client_cpus:
         ap.error("--fleet-cpus and --client-cpus overlap: give them disjoint CPU sets")
+    try:
+        a.seeds = [a.seed] if a.seeds is None else sorted(parse_cpus(a.seeds))
+    except ValueError:  # the same list syntax as the CPU sets
+        ap.error(f"--seeds: bad seed list {a.seeds!r} (a list such as 0-4 or 0,3,7)")
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
     work = Path(tempfile.mkdtemp(prefix="astro-vllm-compare-"))
@@ -318,90 +444,21 @@ def main() -> None:
             fleet, cluster = start_fleet(work, a.instances, a.prefix_caching, a.fleet_cpus)
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
-        runs: dict[str, list[dict]] = {"vllm": [], "astro": []}
-        arms = ["vllm", "astro"] + (["vllm_noenv"] if a.with_no_trust_env else [])
-        if a.with_no_trust_env:
-            runs["vllm_noenv"] = []
-            if a.concurrent:
-                raise SystemExit("--with-no-trust-env runs the arms one after another: drop --concurrent")
-        for i in range(a.repeats if a.concurrent else 0):
-            vout, aout = work / f"vllm-{i}" / "result.json", work / f"astro-{i}"
-            vout.parent.mkdir(parents=True, exist_ok=True)
-            before = engine_sums(cj)
-            rv, ra = run_both(a, url, model, cluster, vout, aout)
-            after = engine_sums(cj)
-            for arm, res in (("vllm", rv), ("astro", ra)):
-                arm_fleet(res, before, after, cj, 2 * a.num_prompts)
-                runs[arm].append(res)
-            # the two tools' start offset is not controlled (a few seconds of start-up each) nor measured
-            print(f"repeat {i} (both at once): mean TTFT vllm "
-                  f"{rv['mean']['ttft']:.4f} s, astro {ra['mean']['ttft']:.4f} s; engine-side mean TTFT (both) "
-                  f"{rv['engine_ttft_mean']:.4f} s", file=sys.stderr, flush=True)
-        for i in range(0 if a.concurrent else a.repeats):
-            for arm in arm_order(arms, i):
-                out = work / f"{arm}-{i}" / ("result.json" if arm != "astro" else "")
-                out.parent.mkdir(parents=True, exist_ok=True)
-                before = engine_sums(cj)
-                res = (run_astro(a, cluster, work / f"astro-{i}") if arm == "astro"
-                       else run_vllm(a, url, model, out, trust_env=arm == "vllm"))
-                after = engine_sums(cj)
-                arm_fleet(res, before, after, cj, a.num_prompts)
-                runs[arm].append(res)
-                print(f"repeat {i} {arm}: completed {res['completed']}, mean TTFT {res['mean']['ttft']:.4f} s, "
-                      f"mean E2E {res['mean']['e2el']:.3f} s, engine-side mean TTFT {res['engine_ttft_mean']:.4f} s, "
-                      f"front door's observed TTFT {res['front_door_ttft_mean']:.4f} s, late engine steps "
-                      f"{res['engine_steps_late_share']:.1%}, preemptions {res['preemptions']:.0f}, ITL gaps > 0.1 s "
-                      f"{res['itl_gaps_over_100ms']}", file=sys.stderr, flush=True)
-        print(f"| metric | vllm bench serve (median of {a.repeats}) | astro bench --ttft-definition vllm | "
-              "astro / vllm (median) | ratio range |")
-        print("|---|---|---|---|---|")
-        worst = 0.0
-        for stat in ("mean", "p99"):
-            for m, name in METRICS:
-                v = [r[stat][m] for r in runs["vllm"]]
-                s = [r[stat][m] for r in runs["astro"]]
-                ratios = [x / y for x, y in zip(s, v)]
-                med = statistics.median(ratios)
-                worst = max(worst, abs(med - 1))
-                print(f"| {stat} {name} (s) | {statistics.median(v):.4f} | {statistics.median(s):.4f} | "
-                      f"{med:.3f} | {min(ratios):.3f}–{max(ratios):.3f} |")
-        prs = [paired(rv, ra) for rv, ra in zip(runs["vllm"], runs["astro"])]
-        if prs:
-            print("\nper-prompt pairs (prompts both tools completed), astro / vllm per repeat:")
-            for i, p in enumerate(prs):
-                print(f"  repeat {i}: {p['pairs']:.0f} pairs; TTFT median of ratios {p['ttft_median_ratio']:.3f}, "
-                      f"ratio of means {p['ttft_mean_ratio']:.3f}; E2E median of ratios "
-                      f"{p['e2el_median_ratio']:.3f}, ratio of means {p['e2el_mean_ratio']:.3f}")
-        gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
-                for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
-        gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
-        lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
-        for arm in arms:
-            rs = runs[arm]
-            over = [(r["mean"]["ttft"] - r["front_door_ttft_mean"]) * 1e3 for r in rs]
-            print(f"{arm}: mean TTFT − the front door's observed TTFT per repeat "
-                  + ", ".join(f"{x:.1f}" for x in over) + " ms; engine-side mean TTFT "
-                  + ", ".join(f"{r['engine_ttft_mean'] * 1e3:.1f}" for r in rs) + " ms; late engine steps "
-                  + ", ".join(f"{r['engine_steps_late_share']:.1%}" for r in rs) + "; engine preemptions "
-                  + ", ".join(f"{r['preemptions']:.0f}" for r in rs) + "; ITL gaps > 0.1 s "
-                  + ", ".join(str(r["itl_gaps_over_100ms"]) for r in rs))
-        if a.with_no_trust_env:
-            print("\ndiagnostic arm vllm_noenv (vllm bench serve, aiohttp trust_env off), median over repeats:")
-            for stat in ("mean", "p99"):
-                nv = [r[stat]["ttft"] for r in runs["vllm_noenv"]]
-                r_v = [x / y for x, y in zip(nv, (r[stat]["ttft"] for r in runs["vllm"]))]
-                r_a = [y / x for x, y in zip(nv, (r[stat]["ttft"] for r in runs["astro"]))]
-                print(f"  {stat} TTFT {statistics.median(nv):.4f} s; vllm_noenv / vllm {statistics.median(r_v):.3f} "
-                      f"({min(r_v):.3f}–{max(r_v):.3f}); astro / vllm_noenv {statistics.median(r_a):.3f} "
-                      f"({min(r_a):.3f}–{max(r_a):.3f})")
-        print(f"CPUs: fleet {sorted(a.fleet_cpus) if a.fleet_cpus else 'any'}, load generators "
-              f"{sorted(a.client_cpus) if a.client_cpus else 'any'}")
-        print(f"largest median |ratio − 1|: {worst:.1%}; send plans: largest |vLLM start − astro send| per "
-              f"repeat {gap_txt}; astro send lag P99 {lag_txt}")
+        per_seed = {seed: run_seed(a, seed, cluster, cj, url, model, work / f"seed-{seed}") for seed in a.seeds}
+        for seed, runs in per_seed.items():
+            if len(a.seeds) > 1:
+                print(f"\n## seed {seed}\n")
+            report(a, runs)
+        if len(a.seeds) > 1:
+            print(f"\n## across seeds {', '.join(map(str, a.seeds))} ({a.repeats} repeats each)\n")
+            print(across_seeds_table(per_seed))
         if a.json:
-            Path(a.json).write_text(json.dumps({**{k: [{x: y for x, y in r.items() if x not in ("sent", "per")}
-                                                     for r in v] for k, v in runs.items()}, "paired": prs},
-                                               indent=1))
+            Path(a.json).write_text(json.dumps({str(seed): {
+                **{k: [{**{x: y for x, y in r.items() if x not in ("sent", "per")},
+                        "per": [p and {"ttft": p["ttft"], "e2el": p["e2el"]} for p in r["per"]]} for r in v]
+                   for k, v in runs.items()},
+                "paired": [paired(rv, ra) for rv, ra in zip(runs["vllm"], runs["astro"])]}
+                for seed, runs in per_seed.items()}, indent=1))
     finally:
         if fleet is not None:
             os.killpg(fleet.pid, signal.SIGTERM)

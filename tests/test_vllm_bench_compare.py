@@ -18,6 +18,8 @@ cmp = load_script("benchmarks/vllm_bench_compare.py", "vllm_bench_compare")
     (["--fleet-cpus", "x"], "--fleet-cpus"),
     (["--client-cpus", "3-1"], "--client-cpus"),
     (["--fleet-cpus", "0", "--client-cpus", "0-1"], "overlap"),
+    (["--seeds", "0-x"], "--seeds"),
+    (["--seeds", "3-1"], "--seeds"),
 ])
 def test_bad_cpu_lists_exit_2_naming_the_flag(argv, named):
     r = subprocess.run([sys.executable, str(REPO / "benchmarks/vllm_bench_compare.py"), *argv],
@@ -61,3 +63,27 @@ def test_arms_rotate_so_each_runs_first_equally_often():
     three = [cmp.arm_order(["vllm", "astro", "vllm_noenv"], i) for i in range(3)]
     assert [o[0] for o in three] == ["vllm", "astro", "vllm_noenv"]
     assert all(sorted(o) == ["astro", "vllm", "vllm_noenv"] for o in three)
+
+
+def _run(value: float) -> dict:
+    """One arm's result with every metric (mean and P99) at `value`."""
+    return {"mean": {m: value for m, _ in cmp.METRICS}, "p99": {m: value for m, _ in cmp.METRICS}}
+
+
+def test_the_table_across_seeds_gives_per_seed_medians_and_vllms_own_repeat_spread():
+    per_seed = {
+        # seed 0: astro / vllm per repeat 1.0 / 1.0 and 1.0 / 1.25 = 0.8 → median 0.9; vllm against
+        # itself 1.25 / 1.0 → 25 %
+        0: {"vllm": [_run(1.0), _run(1.25)], "astro": [_run(1.0), _run(1.0)]},
+        # seed 4: 2.04 / 2.0 = 1.02 and 1.0 → median 1.01 (within 3 %); vllm against itself 0 %
+        4: {"vllm": [_run(2.0), _run(2.0)], "astro": [_run(2.04), _run(2.0)]},
+    }
+    rows = cmp.across_seeds_table(per_seed).splitlines()
+    assert rows[0].startswith("| metric | seed 0 | seed 4 | median of seeds |")
+    assert "median of all 4 pairs" in rows[0]
+    assert len(rows) == 2 + 2 * len(cmp.METRICS)
+    p99_ttft = next(r for r in rows if r.startswith("| p99 TTFT |"))
+    cells = [c.strip() for c in p99_ttft.strip("|").split("|")]
+    # per-seed medians, their median (0.955) and range, seeds within 3 %, median of the 4
+    # pairs (0.8, 1.0, 1.0, 1.02 → 1.0), vllm vs itself (0 % and 25 % → median 12.5 %)
+    assert cells[1:] == ["0.900", "1.010", "0.955", "0.900–1.010", "1 of 2", "1.000", "12.5% / 25.0%"]
