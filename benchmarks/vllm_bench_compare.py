@@ -236,30 +236,35 @@ def _internal_headers(cj: dict) -> dict[str, str]:
     return {"x-astro-internal-token": Path(tok_file).read_text().strip()} if tok_file else {}
 
 
-def front_door_ttft(cj: dict, n: int) -> float:
-    """Mean `observed_ttft_s` (the scheduler's forward → first response chunk) over its last
-    `n` decisions that ended ok: the fleet's TTFT behind the front door, the same for both
-    tools when the fleet treats their requests alike (nan when unavailable)."""
+def front_door_decisions(cj: dict, n: int) -> list[dict]:
+    """The scheduler's last `n` decision records (`GET /decisions`), oldest first; [] when
+    unavailable."""
     import urllib.request
 
     url = cj["scheduler"]["url"].rstrip("/") + f"/decisions?n={n}"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=_internal_headers(cj)), timeout=10) as r:
-            rows = json.loads(r.read())
+            return list(json.loads(r.read()))
     except (OSError, ValueError):
-        return float("nan")
-    v = [d["observed_ttft_s"] for d in rows if d.get("outcome") == "ok" and d.get("observed_ttft_s") is not None]
-    return statistics.fmean(v) if v else float("nan")
+        return []
 
 
 def arm_fleet(res: dict, before: dict, after: dict, cj: dict, n_requests: int) -> None:
     """Put the arm's engine-side figures into `res`: engine mean TTFT, the share of late
-    engine steps, and the front door's mean observed TTFT."""
+    engine steps, the front door's mean observed TTFT (its forward → first response chunk,
+    over the arm's decisions that ended ok: the fleet's TTFT behind the front door, the
+    same for both tools when the fleet treats their requests alike; nan when unavailable),
+    and per request in the order the front door received them, when it did (Unix s) and
+    its observed TTFT — lines each tool's sends up with the fleet's steps."""
     n = after["ttft_count"] - before["ttft_count"]
     res["engine_ttft_mean"] = (after["ttft_sum"] - before["ttft_sum"]) / n if n else float("nan")
     steps = after["steps"] - before["steps"]
     res["engine_steps_late_share"] = (after["steps_late"] - before["steps_late"]) / steps if steps else float("nan")
-    res["front_door_ttft_mean"] = front_door_ttft(cj, n_requests)
+    rows = front_door_decisions(cj, n_requests)
+    ok = [d["observed_ttft_s"] for d in rows if d.get("outcome") == "ok" and d.get("observed_ttft_s") is not None]
+    res["front_door_ttft_mean"] = statistics.fmean(ok) if ok else float("nan")
+    res["front_door"] = [{"received_unix_s": d.get("received_unix_s"), "observed_ttft_s": d.get("observed_ttft_s"),
+                          "prompt_tokens": d.get("prompt_tokens"), "instance": d.get("instance")} for d in rows]
     res["preemptions"] = after["preemptions"] - before["preemptions"]
 
 

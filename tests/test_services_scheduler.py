@@ -122,8 +122,11 @@ def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):
         n = 6
         for s, k in ((s2, 2), (sall, 4)):
             with httpx.Client(base_url=s.url, timeout=10) as c:
+                windows = []  # each request's (before send, after reply) wall clock
                 for _ in range(n):
+                    t_send = time.time()
                     assert c.post("/v1/chat/completions", json=chat()).status_code == 200
+                    windows.append((t_send, time.time()))
                 m = c.get("/metrics").text
                 assert metric(m, "astro:predict_rpcs_total", policy="power_of_k") == n * k
                 assert metric(m, "astro:predict_rpcs_total", outcome="ok") == n * k
@@ -132,6 +135,8 @@ def test_power_of_k_queries_exactly_k_predictors(length_model, profile_path):
                 assert len(decs) == n and all(len(d["candidates"]) == k for d in decs)
                 assert all(len(d["predictions"]) == k for d in decs)
                 assert all(d["predicted_output_tokens"] == 4 for d in decs)  # 40 capped by max_tokens 4
+                # each decision says when its request reached the front door: inside its own window
+                assert [lo <= d["received_unix_s"] <= hi for (lo, hi), d in zip(windows, decs)] == [True] * n
 
 
 def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, profile_path):

@@ -126,8 +126,10 @@ def test_decision_record_splices_the_decision_and_leaves_out_unset_fields():
                              "retries": 0, "tag_wait_us": 5.0}
     rec.decision = t.DispatchDecision("power_of_k", (0, 2), 2, "lowest e2e", {0: (0.1, 0.5), 2: (0.1, 0.4)}, 80.0)
     rec.instance, rec.observed_e2e_s, rec.overhead_us, rec.outcome = "engine-2", 0.41, 900.0, "ok"
+    rec.received_unix_s = 1_764_900_000.25
     d = rec.to_dict()
     assert list(d) == ["request", "endpoint", "prompt_tokens", "predicted_output_tokens", "retries", "tag_wait_us",
                        "policy", "candidates", "predictions", "choice", "reason", "decide_us", "stage_us", "instance",
-                       "observed_e2e_s", "overhead_us", "outcome"]
+                       "observed_e2e_s", "overhead_us", "outcome", "received_unix_s"]
+    assert d["received_unix_s"] == 1_764_900_000.25
     assert d["predictions"] == {"0": {"ttft_s": 0.1, "e2e_s": 0.5}, "2": {"ttft_s": 0.1, "e2e_s": 0.4}}

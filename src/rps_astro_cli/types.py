@@ -813,6 +813,9 @@ class DecisionRecord:
     # ok | client_error | engine_error | midstream_error | no_instance |
     # client_disconnected
     outcome: str | None = None
+    # when the front door received the request (Unix time, s): lines the log up with
+    # a client's send times and with other schedulers' logs
+    received_unix_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -825,7 +828,7 @@ class DecisionRecord:
         }
         if self.decision is not None:
             d.update(self.decision.to_dict())
-        for k in ("instance", "observed_ttft_s", "observed_e2e_s", "overhead_us", "outcome"):
+        for k in ("instance", "observed_ttft_s", "observed_e2e_s", "overhead_us", "outcome", "received_unix_s"):
             v = getattr(self, k)
             if v is not None:
                 d[k] = v

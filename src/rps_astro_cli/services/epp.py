@@ -365,10 +365,11 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             if isinstance(exc, oa.ApiError):
                 return [immediate(exc.status_code, exc.message, exc.param, exc.err_type)]
             return [immediate(exc.status, exc.message, exc.param, exc.type)]
-        tok = self.door.start_prompt_ids(body, endpoint, parsed)  # runs while the tagger works
+        wanted = self.sched.dispatcher.prefix_wanted()  # once: the tagger's wait lets /status polls in
+        tok = self.door.start_prompt_ids(body, endpoint, parsed, wanted)  # runs while the tagger works
         try:
             tag = await self.sched.tags.finish(tag_task, raw)
-            blocks = await self.door.prompt_blocks(body, endpoint, tok)
+            blocks = await self.door.prompt_blocks(body, endpoint, tok, wanted)
         except BaseException:
             self.door.prompt_ids.abandon(tok)
             raise

@@ -151,27 +151,30 @@ class FrontDoor:
         self.check_model(parsed)
         return body, parsed
 
-    def start_prompt_ids(self, body: dict, endpoint: str, parsed: oa.ParsedRequest) -> Tokenize | None:
+    def start_prompt_ids(self, body: dict, endpoint: str, parsed: oa.ParsedRequest,
+                         wanted: bool | None = None) -> Tokenize | None:
         """Send the `/tokenize` RPC of a validated body's prompt when a policy that
         `needs_prefix` wants the engine's ids of it (`prompt_ids.PromptIds.start`); None
-        otherwise (no RPC)."""
-        if not self.dispatcher.prefix_wanted():
+        otherwise (no RPC). `wanted`: the request's `Dispatcher.prefix_wanted()`, asked
+        once by the caller so both halves agree (None: ask now)."""
+        if not (self.dispatcher.prefix_wanted() if wanted is None else wanted):
             return None
         return self.prompt_ids.start(body, endpoint, parsed)
 
-    async def prompt_blocks(self, body: dict, endpoint: str, tok: Tokenize | None = None) -> PromptBlocks:
+    async def prompt_blocks(self, body: dict, endpoint: str, tok: Tokenize | None = None,
+                            wanted: bool | None = None) -> PromptBlocks:
         """The prompt's block hashes, their block size (the instances' KV block size) and
         the engine's token count of the prompt (None: fallback ids) for a policy that
         `needs_prefix`; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
-        deadline; without `tok` it does not suspend."""
-        if not self.dispatcher.prefix_wanted():
+        deadline; without `tok` it does not suspend. `wanted` as in `start_prompt_ids`."""
+        if not (self.dispatcher.prefix_wanted() if wanted is None else wanted):
             return (), 16, None
         bs = next((st.block_size for st in self.instances if st.block_size), 16)
         ids, from_engine = await self.prompt_ids.finish(tok, body, endpoint)
         return block_hashes(ids, bs), bs, len(ids) if from_engine else None
 
     async def handle(self, request: Request, endpoint: str) -> Response:
-        t0 = time.perf_counter()
+        t0, received_unix_s = time.perf_counter(), time.time()
         check_api_key(request, self.s.api_key)
         raw = await read_body(request, self.s.max_body_bytes)
         tag_task = self.tags.start(raw)  # in parallel with parsing:
@@ -185,12 +188,15 @@ class FrontDoor:
             if isinstance(exc, oa.ApiError):
                 return JSONResponse(exc.to_dict(), status_code=exc.status_code)
             raise
-        tok = self.start_prompt_ids(body, endpoint, parsed)
+        # asked once: a /status poll between the two halves could flip it (an RPC started
+        # and never finished, or hashes wanted with no ids asked for)
+        wanted = self.dispatcher.prefix_wanted()
+        tok = self.start_prompt_ids(body, endpoint, parsed, wanted)
         early_ok = self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text"
         blocks: PromptBlocks | None = None
         if tok is None or early_ok:  # an early decision waits for the engine's ids (module docstring)
             try:
-                blocks = await self.prompt_blocks(body, endpoint, tok)
+                blocks = await self.prompt_blocks(body, endpoint, tok, wanted)
             except BaseException:
                 self.tags.abandon(tag_task)
                 self.prompt_ids.abandon(tok)
@@ -211,7 +217,7 @@ class FrontDoor:
         try:
             tag = await self.tags.finish(tag_task, raw)
             if blocks is None:  # the /tokenize RPC ran while the tagger worked
-                blocks = await self.prompt_blocks(body, endpoint, tok)
+                blocks = await self.prompt_blocks(body, endpoint, tok, wanted)
         except BaseException:
             if early is not None:
                 early.cancel()
@@ -228,7 +234,8 @@ class FrontDoor:
         body["vllm_xargs"] = xargs
         payload = json.dumps(body).encode()
         self._n += 1
-        rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us)
+        rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us,
+                             received_unix_s=received_unix_s)
         fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, blocks, early))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
