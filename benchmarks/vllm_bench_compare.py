@@ -47,13 +47,23 @@ def long_gaps(per: list[dict | None], over_s: float = 0.1) -> int:
     return sum(x > over_s for p in per if p for x in p["itl"])
 
 
+def fleet_recipe(prefix_caching: bool, policy: str | None) -> str:
+    """The started fleet's recipe overrides (YAML; "" for none)."""
+    out = ""
+    if not prefix_caching:  # every arm sends the same prompts: a cache would carry one arm's prompts into the next
+        out += "engine:\n  enable_prefix_caching: false\n"
+    if policy:
+        out += f"scheduler:\n  policy: {policy}\n"
+    return out
+
+
 def start_fleet(work: Path, instances: int, prefix_caching: bool,
-                cpus: frozenset[int] | None = None) -> tuple[subprocess.Popen, Path]:
+                cpus: frozenset[int] | None = None, policy: str | None = None) -> tuple[subprocess.Popen, Path]:
     cj = work / "cluster.json"
     log = (work / "serve.log").open("w")
     extra: list[str] = []
-    if not prefix_caching:  # every arm sends the same prompts: a cache would carry one arm's prompts into the next
-        (work / "recipe.yaml").write_text("engine:\n  enable_prefix_caching: false\n")
+    if recipe := fleet_recipe(prefix_caching, policy):
+        (work / "recipe.yaml").write_text(recipe)
         extra = ["--recipe", str(work / "recipe.yaml")]
     p = subprocess.Popen([sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", str(instances),
                           "--cluster-json", str(cj), "--run-dir", str(work / "run"), "--port", "0", *extra],
@@ -406,6 +416,11 @@ def main() -> None:
     ap.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
                     help="the started fleet's engines cache prefixes (default off: the arms send the same "
                          "prompts, so a cache warmed by one arm would serve the next one's prefills)")
+    ap.add_argument("--policy", help="the started fleet's dispatch policy (default: astro's, power_of_k). "
+                                     "round_robin sends the n-th request to the same engine in every arm, so each "
+                                     "prompt meets the same batch and the arms differ only by their clients; a "
+                                     "load-aware policy's choices follow sub-millisecond timing, so they differ "
+                                     "between arms")
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--rate", type=float, default=4.0)
     ap.add_argument("--seed", type=int, default=0)
@@ -446,7 +461,7 @@ def main() -> None:
         if a.cluster:
             cluster = Path(a.cluster)
         else:
-            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching, a.fleet_cpus)
+            fleet, cluster = start_fleet(work, a.instances, a.prefix_caching, a.fleet_cpus, a.policy)
         cj = json.loads(cluster.read_text())
         url, model = cj["scheduler"]["url"], cj.get("model") or "meta-llama/Llama-2-7b-hf"
         per_seed = {seed: run_seed(a, seed, cluster, cj, url, model, work / f"seed-{seed}") for seed in a.seeds}

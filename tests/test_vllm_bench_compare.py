@@ -87,3 +87,18 @@ def test_the_table_across_seeds_gives_per_seed_medians_and_vllms_own_repeat_spre
     # per-seed medians, their median (0.955) and range, seeds within 3 %, median of the 4
     # pairs (0.8, 1.0, 1.0, 1.02 → 1.0), vllm vs itself (0 % and 25 % → median 12.5 %)
     assert cells[1:] == ["0.900", "1.010", "0.955", "0.900–1.010", "1 of 2", "1.000", "12.5% / 25.0%"]
+
+
+@pytest.mark.parametrize("caching, policy", [(False, None), (False, "round_robin"), (True, "round_robin"), (True, None)])
+def test_the_started_fleets_recipe_is_one_astro_serve_accepts(tmp_path, caching, policy):
+    from rps_astro_cli.services.config import load_recipe
+
+    text = cmp.fleet_recipe(caching, policy)
+    if caching and policy is None:
+        assert text == ""  # nothing to override: astro serve runs without --recipe
+        return
+    path = tmp_path / "recipe.yaml"
+    path.write_text(text)
+    cfg = load_recipe(path)
+    assert cfg.engine.enable_prefix_caching is caching
+    assert cfg.scheduler.policy == (policy or "power_of_k")
