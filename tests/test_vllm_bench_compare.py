@@ -89,7 +89,8 @@ def test_the_table_across_seeds_gives_per_seed_medians_and_vllms_own_repeat_spre
     assert cells[1:] == ["0.900", "1.010", "0.955", "0.900–1.010", "1 of 2", "1.000", "12.5% / 25.0%"]
 
 
-@pytest.mark.parametrize("caching, policy", [(False, None), (False, "round_robin"), (True, "round_robin"), (True, None)])
+@pytest.mark.parametrize("caching, policy", [(False, None), (False, "round_robin"), (True, "round_robin"),
+                                             (True, None)])
 def test_the_started_fleets_recipe_is_one_astro_serve_accepts(tmp_path, caching, policy):
     from rps_astro_cli.services.config import load_recipe
 
