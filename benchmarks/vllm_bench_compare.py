@@ -453,6 +453,11 @@ def main() -> None:
         a.seeds = [a.seed] if a.seeds is None else sorted(parse_cpus(a.seeds))
     except ValueError:  # the same list syntax as the CPU sets
         ap.error(f"--seeds: bad seed list {a.seeds!r} (a list such as 0-4 or 0,3,7)")
+    if a.policy is not None:
+        from rps_astro_cli.dispatch import DISPATCH_POLICIES
+
+        if a.policy not in DISPATCH_POLICIES.names():
+            ap.error(f"--policy: no dispatch policy {a.policy!r}; choose from {', '.join(DISPATCH_POLICIES.names())}")
     if not Path(a.dataset).is_file():
         raise SystemExit(f"no dataset at {a.dataset}: pass --dataset (see ../shared/data/PROVENANCE.md)")
     work = Path(tempfile.mkdtemp(prefix="astro-vllm-compare-"))

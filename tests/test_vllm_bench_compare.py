@@ -20,6 +20,7 @@ cmp = load_script("benchmarks/vllm_bench_compare.py", "vllm_bench_compare")
     (["--fleet-cpus", "0", "--client-cpus", "0-1"], "overlap"),
     (["--seeds", "0-x"], "--seeds"),
     (["--seeds", "3-1"], "--seeds"),
+    (["--policy", "round-robin"], "round_robin"),  # the message lists the names
 ])
 def test_bad_cpu_lists_exit_2_naming_the_flag(argv, named):
     r = subprocess.run([sys.executable, str(REPO / "benchmarks/vllm_bench_compare.py"), *argv],
