@@ -11,6 +11,11 @@ the spread (min–max) of the ratio. The send plans are compared too (vLLM's
     python benchmarks/vllm_bench_compare.py --repeats 3 \\
         --vllm /tmp/.astro-vllm-venv/bin/vllm --tokenizer /tmp/.astro-vllm-venv/tiny-llama
 
+Issue 17's acceptance run (BENCHMARKS.md): `--seeds 0-4 --policy round_robin --fleet-cpus 0
+--client-cpus 1` — five seeds, a table across them beside `vllm bench serve`'s own
+repeat-to-repeat spread, and a fleet that sends the n-th request of every arm to the same
+engine, so the arms differ only by their clients.
+
 Needs a `vllm` executable (`vllm bench serve`, any build: it only sends requests) and a
 local tokenizer folder both tools load. Starts its own 2-instance sim fleet (`astro
 serve`, time scale 1) unless --cluster is given, and stops it at the end.
