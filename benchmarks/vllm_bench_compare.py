@@ -290,6 +290,43 @@ def arm_order(arms: list[str], repeat: int) -> list[str]:
     return arms[k:] + arms[:k]
 
 
+def arm_ratios(runs: dict[str, list[dict]], stat: str, m: str) -> list[float]:
+    """astro / vllm of `stat` ("mean" | "p99") of metric `m`, per repeat."""
+    return [x[stat][m] / y[stat][m] for x, y in zip(runs["astro"], runs["vllm"])]
+
+
+def front_door_pairs(rv: dict, ra: dict, step_s: float = 0.010) -> dict[str, float]:
+    """The two copies of each prompt as the front door saw them (one repeat, arms run one
+    after another; requests matched by arrival order, which is the plan's order): how many
+    met the same engine (engine names matched between the runs, greedily by the most
+    frequent pairing, since the runs may start on different engines), how many got front-door
+    TTFTs more than `step_s` apart, of those how many the later-arriving copy (arrival from
+    its run's first request) was the slower, and the median arrival offset vllm − astro (s)."""
+    from collections import Counter
+
+    def rows(res: dict) -> list[dict]:
+        fd = [d for d in res.get("front_door") or [] if d.get("received_unix_s") is not None]
+        return sorted(fd, key=lambda d: d["received_unix_s"])
+
+    v, a = rows(rv), rows(ra)
+    n = min(len(v), len(a))
+    if not n:
+        return {"pairs": 0.0}
+    names: dict[str, str] = {}
+    for (x, y), _ in Counter((d["instance"], e["instance"]) for d, e in zip(v, a)).most_common():
+        if x not in names and y not in names.values():
+            names[x] = y
+    off = [(d["received_unix_s"] - v[0]["received_unix_s"]) - (e["received_unix_s"] - a[0]["received_unix_s"])
+           for d, e in zip(v, a)]
+    apart = [(o, d["observed_ttft_s"] - e["observed_ttft_s"]) for o, d, e in zip(off, v, a)
+             if d.get("observed_ttft_s") is not None and e.get("observed_ttft_s") is not None
+             and abs(d["observed_ttft_s"] - e["observed_ttft_s"]) > step_s]
+    same = sum(names.get(d["instance"]) == e["instance"] for d, e in zip(v, a))
+    return {"pairs": float(n), "same_engine": float(same),
+            "apart": float(len(apart)), "later_slower": float(sum((o > 0) == (dt > 0) for o, dt in apart)),
+            "arrival_offset_median_s": statistics.median(off)}
+
+
 def across_seeds_table(per_seed: dict[int, dict[str, list[dict]]], within: float = 0.03) -> str:
     """A Markdown table over seeds: per metric, each seed's median (over its repeats) of
     astro / vllm, the median of those per-seed medians and their range, how many seeds'
@@ -303,8 +340,7 @@ def across_seeds_table(per_seed: dict[int, dict[str, list[dict]]], within: float
             "|---|" + "---|" * (len(seeds) + 5)]
     for stat in ("mean", "p99"):
         for m, name in METRICS:
-            ratios = {s: [x[stat][m] / y[stat][m] for x, y in zip(r["astro"], r["vllm"])]
-                      for s, r in per_seed.items()}
+            ratios = {s: arm_ratios(r, stat, m) for s, r in per_seed.items()}
             meds = [statistics.median(ratios[s]) for s in seeds]
             ok = sum(abs(x - 1) <= within for x in meds)
             every = [x for s in seeds for x in ratios[s]]
@@ -315,6 +351,20 @@ def across_seeds_table(per_seed: dict[int, dict[str, list[dict]]], within: float
                         f"{statistics.median(meds):.3f} | {min(meds):.3f}–{max(meds):.3f} | "
                         f"{ok} of {len(seeds)} | {statistics.median(every):.3f} | {floor} |")
     return "\n".join(rows)
+
+
+def pooled_ttft_line(per_seed: dict[int, dict[str, list[dict]]]) -> str:
+    """TTFT percentiles of each tool pooled over every request of every seed and repeat
+    (numpy's linear interpolation, as both tools), and astro / vllm of each."""
+    import numpy as np
+
+    pooled = {arm: np.array([p["ttft"] for r in per_seed.values() for run in r[arm] for p in run["per"] if p])
+              for arm in ("vllm", "astro")}
+    if not all(len(x) for x in pooled.values()):
+        return "pooled TTFT: no completed requests"
+    parts = [f"P{q} {np.percentile(pooled['astro'], q) / np.percentile(pooled['vllm'], q):.3f}" for q in (90, 95, 99)]
+    return (f"pooled over {len(pooled['vllm'])} / {len(pooled['astro'])} requests (vllm / astro), TTFT astro / vllm: "
+            + ", ".join(parts) + f", mean {pooled['astro'].mean() / pooled['vllm'].mean():.3f}")
 
 
 def run_seed(a, seed: int, cluster: Path, cj: dict, url: str, model: str, work: Path) -> dict[str, list[dict]]:
@@ -370,7 +420,7 @@ def report(a, runs: dict[str, list[dict]]) -> None:
         for m, name in METRICS:
             v = [r[stat][m] for r in runs["vllm"]]
             s = [r[stat][m] for r in runs["astro"]]
-            ratios = [x / y for x, y in zip(s, v)]
+            ratios = arm_ratios(runs, stat, m)
             med = statistics.median(ratios)
             worst = max(worst, abs(med - 1))
             print(f"| {stat} {name} (s) | {statistics.median(v):.4f} | {statistics.median(s):.4f} | "
@@ -382,6 +432,15 @@ def report(a, runs: dict[str, list[dict]]) -> None:
             print(f"  repeat {i}: {p['pairs']:.0f} pairs; TTFT median of ratios {p['ttft_median_ratio']:.3f}, "
                   f"ratio of means {p['ttft_mean_ratio']:.3f}; E2E median of ratios "
                   f"{p['e2el_median_ratio']:.3f}, ratio of means {p['e2el_mean_ratio']:.3f}")
+    fdp = [front_door_pairs(rv, ra) for rv, ra in zip(runs["vllm"], runs["astro"])]
+    if any(f["pairs"] for f in fdp) and not a.concurrent:
+        print("\nbehind the front door (no client in it), the two copies of each prompt per repeat:")
+        for i, f in enumerate(fdp):
+            if f["pairs"]:
+                print(f"  repeat {i}: {f['same_engine']:.0f} of {f['pairs']:.0f} on the same engine; "
+                      f"{f['apart']:.0f} with front-door TTFTs > 10 ms apart, the later-arriving copy the slower "
+                      f"in {f['later_slower']:.0f}; arrival offset vllm − astro, median "
+                      f"{f['arrival_offset_median_s'] * 1e3:+.2f} ms")
     gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
             for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
     gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
@@ -482,6 +541,7 @@ def main() -> None:
         if len(a.seeds) > 1:
             print(f"\n## across seeds {', '.join(map(str, a.seeds))} ({a.repeats} repeats each)\n")
             print(across_seeds_table(per_seed))
+            print(pooled_ttft_line(per_seed))
         if a.json:
             Path(a.json).write_text(json.dumps({str(seed): {
                 **{k: [{**{x: y for x, y in r.items() if x not in ("sent", "per")},

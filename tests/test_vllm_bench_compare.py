@@ -104,3 +104,39 @@ def test_the_started_fleets_recipe_is_one_astro_serve_accepts(tmp_path, caching,
     cfg = load_recipe(path)
     assert cfg.engine.enable_prefix_caching is caching
     assert cfg.scheduler.policy == (policy or "power_of_k")
+
+
+def _fd(rows):
+    """An arm's front-door records from (received_unix_s, observed_ttft_s, instance)."""
+    return {"front_door": [{"received_unix_s": t, "observed_ttft_s": x, "instance": i} for t, x, i in rows]}
+
+
+def test_front_door_pairs_match_engines_across_runs_and_count_step_apart_copies():
+    # vLLM's run started on engine-1, astro's on engine-0: the names swap, every copy met
+    # "the same" engine. Arrival offsets from each run's first request: prompt 1 vllm 0.5002,
+    # astro 0.5000 (+0.2 ms, later) and 20 ms slower; prompt 2 −0.3 ms (earlier) and 15 ms
+    # slower; prompt 3 +1 ms, 5 ms apart (under the 10 ms line). Astro's records arrive
+    # in another order in the log: they are sorted by arrival.
+    v = _fd([(100.0, 0.030, "engine-1"), (100.5002, 0.080, "engine-0"), (101.0, 0.075, "engine-1"),
+             (101.501, 0.040, "engine-0")])
+    a = _fd([(200.5, 0.060, "engine-1"), (200.0, 0.031, "engine-0"), (201.0003, 0.060, "engine-0"),
+             (201.5, 0.035, "engine-1")])
+    f = cmp.front_door_pairs(v, a)
+    assert f["pairs"] == 4 and f["same_engine"] == 4
+    assert f["apart"] == 2 and f["later_slower"] == 1
+    # offsets vllm − astro: 0, +0.2, −0.3, +1.0 ms → median +0.1 ms
+    assert abs(f["arrival_offset_median_s"] - 0.0001) < 1e-9
+    assert cmp.front_door_pairs({}, a) == {"pairs": 0.0}
+
+
+def test_pooled_ttft_percentiles_over_every_seed_and_repeat():
+    def run(ttfts):
+        return {"per": [{"ttft": t} for t in ttfts] + [None]}  # a failed request counts nowhere
+
+    # vLLM 1..100 ms, astro the same × 1.1 in two repeats over two seeds: every ratio 1.1
+    v = [x / 1000 for x in range(1, 101)]
+    per_seed = {0: {"vllm": [run(v[:50])], "astro": [run([x * 1.1 for x in v[:50]])]},
+                1: {"vllm": [run(v[50:])], "astro": [run([x * 1.1 for x in v[50:]])]}}
+    line = cmp.pooled_ttft_line(per_seed)
+    assert line.startswith("pooled over 100 / 100 requests")
+    assert "P90 1.100, P95 1.100, P99 1.100, mean 1.100" in line
