@@ -442,7 +442,7 @@ def report(a, runs: dict[str, list[dict]]) -> None:
                       f"in {f['later_slower']:.0f}; arrival offset vllm − astro, median "
                       f"{f['arrival_offset_median_s'] * 1e3:+.2f} ms")
     gaps = [max(abs(x - y) for x, y in zip(rv["sent"], ra["sent"]))
-            for rv, ra in zip(runs["vllm"], runs["astro"]) if len(rv["sent"]) == len(ra["sent"])]
+            for rv, ra in zip(runs["vllm"], runs["astro"]) if rv["sent"] and len(rv["sent"]) == len(ra["sent"])]
     gap_txt = ", ".join(f"{g * 1e3:.0f} ms" for g in gaps) or "n/a"
     lag_txt = ", ".join(f"{(r.get('send_lag_p99_s') or 0) * 1e3:.0f} ms" for r in runs["astro"])
     for arm in arms:
