@@ -76,6 +76,7 @@ from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutd
 from rps_astro_cli.engine.synthetic import WORDS, chat_logprobs, completion_logprobs, synthetic_text
 from rps_astro_cli.engine.synthetic import WORDS_JSON as _WORDS_JSON
 from rps_astro_cli.protocol.http_server import serve_blocking
+from rps_astro_cli.protocol.limits import CostLimits, check_request_cost
 from rps_astro_cli.protocol.openai import (
     CHAT_TOKENS_PER_MESSAGE,
     CHAT_TOKENS_REPLY_PRIMER,
@@ -88,6 +89,7 @@ from rps_astro_cli.protocol.openai import (
     parse_completion_request,
     prompt_token_ids,
     refuse_unsimulated,
+    resolve_max_tokens,
     vision_charge,
 )
 from rps_astro_cli.tokens import FallbackCodec, count_tokens_fallback, token_ids_fallback
@@ -265,6 +267,7 @@ class _Ctx:
     # prompt text → token ids for prefix caching (the fallback's when `counter` is the
     # fallback counter; None: another tokenizer counts, so no ids, no prefix hits)
     token_ids: Any = None
+    cost: CostLimits = CostLimits()  # what one request may ask for (n, tokens, logprobs)
 
 
 def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimits = ApiLimits(),
@@ -279,7 +282,7 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     The app's Prometheus registry is `app.state.registry`; the engine is `app.state.engine`.
     """
     ctx = _Ctx(engine, served_model_name or engine.profile.model, api_key, limits, counter,
-               token_ids_fallback if counter is count_tokens_fallback else None)
+               token_ids_fallback if counter is count_tokens_fallback else None, cost=CostLimits.from_env())
     if codec is None and counter is count_tokens_fallback:
         codec = FallbackCodec()
     registry = CollectorRegistry(auto_describe=True)
@@ -468,6 +471,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
             raise ApiError(404, f"model: the model {req.model!r} does not exist; this engine serves "
                            f"{ctx.model!r}", param="model")
         charge = vision_charge(req, engine.profile.vision)
+        prompt = req.text_tokens + charge.vision_tokens
+        check_request_cost(req, prompt, resolve_max_tokens(req, prompt, engine.config.max_model_len), ctx.cost)
         rid = ("cmpl-" if endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex
         ids = prompt_token_ids(body, endpoint, ctx.token_ids) if ctx.token_ids is not None else ()
         ers = [engine.submit(req, charge, request_id=rid, token_ids=ids)]

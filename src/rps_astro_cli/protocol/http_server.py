@@ -5,6 +5,7 @@ supervisors), and a background server thread for tests and whole-cluster mode.""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import threading
@@ -13,6 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
+
+from rps_astro_cli.protocol.limits import HttpLimits
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -68,6 +71,128 @@ def drain_seconds() -> float:
     return v
 
 
+_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
+
+
+def raw_error(status: int, message: str, type_: str) -> bytes:
+    """A whole HTTP/1.1 response with an OpenAI-shaped JSON error body and
+    `connection: close`, written straight to a transport (no route ran)."""
+    body = json.dumps({"error": {"message": message, "type": type_, "param": None, "code": status}}).encode()
+    return (f"HTTP/1.1 {status} {_REASONS[status]}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools HTTP/1.1 protocol with `limits` enforced on every connection
+    before any route runs (so before an API key is checked):
+
+    - request line + headers over `max_header_bytes` → 431 and closed (the parser holds
+      an unfinished header whole, so it is counted as the bytes arrive: the most a
+      connection can make the server hold is that bound plus one socket read);
+    - more than `max_headers` header fields → 431;
+    - headers not complete `header_timeout_s` after the request's first byte (or the
+      connection's start) → 408 and closed; the body not complete `body_timeout_s` after
+      the headers → 408 (or, once a response has started, closed);
+    - more than `max_connections` open at once → 503 and closed at once.
+    """
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    class BoundedHttpProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._in_head = True  # between a request's first byte and its last header
+            self._head_bytes = 0
+            self._n_headers = 0
+            self._refused = False  # answered by the limits: the parser's callbacks are ignored
+            self._timer: asyncio.TimerHandle | None = None
+
+        def _arm(self, seconds: float, what: str) -> None:
+            self._disarm()
+            self._timer = self.loop.call_later(seconds, self._expired, what)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _refuse(self, status: int, message: str, type_: str) -> None:
+            self._refused = True
+            self._disarm()
+            if not self.transport.is_closing():
+                self.transport.write(raw_error(status, message, type_))
+                self.transport.close()
+
+        def _expired(self, what: str) -> None:
+            self._timer = None
+            if self.transport.is_closing():
+                return
+            cycle = self.cycle
+            if what == "body" and cycle is not None and cycle.response_started:
+                self._refused = True
+                self.transport.close()
+                return
+            secs = limits.header_timeout_s if what == "headers" else limits.body_timeout_s
+            var = "ASTRO_HTTP_HEADER_TIMEOUT_S" if what == "headers" else "ASTRO_HTTP_BODY_TIMEOUT_S"
+            self._refuse(408, f"the request's {what} did not arrive within {secs:g} s ({var})", "request_timeout")
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limits.max_connections:
+                self._refuse(503, f"this server holds {limits.max_connections} connections already "
+                             "(ASTRO_HTTP_MAX_CONNECTIONS); retry later", "server_busy")
+                return
+            self._arm(limits.header_timeout_s, "headers")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return
+            super().data_received(data)
+            if self._refused or self.transport.is_closing() or not self._in_head:
+                return
+            if self._timer is None:
+                self._arm(limits.header_timeout_s, "headers")
+            self._head_bytes += len(data)
+            if self._head_bytes > limits.max_header_bytes:
+                self._refuse(431, f"the request line and headers are over {limits.max_header_bytes} bytes "
+                             "(ASTRO_HTTP_MAX_HEADER_BYTES)", "request_header_fields_too_large")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._head_bytes, self._n_headers = True, 0, 0
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._n_headers += 1
+            if self._n_headers <= limits.max_headers:
+                super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            if self._refused:
+                return
+            if self._n_headers > limits.max_headers:
+                self._refuse(431, f"the request has {self._n_headers} header fields, over the limit of "
+                             f"{limits.max_headers} (ASTRO_HTTP_MAX_HEADERS)", "request_header_fields_too_large")
+                return
+            self._arm(limits.body_timeout_s, "body")
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            if not self._refused:
+                super().on_body(body)
+
+        def on_message_complete(self) -> None:
+            if self._refused:
+                return
+            self._disarm()
+            super().on_message_complete()
+
+    return BoundedHttpProtocol
+
+
 def _uvicorn_server(app: FastAPI, log_level: str, drain_s: float = 2.0, on_exit: Callable[[], None] | None = None):
     import signal
 
@@ -92,7 +217,8 @@ def _uvicorn_server(app: FastAPI, log_level: str, drain_s: float = 2.0, on_exit:
                     on_exit()
 
     config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_keep_alive=30,
-                            lifespan="on", timeout_graceful_shutdown=drain_s)
+                            lifespan="on", timeout_graceful_shutdown=drain_s,
+                            http=bounded_http_protocol(HttpLimits.from_env()))
     return _Server(config)
 
 

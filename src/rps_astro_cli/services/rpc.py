@@ -164,11 +164,19 @@ class Response:
             self._drop()
             raise RpcError(f"{self.pool.base_url}: response body broken: {exc!r}") from None
 
-    async def read(self) -> bytes:
-        """The whole body (then the connection goes back to the pool)."""
-        parts = [c async for c in self.chunks()]
+    async def read(self, max_bytes: int | None = None) -> bytes:
+        """The whole body (then the connection goes back to the pool); with `max_bytes`,
+        at most its first `max_bytes` bytes (the rest unread: the connection is dropped)."""
+        parts = []
+        size = 0
+        async for c in self.chunks():
+            parts.append(c)
+            size += len(c)
+            if max_bytes is not None and size >= max_bytes:
+                break
         self.aclose_sync()
-        return b"".join(parts)
+        out = b"".join(parts)
+        return out if max_bytes is None else out[:max_bytes]
 
     def _drop(self) -> None:
         if self._conn is not None:

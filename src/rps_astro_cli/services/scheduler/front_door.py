@@ -57,6 +57,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from rps_astro_cli.protocol import openai as oa
+from rps_astro_cli.protocol.limits import check_request_cost
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
@@ -70,6 +71,9 @@ from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
 
+# a whole (non-streamed) response up to this size is read before it is relayed (so a 5xx
+# can be retried elsewhere); a bigger one is relayed as it arrives, never held whole
+_BUFFERED_BYTES = 1 << 20
 ENGINE_5XX_BREAKER = 3  # consecutive 5xx answers that take an instance out of rotation
 _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 # a prompt's prefix for the dispatch: (block hashes, block size, the engine's prompt
@@ -131,6 +135,7 @@ class FrontDoor:
         self.models = models
         self.prompt_ids = prompt_ids or PromptIds(settings, instances, clients, metrics, dispatcher.policy_name)
         self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
+        self.cost = settings.cost_limits
         self._n = 0
 
     def check_model(self, parsed: oa.ParsedRequest) -> None:
@@ -149,6 +154,8 @@ class FrontDoor:
         else:
             parsed = oa.parse_completion_request(body)
         self.check_model(parsed)
+        # the engine checks again once it knows max_tokens (the context length is its own)
+        check_request_cost(parsed, parsed.text_tokens, parsed.max_tokens, self.cost)
         return body, parsed
 
     def start_prompt_ids(self, body: dict, endpoint: str, parsed: oa.ParsedRequest,
@@ -288,16 +295,29 @@ class FrontDoor:
                     self.s.upstream_timeout_s)
                 if entry is not None:
                     entry.accepted_s = time.monotonic()  # the engine holds it from here on
-                if stream and resp.status == 200:
+                cap = self.cost.max_response_bytes
+                length = resp.headers.get("content-length", "")
+                if resp.status == 200 and length.isdigit() and int(length) > cap:
+                    await resp.aclose()  # the engine's request is dropped, unread
+                    self.instances.release(st, entry)
+                    self._finish(rec, overhead, "response_too_large")
+                    self.m.requests.labels(endpoint, "response_too_large").inc()
+                    return error_response(502, f"the engine's response of {length} bytes is over this server's "
+                                          f"limit of {cap} bytes (ASTRO_MAX_RESPONSE_BYTES); ask for fewer "
+                                          "tokens, choices or logprobs", None, "response_too_large")
+                if resp.status == 200 and (stream or not length.isdigit() or int(length) > _BUFFERED_BYTES):
+                    # relayed as it arrives (a stream; or a whole response too big to hold):
                     # one await per socket read (a burst of events is one piece), not two per chunk
                     it = resp.body_reads().__aiter__()
                     first = await first_chunk(it)
                     t1 = time.perf_counter()
-                    rec.observed_ttft_s = t1 - t_send
+                    if stream:
+                        rec.observed_ttft_s = t1 - t_send
                     overhead += time.perf_counter() - t1
                     on_end = functools.partial(self._end_stream, endpoint, overhead)
-                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end, entry)
-                data = await resp.read()
+                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end, entry,
+                                           sse=stream, max_bytes=cap)
+                data = await resp.read(_BUFFERED_BYTES)
             except (TimeoutError, RpcError) as exc:
                 if resp is not None:
                     await resp.aclose()

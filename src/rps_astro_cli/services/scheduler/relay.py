@@ -11,6 +11,7 @@ end (the engine then aborts the request).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -22,6 +23,8 @@ from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, Pending
 from rps_astro_cli.types import DecisionRecord
+
+log = logging.getLogger("astro.scheduler")
 
 _HOP_HEADERS = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "date", "server",
                           "te", "trailer", "upgrade", "proxy-authenticate", "proxy-authorization"))
@@ -55,19 +58,36 @@ class _RelayResponse(StreamingResponse):
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
+        except* ResponseCut:
+            # return with the body unfinished: the server closes the connection without
+            # the body's end (one log line, no traceback), so the client sees a cut body
+            log.warning("a relayed response was cut mid-body")
         finally:
             await self._cleanup()
 
 
+class ResponseCut(Exception):
+    """A whole (non-SSE) response was cut mid-body (its engine failed, or it grew past the
+    byte limit): the client's connection is dropped without the body's end, so no client
+    can take a truncated body for a whole one."""
+
+
 def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
                     first: bytes, rec: DecisionRecord, t_send: float,
-                    on_end: Callable[[DecisionRecord, str], None], entry: Pending | None = None) -> StreamingResponse:
-    """The client's streaming response relaying `resp` (whose first chunk `first` has been
-    read from `it`). At the end, once: the engine connection is closed (or returned to
-    its pool), `st` released with its pending `entry` (the request has ended: no later
-    `/status` shows it, so a Predictor must not count it as on its way),
-    `rec.observed_e2e_s` set and `on_end(rec, outcome)` called with ok | midstream_error
-    | client_disconnected."""
+                    on_end: Callable[[DecisionRecord, str], None], entry: Pending | None = None, *,
+                    sse: bool = True, max_bytes: int | None = None) -> StreamingResponse:
+    """The client's response relaying `resp` as it arrives (whose first chunk `first` has
+    been read from `it`), never holding more than a read's worth of it: an SSE stream
+    (`sse`) as whole events, else the bytes as they come. At the end, once: the engine
+    connection is closed (or returned to its pool), `st` released with its pending
+    `entry` (the request has ended: no later `/status` shows it, so a Predictor must not
+    count it as on its way), `rec.observed_e2e_s` set and `on_end(rec, outcome)` called
+    with ok | midstream_error | response_too_large | client_disconnected.
+
+    Past `max_bytes` relayed (None: no bound) the engine's request is dropped (it aborts):
+    a stream ends with an SSE error event `response_too_large` and `[DONE]`; a whole
+    response is cut (`ResponseCut`). An engine failing mid-body: the same, with
+    `engine_failure`."""
     state = {"outcome": "client_disconnected", "closed": False}
 
     async def cleanup() -> None:  # idempotent: from the relay's end or the response's
@@ -79,28 +99,47 @@ def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, 
         rec.observed_e2e_s = time.perf_counter() - t_send
         on_end(rec, str(state["outcome"]))
 
+    def end_event(message: str, type_: str) -> bytes:
+        err = error_body(message, None, type_, 502)
+        err["error"]["instance"] = st.ep.name
+        return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+
     async def relay() -> AsyncIterator[bytes]:
         pending = first
+        sent = 0
         try:
             try:
                 while True:
-                    cut = pending.rfind(b"\n\n")
-                    if cut >= 0:  # relay whole SSE events only
-                        yield pending[: cut + 2]
-                        pending = pending[cut + 2:]
+                    cut = pending.rfind(b"\n\n") + 2 if sse else len(pending)  # SSE: whole events only
+                    if cut > 1:
+                        sent += cut
+                        if max_bytes is not None and sent > max_bytes:
+                            state["outcome"] = "response_too_large"
+                            break
+                        yield pending[:cut]
+                        pending = pending[cut:]
                     chunk = await it.__anext__()
                     pending += chunk
             except StopAsyncIteration:
                 state["outcome"] = "ok"
                 if pending:
-                    yield pending
+                    if max_bytes is None or sent + len(pending) <= max_bytes:
+                        yield pending
+                    else:
+                        state["outcome"] = "response_too_large"
             except RpcError as exc:
                 state["outcome"] = "midstream_error"
                 instances.mark_failed(st, f"mid-stream {type(exc).__name__}")
-                err = error_body(f"engine {st.ep.name} failed mid-stream ({type(exc).__name__}); "
-                                 "the response is incomplete", None, "engine_failure", 502)
-                err["error"]["instance"] = st.ep.name
-                yield b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+                if not sse:
+                    raise ResponseCut(f"engine {st.ep.name} failed mid-body ({type(exc).__name__})") from None
+                yield end_event(f"engine {st.ep.name} failed mid-stream ({type(exc).__name__}); "
+                                "the response is incomplete", "engine_failure")
+            if state["outcome"] == "response_too_large":
+                why = (f"the response grew past this server's limit of {max_bytes} bytes "
+                       "(ASTRO_MAX_RESPONSE_BYTES) and was cut; ask for fewer tokens, choices or logprobs")
+                if not sse:
+                    raise ResponseCut(why)
+                yield end_event(why, "response_too_large")
         finally:
             await cleanup()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rps_astro_cli.discovery.kubernetes import KubeApi, WatchSettings
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.protocol.limits import CostLimits
 from rps_astro_cli.services.http_common import DEFAULT_MAX_BODY_BYTES
 
 # where a prefix-aware policy gets a text prompt's token ids (`SchedulerSettings.prefix_tokenizer`)
@@ -131,6 +132,9 @@ class SchedulerSettings:
     prefix_tokenizer: str = "auto"
     tokenize_deadline_s: float = 0.02
     health_timeout_s: float = 1.0
+    # what one request may ask for (n, output tokens, logprobs; $ASTRO_MAX_*) and the most
+    # response bytes relayed for it
+    cost_limits: CostLimits = field(default_factory=CostLimits.from_env)
 
     def __post_init__(self) -> None:
         if self.prefix_tokenizer not in PREFIX_TOKENIZERS:
