@@ -24,6 +24,10 @@ Per request: POST `/v1/chat/completions` (or `/v1/completions`) with `stream: tr
   token counter over the received text (`output_tokens_source` says which).
 - A non-200 status, an `{"error": ...}` event, a transport error or a stream that ends
   without `[DONE]` or a `finish_reason` marks the request failed (kept apart).
+- `ClientOptions.timeout_s` (`--request-timeout`) is the deadline of the whole request,
+  from sending it to its last byte: a server that keeps a stream open with SSE comments
+  (`: ping`) or a trickle of tokens cannot hold the bench past it (a per-read timeout
+  would be pushed on by every comment, and the run would never end).
 
 Request body extras (documented for users of plain vLLM / other servers):
 - `max_tokens` (`ClientOptions.max_tokens_mode`): "reference" = the workload's reference
@@ -213,7 +217,8 @@ class ClientOptions:
     endpoint: "chat" or "completions" (media requests always use chat).
     send_true_lengths: send `vllm_xargs.astro_output_tokens`.
     max_tokens_mode: "reference", "none" or a number (see module docstring).
-    ignore_eos: send `ignore_eos: true`. timeout_s: per-request read timeout.
+    ignore_eos: send `ignore_eos: true`. timeout_s: the deadline of each whole request,
+    from sending it to its last byte (s; `--request-timeout`).
     api_key: sent as a Bearer token when set. counter: token counter (no-usage fallback).
     ttft_definition: "astro" or "vllm": which timeline of `StreamTimer` times the request.
     """
@@ -282,6 +287,21 @@ def _read_head(rec: RequestRecord, headers: Any) -> None:
         rec.predicted_output_tokens = int(pred)
 
 
+def server_root(url: str) -> str:
+    """The server root of an OpenAI-compatible URL: a trailing `/v1` (the form of the
+    `openai` client's base_url and of cluster.json's `openai_base_url`) is dropped, since
+    the request paths (`/v1/chat/completions`, `/v1/models`) carry it."""
+    u = url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
+
+
+def _timed_out(rec: RequestRecord, timeout_s: float, now_s: float) -> RequestRecord:
+    """`rec` failed: not finished `timeout_s` after it was sent."""
+    rec.finish_s = now_s
+    rec.error = f"transport: Timeout: not finished within --request-timeout {timeout_s:g} s of being sent"
+    return rec
+
+
 def _http_error(rec: RequestRecord, status: int, body: bytes, now_s: float) -> RequestRecord:
     """`rec` failed with a non-200 answer (`body`), finished at `now_s`; a 401 says how to fix it."""
     rec.finish_s = now_s
@@ -295,60 +315,57 @@ async def send_request(client: httpx.AsyncClient, req: BenchRequest, opts: Clien
                        clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
     """Send one request with httpx and time its stream (https targets); never raises for
     server/transport faults (they become a failed record). `clock()` returns seconds on
-    the run's clock."""
+    the run's clock. `opts.timeout_s` bounds the whole request (httpx's own read timeout
+    bounds one read: SSE comments would push it on forever)."""
     path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
     rec.sent_s = clock()
+    deadline = asyncio.timeout(opts.timeout_s)
     try:
-        async with client.stream("POST", opts.base_url.rstrip("/") + path, content=payload,
-                                 headers=headers) as resp:
+        async with deadline, client.stream("POST", opts.base_url.rstrip("/") + path, content=payload,
+                                           headers=headers) as resp:
             _read_head(rec, resp.headers)
             if resp.status_code != 200:
                 return _http_error(rec, resp.status_code, await resp.aread(), clock())
             async for chunk in resp.aiter_bytes():  # bytes after content-encoding, before text decoding
                 timer.feed(chunk, clock())
             timer.close(clock())
-    except (httpx.HTTPError, OSError) as exc:
+    except (httpx.HTTPError, OSError) as exc:  # TimeoutError (the deadline) is an OSError
+        if deadline.expired():
+            return _timed_out(rec, opts.timeout_s, clock())
         rec.finish_s = clock()
-        rec.error = f"transport: {type(exc).__name__}: {exc}"[:300]
+        rec.error = f"transport: {type(exc).__name__}: {str(exc) or 'no detail'}"[:300]
         return rec
     end = clock()
     _finish(rec, timer, end, opts.counter, opts.ttft_definition)
     return rec
 
 
-_TIMEOUT_PUSH_S = 1.0  # the lean path's read deadline moves on at most once per this many seconds
-
-
 async def send_request_lean(pool: HostPool, req: BenchRequest, opts: ClientOptions,
                             clock: Callable[[], float], scheduled_s: float) -> RequestRecord:
     """`send_request` on the lean asyncio-streams client (`services.rpc.HostPool`), for
     plain http:// targets: the same record, at a fraction of httpx's CPU per streamed
-    event (benchmarks/client_cpu_per_event.py). The read timeout (`opts.timeout_s`) runs
-    from the last received bytes, as httpx's does, give or take `_TIMEOUT_PUSH_S`."""
+    event (benchmarks/client_cpu_per_event.py). `opts.timeout_s` is the deadline of the
+    whole request, from sending it to its last byte (module docstring)."""
     path, payload, headers, rec, timer = _prepare(req, opts, scheduled_s)
-    loop = asyncio.get_running_loop()
     rec.sent_s = clock()
+    deadline = asyncio.timeout(opts.timeout_s)
     try:
-        async with asyncio.timeout(opts.timeout_s) as deadline:
+        async with deadline:
             resp = await pool.request("POST", path, payload, headers)
             try:
                 _read_head(rec, resp.headers)
                 if resp.status != 200:
                     return _http_error(rec, resp.status, await resp.read(), clock())
-                pushed = rec.sent_s
                 async for chunk in resp.body_reads():
-                    t = clock()
-                    timer.feed(chunk, t)
-                    if t - pushed > _TIMEOUT_PUSH_S:
-                        deadline.reschedule(loop.time() + opts.timeout_s)
-                        pushed = t
+                    timer.feed(chunk, clock())
                 timer.close(clock())
             finally:
                 resp.aclose_sync()
-    except (RpcError, OSError) as exc:  # TimeoutError (the read deadline) is an OSError
+    except (RpcError, OSError) as exc:  # TimeoutError (the deadline) is an OSError
+        if deadline.expired():
+            return _timed_out(rec, opts.timeout_s, clock())
         rec.finish_s = clock()
-        what = "ReadTimeout" if isinstance(exc, TimeoutError) else type(exc).__name__
-        rec.error = f"transport: {what}: {exc or f'no bytes for {opts.timeout_s:g} s'}"[:300]
+        rec.error = f"transport: {type(exc).__name__}: {str(exc) or 'no detail'}"[:300]
         return rec
     end = clock()
     _finish(rec, timer, end, opts.counter, opts.ttft_definition)

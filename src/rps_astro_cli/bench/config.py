@@ -88,6 +88,32 @@ class ArrivalSection:
                                  field="--max-seconds", fix="e.g. --max-seconds 60")
 
 
+def check_base_url(url: str) -> None:
+    """`--base-url` is an http:// or https:// URL with a host (a trailing /v1 is fine:
+    `bench.client.server_root` drops it).
+
+    Raises:
+        AstroUserError: names --base-url and the URL to pass instead.
+    """
+    from urllib.parse import urlsplit
+
+    if "://" not in url:
+        raise AstroUserError(f"{url!r} has no http:// or https:// scheme", field="--base-url",
+                             fix=f"pass --base-url http://{url}")
+    try:
+        u = urlsplit(url)
+        host = u.hostname
+    except ValueError as exc:  # e.g. an unclosed IPv6 bracket
+        raise AstroUserError(f"{url!r} is not a URL: {exc}", field="--base-url",
+                             fix="pass the server's URL, e.g. http://127.0.0.1:8000") from None
+    if u.scheme not in ("http", "https"):
+        raise AstroUserError(f"{url!r}: scheme {u.scheme!r} is not http or https", field="--base-url",
+                             fix="pass an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+    if not host:
+        raise AstroUserError(f"{url!r} names no host", field="--base-url",
+                             fix="pass the server's URL, e.g. http://127.0.0.1:8000")
+
+
 @dataclass(frozen=True)
 class TargetSection:
     """The live target and how the client talks to it (`bench.client`)."""
@@ -99,13 +125,19 @@ class TargetSection:
     send_true_lengths: bool = True      # send the reference reply length (vllm_xargs, ignore_eos)
     max_tokens: str = "auto"            # auto, reference, none or a positive integer
     ignore_eos: bool = False            # ask the server to ignore end-of-sequence
-    timeout_s: float = 600.0            # per-request timeout (s)
+    timeout_s: float = 600.0            # deadline of each whole request, sent → last byte (s)
     api_key: str | None = None          # bearer key; never written to the report
     ttft_definition: str = "astro"      # astro: first non-empty text, text chunks as ITL; vllm: any chunk
 
     def __post_init__(self) -> None:
         if self.cluster and self.base_url:
             raise AstroUserError("give --cluster or --base-url, not both", field="--base-url")
+        if self.base_url:
+            check_base_url(self.base_url)
+        if not (isinstance(self.timeout_s, (int, float)) and math.isfinite(self.timeout_s) and self.timeout_s > 0):
+            raise AstroUserError(f"must be a finite number of seconds > 0, got {self.timeout_s}",
+                                 field="--request-timeout",
+                                 fix="e.g. --request-timeout 600 (the deadline of each whole request)")
         mt = self.max_tokens
         if mt not in ("auto", "reference", "none") and not (mt.isdigit() and int(mt) > 0):
             raise AstroUserError(f"got {mt!r}", field="--max-tokens",

@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from rps_astro_cli.bench import scrape
-from rps_astro_cli.bench.client import ClientOptions, discover_model, run_requests
+from rps_astro_cli.bench.client import ClientOptions, discover_model, run_requests, server_root
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import BenchRequest, Workload
 from rps_astro_cli.errors import AstroUserError
@@ -105,7 +105,8 @@ class LiveTarget:
         self.wl = wl
         self.counter = counter
         self.cluster: dict[str, Any] | None = None
-        self.base_url: str = cfg.target.base_url or ""
+        # the server root: `--base-url http://host:port/v1` (the openai client's form) works too
+        self.base_url: str = server_root(cfg.target.base_url or "")
         self.model: str | None = cfg.target.model
         self._supervisor = None
         self._tmp: tempfile.TemporaryDirectory | None = None
@@ -150,7 +151,7 @@ class LiveTarget:
 
     def _load_cluster(self, d: dict[str, Any]) -> None:
         self.cluster = d
-        self.base_url = d["scheduler"]["url"]
+        self.base_url = server_root(d["scheduler"]["url"])
         self.policy_desc = d.get("policy")
         if self.cfg.target.model is None:
             self.model = d.get("model")

@@ -72,6 +72,51 @@ def report_dict(result) -> dict[str, Any]:
     })
 
 
+OUT_FIX = "name a folder, new or existing, that you can write, e.g. --out bench-results/run1"
+
+
+def check_out_dir(out_dir: Path) -> None:
+    """Check, before a run starts, that the report can be written into `out_dir`: it is a
+    folder or can be created as one, and a file can be created in it. Leaves nothing
+    behind: the folders it made for the check and its probe file are removed.
+
+    Raises:
+        AstroUserError: names --out, the reason and the fix.
+    """
+    import os
+    import tempfile
+
+    from rps_astro_cli.errors import AstroUserError
+
+    p = Path(out_dir).expanduser()
+    if p.exists() and not p.is_dir():
+        raise AstroUserError(f"{p} is a file, not a folder (the report is a folder of files: report.json, "
+                             "report.md, ...)", field="--out", fix=OUT_FIX)
+    missing: list[Path] = []
+    q = p
+    while not os.path.lexists(q) and q != q.parent:  # lexists: a dangling link is not missing
+        missing.append(q)
+        q = q.parent
+    made: list[Path] = []
+    try:
+        for d in reversed(missing):
+            d.mkdir()
+            made.append(d)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".astro-write-check-"):
+            pass
+    except OSError as exc:
+        what = "cannot create the report folder" if missing else "cannot write into the report folder"
+        raise AstroUserError(f"{what} {p} ({exc.strerror or type(exc).__name__}"
+                             + (f": {exc.filename}" if exc.filename and str(exc.filename) != str(p) else "") + ")",
+                             field="--out", fix=OUT_FIX) from None
+    finally:
+        for d in reversed(made):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
 def write_report(result, out_dir: Path) -> Path:
     """Write report.json, requests.jsonl, report.md and report.html into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -19,11 +19,19 @@ Modes:
 
 Every run of one `run_bench` uses the same workload; the arrival times of a given rate
 come from a generator seeded by (seed, rate), so policies see identical traffic.
+
+A finished run is never lost: the report folder (`--out`) is checked before anything
+starts; Ctrl-C, and SIGTERM while the runs go (in the main thread), write the partial
+report and exit 130; a folder that fails when the report is written (a full disk, a
+folder removed meanwhile) gets the report in a fresh temporary folder instead, with a
+warning naming both.
 """
 
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -82,9 +90,10 @@ class BenchResult:
     exit_code (`EXIT_CODES`, documented in `astro bench --help`): 0 every request ok;
     1 every request of a run failed, or `fail_under` failed; 3 some requests failed
     (errors, zero-token streams) or outputs were cut short (finish_reason "length" below
-    max_tokens); 130 interrupted (Ctrl-C: the report holds what completed).
-    exit_reasons: why exit_code is not 0. out_dir: report folder or None.
-    interrupted: Ctrl-C stopped the benchmark.
+    max_tokens); 130 interrupted (Ctrl-C or SIGTERM: the report holds what completed).
+    exit_reasons: why exit_code is not 0. out_dir: report folder or None (not the
+    `--out` asked for when writing there failed: `warnings` says so).
+    interrupted: Ctrl-C or SIGTERM stopped the benchmark.
     """
 
     config: BenchConfig
@@ -109,7 +118,7 @@ class BenchResult:
 EXIT_OK, EXIT_FAILED, EXIT_PARTIAL, EXIT_INTERRUPTED = 0, 1, 3, 130
 EXIT_CODES = {EXIT_OK: "every request ok", EXIT_FAILED: "every request of a run failed, or --fail-under not met",
               EXIT_PARTIAL: "some requests failed (errors, zero-token streams) or outputs were cut short",
-              EXIT_INTERRUPTED: "interrupted (Ctrl-C); the partial report holds what completed"}
+              EXIT_INTERRUPTED: "interrupted (Ctrl-C or SIGTERM); the partial report holds what completed"}
 _SEVERITY = {EXIT_OK: 0, EXIT_PARTIAL: 1, EXIT_FAILED: 2, EXIT_INTERRUPTED: 3}
 LAG_WARN_S = 0.05  # wall seconds: send lag (p99) or engine step lag (max) past this is warned
 LATE_STEPS_WARN_FRAC = 0.05  # engine steps delivered late: warned past this fraction
@@ -123,7 +132,8 @@ def _num(v: float) -> float | str:
 
 def _check(cfg: BenchConfig) -> None:
     """The checks that read files or registries (the field checks ran when `cfg` was
-    built, see `bench.config`)."""
+    built, see `bench.config`), and the report folder: writable before the first
+    request, not after the run."""
     if cfg.cluster.policies:
         from rps_astro_cli.dispatch import DISPATCH_POLICIES
 
@@ -164,6 +174,10 @@ def _check(cfg: BenchConfig) -> None:
                 load_profile(cfg.cluster.profile)
             except AstroUserError as exc:
                 raise AstroUserError(str(exc), field="--profile") from None
+    if cfg.output.out_dir:
+        from rps_astro_cli.bench.report import check_out_dir
+
+        check_out_dir(Path(cfg.output.out_dir))
 
 
 def _check_policy_params(cfg: BenchConfig) -> None:
@@ -228,6 +242,40 @@ def _arrivals(cfg: BenchConfig, wl: Workload, spec: ArrivalSpec, n: int) -> np.n
 
 
 # -- entry point ---------------------------------------------------------------------------
+
+def _sigterm_as_ctrl_c(got: dict[str, str]) -> Callable[[], None]:
+    """Until the returned function is called (it restores the previous handler; calling it
+    again does nothing): SIGTERM does what Ctrl-C does (`kill`, a batch scheduler's time
+    limit, `timeout`), so the run ends in the partial report, not in a lost one, and
+    `got["signal"]` becomes "SIGTERM". The SIGINT handler in force is called: inside a
+    live run that is asyncio's, which cancels the run's task cleanly and then raises
+    KeyboardInterrupt; elsewhere (or when SIGINT is ignored, as in a job a script started
+    with `&`) KeyboardInterrupt is raised at once. Main thread only (Python delivers
+    signals there); elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def on_term(signum: int, frame: Any) -> None:
+        got["signal"] = "SIGTERM"
+        handler = signal.getsignal(signal.SIGINT)
+        if callable(handler) and handler is not signal.default_int_handler:
+            handler(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
+
+    try:
+        before = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:  # signals not available in this interpreter
+        return lambda: None
+    done: list[bool] = []
+
+    def restore() -> None:
+        if not done:
+            done.append(True)
+            signal.signal(signal.SIGTERM, before)
+
+    return restore
+
 
 def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchResult:
     """Run the benchmark described by `config` (see module docstring).
@@ -295,6 +343,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
     result = BenchResult(config=config, workload=wl.describe(), target={}, runs=[],
                          warnings=list(wl.warnings))
     current: dict[str, Any] = {}  # the run in progress: its label, start, records so far (for Ctrl-C)
+    got: dict[str, str] = {}  # "signal": "SIGTERM" when SIGTERM stopped the runs
+    restore = _sigterm_as_ctrl_c(got)
     try:
         target.open()
         result.target = target.describe()
@@ -347,7 +397,8 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
             else:
                 for rate in sweep.rates():
                     run_at(rate)
-    except KeyboardInterrupt:  # Ctrl-C: keep what completed, exit 130
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: keep what completed, exit 130
+        restore()  # a second SIGTERM now ends the process, as a second Ctrl-C does
         result.interrupted = True
         n_done = 0
         if current:
@@ -360,16 +411,34 @@ def run_bench(config: BenchConfig, progress: Progress | None = None) -> BenchRes
                             time.perf_counter() - current["t0"])
             _lag_extras(recs, run.extras)
             result.runs.append(run)
-        result.flag(EXIT_INTERRUPTED, f"interrupted (Ctrl-C): {n_done} of {len(wl.requests)} requests of the run "
+        how = got.get("signal", "Ctrl-C")
+        result.flag(EXIT_INTERRUPTED, f"interrupted ({how}): {n_done} of {len(wl.requests)} requests of the run "
                     f"in progress had completed; the report holds the completed runs and those requests")
     finally:
+        restore()
         target.close()
     _exit_status(result, slo)
     if config.output.out_dir:
-        from rps_astro_cli.bench.report import write_report
-
-        result.out_dir = write_report(result, Path(config.output.out_dir))
+        _write_report(result, Path(config.output.out_dir))
     return result
+
+
+def _write_report(result: BenchResult, out_dir: Path) -> None:
+    """Write the report into `out_dir` (checked before the run, `_check`); when that fails
+    now (a full disk, the folder removed or made read-only meanwhile), into a fresh
+    temporary folder, with a warning naming both: the finished run is not lost."""
+    import tempfile
+
+    from rps_astro_cli.bench import report
+
+    try:
+        result.out_dir = report.write_report(result, out_dir)
+        return
+    except OSError as exc:
+        fallback = Path(tempfile.mkdtemp(prefix="astro-bench-report-"))
+        result.warnings.append(f"--out {out_dir}: could not write the report there ({exc.strerror or exc}); "
+                               f"it is in {fallback} instead")
+    result.out_dir = report.write_report(result, fallback)
 
 
 class _Sweep:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.bench.media import MediaItem
-from rps_astro_cli.data_paths import data_dir
+from rps_astro_cli.data_paths import data_dir, data_dir_problem
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.registry import Registry
 from rps_astro_cli.tokens import TokenCounter, count_tokens_fallback
@@ -142,7 +142,8 @@ WORKLOADS: Registry[Loader] = Registry("workload")
 
 
 def load_workload(name: str, opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
-    """Load workload `name` (see the module table).
+    """Load workload `name` (see the module table). A set but mistyped `$ASTRO_DATA_DIR`
+    (`data_paths.data_dir_problem`) is the workload's first warning.
 
     Raises:
         AstroUserError: unknown name (lists the valid ones), missing file, wrong format or
@@ -153,6 +154,9 @@ def load_workload(name: str, opts: WorkloadOptions, rng: np.random.Generator) ->
     if opts.max_frames < 1:
         raise AstroUserError(f"must be ≥ 1, got {opts.max_frames}", field="--max-frames")
     wl = WORKLOADS.get(name)(opts, rng)
+    problem = data_dir_problem()
+    if problem:  # first: it explains the fallback warnings that follow
+        wl.warnings.insert(0, problem)
     if not wl.requests:
         reasons = ", ".join(f"{k}={v}" for k, v in wl.skipped.items()) or "empty input"
         raise AstroUserError(f"workload {name} has no usable request ({reasons})", field="--workload",
@@ -198,13 +202,21 @@ def _read_json_records(path: Path) -> list[dict[str, Any]]:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise AstroUserError(f"{path} is not UTF-8 text: {exc}", field="--path") from None
-    try:
-        if path.suffix == ".jsonl":
-            data = [json.loads(line) for line in text.split("\n") if line.strip()]  # not splitlines: U+2028 in strings
-        else:
+    if path.suffix == ".jsonl":
+        data = []
+        for n, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 in strings; n: the file's line
+            if not line.strip():
+                continue
+            try:
+                data.append(json.loads(line))
+            except json.JSONDecodeError as exc:  # its lineno is 1: each line is parsed alone
+                raise AstroUserError(f"{path}: line {n} is not valid JSON: {exc.msg} (column {exc.colno})",
+                                     field="--path", fix=f"fix or drop line {n}") from None
+    else:
+        try:
             data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise AstroUserError(f"{path} is not valid JSON: {exc}", field="--path") from None
+        except json.JSONDecodeError as exc:
+            raise AstroUserError(f"{path} is not valid JSON: {exc}", field="--path") from None
     if not isinstance(data, list):
         raise AstroUserError(f"{path}: expected a JSON list of records", field="--path")
     return [d for d in data if isinstance(d, dict)]

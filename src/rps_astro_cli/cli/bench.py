@@ -48,14 +48,14 @@ def bench(
     max_seconds: Annotated[float | None, typer.Option("--max-seconds", help="Send no request planned later than this many seconds after the start (the run ends when the sent ones finish).")] = None,
     rates: Annotated[str | None, typer.Option("--rates", help="Sweep: comma-separated request rates, e.g. 10,15,20.")] = None,
     cluster: Annotated[str | None, typer.Option("--cluster", help="cluster.json written by `astro serve`.")] = None,
-    base_url: Annotated[str | None, typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000.")] = None,
+    base_url: Annotated[str | None, typer.Option("--base-url", help="Any OpenAI-compatible server, e.g. http://127.0.0.1:8000 (a trailing /v1, the openai client's form, is dropped).")] = None,
     model: Annotated[str | None, typer.Option("--model", help="Model name (default: the server's first /v1/models).")] = None,
     endpoint: Annotated[str, typer.Option("--endpoint", help="chat | completions (media always use chat).")] = "chat",
     send_true_lengths: Annotated[bool, typer.Option("--send-true-lengths/--no-send-true-lengths", help="Send vllm_xargs.astro_output_tokens (the reply length) so sim engines reproduce it.")] = True,
     max_tokens: Annotated[str, typer.Option("--max-tokens", help="auto | reference (the dataset reply length, as vllm bench) | none | N. auto = none with --cluster (astro's dispatcher would clip its prediction by it), reference with --base-url.")] = "auto",
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Send ignore_eos: true (vLLM).")] = False,
     ttft_definition: Annotated[str, typer.Option("--ttft-definition", help="astro (default): TTFT at the first non-empty text, ITL over text chunks | vllm: TTFT at the first chunk, every chunk an ITL gap (as vllm bench serve). docs/metrics.md.")] = "astro",
-    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Per-request read timeout (s).")] = 600.0,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Deadline of each whole request, from sending it to its last byte (s): a stream still open then (even one kept alive by SSE comments) fails as a timeout.")] = 600.0,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Virtual: an astro serve recipe (name under recipes/ or YAML path): profile, engine limits, instance policy, instances, dispatch policy; flags given win.")] = None,
@@ -89,7 +89,7 @@ def bench(
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="--executor ray: join this Ray cluster (e.g. auto, ray://head:10001) instead of starting a local one.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="--executor processes/ray (local): parallel runs (default: all cores).")] = None,
     fail_under: Annotated[float | None, typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Report folder (default bench-results/<workload>-<time>).")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Report folder, new or existing (default bench-results/<workload>-<time>); checked before the run starts.")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
     wide: Annotated[bool, typer.Option("--wide", help="Print every summary column (the default table fits 80 columns).")] = False,
@@ -112,7 +112,7 @@ def bench(
     Exit codes: 0 every request ok; 1 every request of a run failed, or --fail-under
     not met; 2 bad input (a flag or file); 3 some requests failed (errors, zero-token
     streams) or outputs were cut short (finish_reason length before max_tokens);
-    130 interrupted (Ctrl-C), after writing the partial report.
+    130 interrupted (Ctrl-C or SIGTERM), after writing the partial report.
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
@@ -202,8 +202,8 @@ def _run_with_progress(cfg, run_bench):
                 err_console.print(f"  skipped: {dict(wl.skipped)}", highlight=False)
             if wl.notes:
                 err_console.print(f"  adjusted: {dict(wl.notes)}", highlight=False)
-            for w in wl.warnings:
-                err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False)
+            for w in wl.warnings:  # soft_wrap: a path in a warning stays whole (copyable)
+                err_console.print(f"[bold yellow]WARNING:[/] {w}", highlight=False, soft_wrap=True)
         elif event == "run_start":
             state["task"] = prog.add_task(data["label"], total=data["total"], ok=0, failed=0)
             state["ok"] = state["failed"] = 0
