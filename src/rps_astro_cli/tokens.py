@@ -24,6 +24,7 @@ _TOKEN = re.compile(r"\w{1,4}|[^\w\s]", re.UNICODE)
 
 TokenCounter = Callable[[str], int]
 TokenIds = Callable[[str], list[int]]
+FALLBACK_VOCAB_SIZE = 1 << 32  # the fallback's ids are CRC-32s: 0 ≤ id < 2**32
 
 
 def token_ids_fallback(text: str) -> list[int]:
@@ -31,9 +32,14 @@ def token_ids_fallback(text: str) -> list[int]:
     `count_tokens_fallback` is cut into 4-character chunks, and a chunk's id is its
     CRC-32, so len(token_ids_fallback(t)) == count_tokens_fallback(t), equal texts get
     equal ids in every process, and text joined at whitespace keeps its prefix's ids
-    (what prefix caching needs of a multi-turn history)."""
+    (what prefix caching needs of a multi-turn history). A lone surrogate (text decoded
+    from bad data; the HTTP servers refuse it) is one symbol, hashed as "surrogatepass"
+    encodes it, never an error."""
     crc = zlib.crc32
-    return [crc(piece.encode("utf-8")) for piece in _TOKEN.findall(text)]
+    try:
+        return [crc(piece.encode("utf-8")) for piece in _TOKEN.findall(text)]
+    except UnicodeEncodeError:  # off the hot path: only text holding a lone surrogate
+        return [crc(piece.encode("utf-8", "surrogatepass")) for piece in _TOKEN.findall(text)]
 
 
 def count_tokens_fallback(text: str) -> int:
@@ -80,6 +86,9 @@ class _FastTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
+
+    def __len__(self) -> int:  # the vocabulary with added tokens, as a transformers tokenizer's len()
+        return int(self._tok.get_vocab_size(with_added_tokens=True))
 
     def convert_ids_to_tokens(self, ids: list[int]) -> list[str | None]:
         return [self._tok.id_to_token(i) for i in ids]
@@ -148,6 +157,8 @@ class FallbackCodec:
     decode(encode(t)) is t with its whitespace normalized and a space before each
     punctuation mark. An id it never produced raises KeyError."""
 
+    vocab_size = FALLBACK_VOCAB_SIZE  # ids are CRC-32s
+
     def __init__(self, max_ids: int = 1_000_000) -> None:
         self.max_ids = max_ids
         self._pieces: dict[int, tuple[str, bool]] = {}  # id -> (piece, starts a word)
@@ -157,7 +168,7 @@ class FallbackCodec:
         table = self._pieces
         for m in _TOKEN.finditer(text):
             piece = m.group()
-            tid = zlib.crc32(piece.encode("utf-8"))
+            tid = zlib.crc32(piece.encode("utf-8", "surrogatepass"))  # as token_ids_fallback
             if tid not in table and len(table) < self.max_ids:
                 # a piece starts a word unless it continues a run of word characters
                 # (`\w` is str.isalnum() or "_")
@@ -185,6 +196,7 @@ class HFCodec:
 
     def __init__(self, tokenizer_path: str | Path) -> None:
         self._tok = _load_hf(tokenizer_path)
+        self.vocab_size = len(self._tok)  # ids 0 .. vocab_size − 1, added tokens included
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._tok(text, add_special_tokens=add_special_tokens)["input_ids"])

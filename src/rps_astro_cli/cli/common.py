@@ -65,5 +65,12 @@ InstanceParamOpt = Annotated[
 ]
 
 
-def is_tty() -> bool:
-    return sys.stdout.isatty()
+def warn_key_on_command_line(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    """Option callback of every `--api-key`: a key given on the command line (not through
+    $ASTRO_API_KEY) is readable by every local user in `ps` and /proc, so say so on stderr,
+    in one line. Returns the value unchanged."""
+    source = ctx.get_parameter_source(param.name) if param.name else None
+    if value and source is not None and source.name == "COMMANDLINE":
+        print("warning: --api-key on the command line is visible to other local users (ps, /proc); "
+              "set ASTRO_API_KEY in the environment instead", file=sys.stderr, flush=True)
+    return value

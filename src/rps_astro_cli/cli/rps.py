@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, user_errors
+from rps_astro_cli.cli.common import JsonOpt, SeedOpt, console, user_errors, warn_key_on_command_line
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -42,7 +42,7 @@ def register(app: typer.Typer) -> None:
         repeats: Annotated[int, typer.Option("--repeats", help="Requests per size (different texts).")] = 3,
         output_tokens: Annotated[int, typer.Option("--output-tokens", help="max_tokens of each profiling request (ignore_eos).")] = 8,
         model: Annotated[str | None, typer.Option("--model", help="Model name to send (default: the engine's).")] = None,
-        api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key of the engine.")] = None,
+        api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", callback=warn_key_on_command_line, help="Bearer key of the engine.")] = None,
         seed: SeedOpt = 0,
         as_json: JsonOpt = False,
         backend: Annotated[str, typer.Option("--backend", help="workload: the per-request workload CSV (default); vllm: fit an execution profile (step latency model) from a running astro vLLM engine's step log, written as JSON to --out.")] = "workload",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors, warn_key_on_command_line
 
 serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler, epp), or with no role the "
                         "whole cluster: `astro serve --instances 4`.",
@@ -16,8 +16,9 @@ serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, sch
 HostOpt = Annotated[str, typer.Option("--host", help="Listen address (127.0.0.1 unless you mean to expose it).")]
 PortOpt = Annotated[int, typer.Option("--port", help="Listen port (0 = any free port; printed as 'ready: URL').")]
 ReadyOpt = Annotated[str | None, typer.Option("--ready-file", help="Write the base URL here once listening.")]
-KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY",
-                                             help="Require 'Authorization: Bearer KEY' (env ASTRO_API_KEY).")]
+KeyOpt = Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", callback=warn_key_on_command_line,
+                                             help="Require 'Authorization: Bearer KEY' (env ASTRO_API_KEY, "
+                                             "which `ps` does not show).")]
 LogOpt = Annotated[str, typer.Option("--log-level", help="debug | info | warning | error.")]
 BodyOpt = Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (bytes; larger gets 413).")]
 
@@ -43,7 +44,7 @@ def cluster(
     host: Annotated[str | None, typer.Option("--host", help="Scheduler bind address (default 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).")] = None,
     api_key: KeyOpt = None,
-    restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child.")] = None,
+    restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child within 60 s (older ones are forgiven).")] = None,
     oracle_lengths: Annotated[bool | None, typer.Option("--oracle-lengths/--no-oracle-lengths", help="Scheduler uses the true lengths the bench sends (ablation).")] = None,
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder (default runs/serve-<time>).")] = None,

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, SeedOpt, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, SeedOpt, user_errors, warn_key_on_command_line
 
 
 def register(serve_app: typer.Typer) -> None:
@@ -38,7 +38,7 @@ def register(serve_app: typer.Typer) -> None:
         max_model_len: Annotated[int | None, typer.Option("--max-model-len", help="Override the profile's context limit (prompt + output).")] = None,
         no_chunked_prefill: Annotated[bool, typer.Option("--no-chunked-prefill", help="Prioritized prefill instead of chunked prefill.")] = False,
         no_prefix_caching: Annotated[bool, typer.Option("--no-enable-prefix-caching", help="Turn off automatic prefix caching (on by default, as in vLLM V1).")] = False,
-        api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 routes (env ASTRO_API_KEY).")] = None,
+        api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", callback=warn_key_on_command_line, help="Require 'Authorization: Bearer KEY' on /v1 routes (env ASTRO_API_KEY).")] = None,
         max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", help="Largest request body (bytes; larger gets 413).")] = 16 * 1024 * 1024,
         allow_remote_media: Annotated[bool, typer.Option("--allow-remote-media", help="Accept http(s) image/video URLs (public addresses only).")] = False,
         served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="Model name clients send (default: the profile's model).")] = None,

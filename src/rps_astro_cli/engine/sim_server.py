@@ -48,7 +48,8 @@ Routes:
 Errors are `{"error": {"message", "type", "param", "code"}}`: 400 bad field, 401 bad API
 key (checked on /v1 routes when set), 404 unknown model, 413 body too large, 500 server
 fault (with a request id, logged; never a traceback). A client that disconnects aborts
-its request, which frees its KV blocks.
+its request, which frees its KV blocks; one that disconnects while sending its body is one
+log line. No `/docs`, `/redoc` or `/openapi.json` (they would answer without the key).
 """
 
 from __future__ import annotations
@@ -71,17 +72,19 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from rps_astro_cli.engine.sim_engine import FINISHED, EngineRequest, EngineShutdown, SimEngine
 from rps_astro_cli.engine.synthetic import WORDS, chat_logprobs, completion_logprobs, synthetic_text
 from rps_astro_cli.engine.synthetic import WORDS_JSON as _WORDS_JSON
-from rps_astro_cli.protocol.http_server import serve_blocking
+from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop, serve_blocking
 from rps_astro_cli.protocol.limits import CostLimits, check_request_cost
 from rps_astro_cli.protocol.openai import (
     CHAT_TOKENS_PER_MESSAGE,
     CHAT_TOKENS_REPLY_PRIMER,
     ApiError,
     ApiLimits,
+    ParsedRequest,
     chat_prompt_tokens,
     decode_json_body,
     http_error_body,
@@ -92,7 +95,7 @@ from rps_astro_cli.protocol.openai import (
     resolve_max_tokens,
     vision_charge,
 )
-from rps_astro_cli.tokens import FallbackCodec, count_tokens_fallback, token_ids_fallback
+from rps_astro_cli.tokens import FALLBACK_VOCAB_SIZE, FallbackCodec, count_tokens_fallback, token_ids_fallback
 
 log = logging.getLogger(__name__)
 
@@ -246,14 +249,21 @@ class _SSEResponse(StreamingResponse):
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
+    """The raw body (413 over `limit`). A client that disconnects before sending all of it
+    is logged as one line (no traceback) and answered 499, which nobody reads."""
     cl = request.headers.get("content-length")
     if cl and cl.isdigit() and int(cl) > limit:
         raise ApiError(413, f"request body is {cl} bytes, over the limit of {limit}", param="body")
     buf = bytearray()
-    async for chunk in request.stream():
-        buf += chunk
-        if len(buf) > limit:
-            raise ApiError(413, f"request body is over the limit of {limit} bytes", param="body")
+    try:
+        async for chunk in request.stream():
+            buf += chunk
+            if len(buf) > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes", param="body")
+    except ClientDisconnect:
+        log.warning("client disconnected during the body of %s %s (%d bytes received)", request.method,
+                    request.url.path, len(buf))
+        raise ApiError(499, "client disconnected before sending the whole body", param="body") from None
     return bytes(buf)
 
 
@@ -285,6 +295,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
                token_ids_fallback if counter is count_tokens_fallback else None, cost=CostLimits.from_env())
     if codec is None and counter is count_tokens_fallback:
         codec = FallbackCodec()
+    # a token-id prompt's ids must be below this (the codec's vocabulary; unknown: the fallback's)
+    vocab_size = int(getattr(codec, "vocab_size", FALLBACK_VOCAB_SIZE))
     registry = CollectorRegistry(auto_describe=True)
     registry.register(_EngineCollector(engine, ctx.model))
     hists = _RequestHistograms(registry, ctx.model, engine.config.max_model_len)
@@ -300,7 +312,8 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         finally:
             await engine.close()
 
-    app = FastAPI(title="astro sim engine", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # no /docs, /redoc or /openapi.json: they would answer without the key
+    app = FastAPI(title="astro sim engine", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = engine
     app.state.registry = registry
 
@@ -455,18 +468,22 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
     async def metrics() -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
+    def _parse(raw: bytes, endpoint: str) -> tuple[Any, ParsedRequest]:
+        body = decode_json_body(raw)
+        if isinstance(body, dict):
+            refuse_unsimulated(body, endpoint)
+        if endpoint == "completions":
+            return body, parse_completion_request(body, ctx.counter, vocab_size)
+        return body, parse_chat_request(body, ctx.counter, ctx.limits)
+
     async def _handle(request: Request, endpoint: str) -> Response:
         _check_key(request)
         if engine.draining:
             raise ApiError(503, "engine is shutting down (draining); send the request to another instance",
                            param=None)
-        body = decode_json_body(await _read_body(request, ctx.limits.max_body_bytes))
-        if isinstance(body, dict):
-            refuse_unsimulated(body, endpoint)
-        if endpoint == "completions":
-            req = parse_completion_request(body, ctx.counter)
-        else:
-            req = parse_chat_request(body, ctx.counter, ctx.limits)
+        raw = await _read_body(request, ctx.limits.max_body_bytes)
+        # a big body is decoded and counted off the event loop (the simulated steps run on it)
+        body, req = await off_loop(_parse, raw, endpoint) if len(raw) > OFF_LOOP_BYTES else _parse(raw, endpoint)
         if req.model is not None and req.model != ctx.model:
             raise ApiError(404, f"model: the model {req.model!r} does not exist; this engine serves "
                            f"{ctx.model!r}", param="model")

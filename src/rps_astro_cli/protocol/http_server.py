@@ -5,17 +5,21 @@ supervisors), and a background server thread for tests and whole-cluster mode.""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from fastapi import FastAPI
 
 from rps_astro_cli.protocol.limits import HttpLimits
+
+T = TypeVar("T")
 
 
 def bind_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
@@ -69,6 +73,22 @@ def drain_seconds() -> float:
         raise AstroUserError(f"{DRAIN_S_ENV}={raw!r} is not a number of seconds >= 0", field=DRAIN_S_ENV,
                              fix="set e.g. ASTRO_DRAIN_S=30 (0 = cut in-flight requests at once)")
     return v
+
+
+# bodies larger than this are parsed, tokenized and hashed off the event loop (`off_loop`):
+# ~40 ms of fallback tokenizing per MB would otherwise stall every other request
+OFF_LOOP_BYTES = 64 * 1024
+_worker: ThreadPoolExecutor | None = None
+
+
+async def off_loop(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` on this process's one worker thread, awaited. One thread, so the CPU-heavy
+    work of big bodies queues there and the event loop keeps at least its share of the
+    interpreter (the GIL switches every 5 ms) for everyone else's requests."""
+    global _worker
+    if _worker is None:
+        _worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="astro-heavy")
+    return await asyncio.get_running_loop().run_in_executor(_worker, functools.partial(fn, *args))
 
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}

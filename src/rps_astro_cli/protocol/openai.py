@@ -42,6 +42,10 @@ unless `ApiLimits.allow_remote_media`, and even then never to loopback, private,
 link-local or reserved addresses (the sim engine does not download them: it only needs
 their token count); `file://` and bare paths are refused.
 
+Bodies (`decode_json_body`): at most `max_body_bytes`, nested at most `MAX_JSON_DEPTH`,
+no integer of more than 4300 digits and no lone UTF-16 surrogate (`loads_json_body`); a
+token-id `prompt` holds ids in [0, vocabulary size) (`parse_completion_request`).
+
 Every user mistake raises `ApiError` (HTTP status, message, type, param naming the field);
 `ApiError.to_dict()` is the body `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -54,13 +58,14 @@ import ipaddress
 import json
 import re
 import socket
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from rps_astro_cli.sim.profile import VisionCosts
-from rps_astro_cli.tokens import TokenIds, count_tokens_fallback
+from rps_astro_cli.tokens import FALLBACK_VOCAB_SIZE, TokenIds, count_tokens_fallback
 
 CHAT_TOKENS_PER_MESSAGE = 3
 CHAT_TOKENS_REPLY_PRIMER = 3
@@ -221,24 +226,84 @@ def check_json_depth(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> str | None:
     return None
 
 
+# a `\uD800`–`\uDFFF` escape, or the UTF-8-style bytes of a surrogate (which `json.loads`
+# of bytes decodes with "surrogatepass"): only then can the decoded body hold a lone surrogate
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_BYTES = re.compile(rb"\xed[\xa0-\xbf]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _may_hold_surrogates(raw: bytes) -> bool:
+    """False when `json.loads(raw)` cannot hold a lone surrogate; True when it may (then
+    `lone_surrogate_at` walks the result). Single-byte `in` tests (memchr) first: a body
+    with no backslash has no escape to scan for (~0.2 µs per 2.5 KB), else the regex
+    (~0.5 ns a byte)."""
+    return ((b"\\" in raw and _SURROGATE_ESCAPE.search(raw) is not None)
+            or (b"\xed" in raw and _SURROGATE_BYTES.search(raw) is not None)
+            or b"\x00" in raw[:4] or raw[:2] in (b"\xff\xfe", b"\xfe\xff"))  # UTF-16/32 (json's detect_encoding)
+
+
+def lone_surrogate_at(v: Any, path: str = "body") -> str | None:
+    """The path (`messages[0].content`, `body` for the top level) of the first string,
+    value or key, in decoded JSON `v` that holds a lone UTF-16 surrogate (`"\\ud800"`:
+    JSON allows the escape, but it is no Unicode character, so it cannot be encoded as
+    UTF-8, tokenized or echoed); None when there is none."""
+    if isinstance(v, str):
+        return path if _SURROGATE.search(v) else None
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            if (at := lone_surrogate_at(x, f"{path}[{i}]")) is not None:
+                return at
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            sub = k if path == "body" else f"{path}.{k}"
+            if _SURROGATE.search(k):
+                return path  # a key: the object holding it
+            if (at := lone_surrogate_at(x, sub)) is not None:
+                return at
+    return None
+
+
+def loads_json_body(raw: bytes) -> Any:
+    """`json.loads(raw)` of a request body, refusing what Python's parser accepts but the
+    rest of the server cannot use: an integer of more than `sys.get_int_max_str_digits()`
+    digits (4300; Python refuses to convert it, and no field takes such a number) and a
+    string holding a lone UTF-16 surrogate (`lone_surrogate_at`). Nesting is not checked
+    here (`check_json_depth`).
+
+    Raises:
+        ApiError: 400 naming `body` (malformed JSON, an over-long number) or the field
+            holding the lone surrogate.
+    """
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"body: malformed JSON ({exc})", param="body") from None
+    except ValueError:  # Python's int-string conversion limit (JSONDecodeError is caught above)
+        raise ApiError(400, f"body: a number has more than {sys.get_int_max_str_digits()} digits; no field takes "
+                       "such a number", param="body") from None
+    except RecursionError:  # pragma: no cover - the callers' depth check comes first
+        raise ApiError(400, f"body: JSON nested too deeply (limit {MAX_JSON_DEPTH})", param="body") from None
+    if _may_hold_surrogates(raw) and (at := lone_surrogate_at(body)) is not None:
+        raise ApiError(400, f"{at}: holds a lone UTF-16 surrogate (a \\ud800-\\udfff escape without its pair), "
+                       "which is not valid Unicode; send valid UTF-8 text", param=at)
+    return body
+
+
 def decode_json_body(raw: bytes, max_body_bytes: int | None = None) -> dict[str, Any]:
     """Parse a request body into a JSON object.
 
     Raises:
         ApiError: 413 over `max_body_bytes`; 400 not JSON, nested deeper than
-            `MAX_JSON_DEPTH`, or not an object.
+            `MAX_JSON_DEPTH`, not an object, an over-long number or a lone surrogate
+            (`loads_json_body`).
     """
     if max_body_bytes is not None and len(raw) > max_body_bytes:
         raise ApiError(413, f"request body is {len(raw)} bytes, over the limit of {max_body_bytes}",
                        param="body")
     if (why := check_json_depth(raw)) is not None:
         raise ApiError(400, why, param="body")
-    try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"body: malformed JSON ({exc})", param="body") from None
-    except RecursionError:  # pragma: no cover - the depth check comes first
-        raise ApiError(400, f"body: JSON nested too deeply (limit {MAX_JSON_DEPTH})", param="body") from None
+    body = loads_json_body(raw)
     if not isinstance(body, dict):
         raise ApiError(400, "body: must be a JSON object", param="body")
     return body
@@ -514,11 +579,17 @@ def _common(body: dict[str, Any], endpoint: str) -> dict[str, Any]:
 
 # -- completions -----------------------------------------------------------------------
 def parse_completion_request(body: dict[str, Any],
-                             counter: Callable[[str], int] = count_tokens_fallback) -> ParsedRequest:
-    """Validate a `/v1/completions` body.
+                             counter: Callable[[str], int] = count_tokens_fallback,
+                             vocab_size: int = FALLBACK_VOCAB_SIZE) -> ParsedRequest:
+    """Validate a `/v1/completions` body. A token-id prompt's ids must lie in
+    [0, `vocab_size`) (vLLM refuses the others: "Token id ... is out of vocabulary");
+    `vocab_size` is the engine's tokenizer's, by default the fallback tokenizer's (its ids
+    are CRC-32s, `tokens.FALLBACK_VOCAB_SIZE` = 2**32), the bound where the tokenizer is
+    not known (scheduler, tagger).
 
     Raises:
-        ApiError: 400 naming the field (missing/empty/batched prompt, bad max_tokens, ...).
+        ApiError: 400 naming the field (missing/empty/batched prompt, a token id out of
+            vocabulary, bad max_tokens, ...).
     """
     if "prompt" not in body or body["prompt"] is None:
         raise bad("is required", "prompt")
@@ -529,6 +600,9 @@ def parse_completion_request(body: dict[str, Any],
         n = counter(p)
     elif isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
         n = len(p)
+        if p and (min(p) < 0 or max(p) >= vocab_size):
+            t = next(t for t in p if t < 0 or t >= vocab_size)
+            raise bad(f"token id {t} is out of vocabulary (token ids are 0 to {vocab_size - 1})", "prompt")
     elif isinstance(p, list):
         raise bad("batched prompts are not supported; send one prompt per request", "prompt")
     else:

@@ -11,10 +11,17 @@ as $ASTRO_INTERNAL_TOKEN; also `<run_dir>/internal-token`, mode 0600): engines,
 Predictors and the tagger refuse callers without it on every route but /health and
 /ready, and the scheduler and Predictors send it (`protocol.internal_auth`).
 
+Before launching anything, `start()` refuses (one line naming the file and the fix) when
+the cluster.json it would write names a live astro process (another `astro serve` in the
+same folder), and when the scheduler's fixed `--port` is taken (naming the port).
+
 `supervise()` then watches the children: a child that exits is reported (name, pid, exit
-code, log path and its last lines) and restarted on the same port up to
-`cfg.restart_crashed` times; the scheduler's health checks take the instance out and
-readmit it. SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
+code, log path and its last lines) and restarted on the same port, at most
+`cfg.restart_crashed` times within `RESTART_WINDOW_S` (60 s) per child — older restarts
+are forgiven, so a child that crashes now and then over a long run keeps being restarted,
+while one that crash-loops is given up on; the scheduler's health checks take the
+instance out and readmit it. cluster.json is rewritten after each restart or give-up, so
+its pids are the live children's. SIGINT/SIGTERM stop every child (SIGTERM, then SIGKILL after a grace period).
 Children run in their own sessions so a terminal's Ctrl-C reaches them only through us,
 and (on Linux) get SIGTERM if the supervisor itself dies, so no orphan outlives it.
 
@@ -64,6 +71,7 @@ CLUSTER_SCHEMA = "astro.cluster/1"
 START_TIMEOUT_S = 60.0
 REAL_ENGINE_START_TIMEOUT_S = 900.0  # vLLM loads weights / compiles: minutes, not seconds
 STOP_GRACE_S = 5.0
+RESTART_WINDOW_S = 60.0  # the restart budget counts a child's restarts within this window (s)
 
 
 def _load_prctl() -> Any:
@@ -109,7 +117,8 @@ class Child:
     port: int = 0
     url: str | None = None
     proc: subprocess.Popen | None = None
-    restarts: int = 0
+    restarts: int = 0  # restarts over the cluster's life
+    restart_times: list[float] = field(default_factory=list)  # monotonic s of the restarts in the window
     started_at: float = 0.0
 
     @property
@@ -147,12 +156,17 @@ class ClusterSupervisor:
 
     cfg: the validated recipe. run_dir: logs and ready files. cluster_json: where to
     write the endpoints (None = only `<run_dir>/cluster.json`). report: called with one
-    line per event (crash, restart, stop); the CLI prints them.
+    line per event (crash, restart, stop); the CLI prints them. restart_window_s: each
+    child gets at most `cfg.restart_crashed` restarts within this many seconds.
     """
 
     def __init__(self, cfg: ClusterConfig, run_dir: str | Path, cluster_json: str | Path | None = None,
-                 report: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)):
+                 report: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
+                 restart_window_s: float = RESTART_WINDOW_S, clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self.restart_window_s = restart_window_s  # the restart budget's window (s)
+        self.clock = clock  # monotonic seconds (a test's fake clock)
+        self.created_unix_s: float | None = None  # when cluster.json was first written
         self.run_dir = Path(run_dir)
         self.cluster_json = Path(cluster_json) if cluster_json else None
         self.report = report
@@ -217,6 +231,8 @@ class ClusterSupervisor:
             ClusterError: a child exited or did not become healthy in `timeout_s`
                 (every started child is stopped first).
         """
+        self._refuse_live_cluster()
+        self._refuse_busy_port()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.internal_token:
             fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -292,13 +308,56 @@ class ClusterSupervisor:
         finally:
             if old_term is not None:
                 signal.signal(signal.SIGTERM, old_term)
+        return self.write_cluster_json()
+
+    def _json_paths(self) -> list[Path]:
+        return [self.run_dir / "cluster.json", *([self.cluster_json] if self.cluster_json else [])]
+
+    def write_cluster_json(self) -> dict[str, Any]:
+        """Write `describe()` to `<run_dir>/cluster.json` and `cluster_json` (each replaced
+        whole, so a reader never sees half a file); returns it."""
+        if self.created_unix_s is None:
+            self.created_unix_s = time.time()
         info = self.describe()
         text = json.dumps(info, indent=1) + "\n"
-        (self.run_dir / "cluster.json").write_text(text)
-        if self.cluster_json:
-            self.cluster_json.parent.mkdir(parents=True, exist_ok=True)
-            self.cluster_json.write_text(text)
+        for path in self._json_paths():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
         return info
+
+    def _refuse_live_cluster(self) -> None:
+        """Raise ClusterError when a cluster.json this supervisor would write names a live
+        astro process: another `astro serve` owns it, and overwriting it would point
+        `astro bench` at the wrong cluster."""
+        for path in self._json_paths():
+            pid = live_cluster_pid(path)
+            if pid is not None:
+                raise ClusterError(f"{path} belongs to a running cluster (pid {pid} is alive); stop that "
+                                   "`astro serve` first (Ctrl-C in its terminal), or pass another --cluster-json "
+                                   "(or run in another folder)")
+
+    def _refuse_busy_port(self) -> None:
+        """Raise ClusterError, in one line, when the scheduler's fixed port is taken (port 0:
+        the OS picks a free one, nothing to check)."""
+        port, host = self.cfg.scheduler.port, self.cfg.host
+        if not port:
+            return
+        import errno
+        import socket
+
+        # bound as the scheduler binds it (SO_REUSEADDR: a port in TIME_WAIT is free), then let go
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ClusterError(f"port {port} on {host} is in use (the scheduler's --port); stop what "
+                                       "listens there, or pass another --port (0 = any free port)") from None
+                raise ClusterError(f"the scheduler cannot listen on {host}:{port} ({exc.strerror or exc}); check "
+                                   "--host and --port") from None
 
     def _wait_ready(self, children: list[Child], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -308,6 +367,8 @@ class ClusterSupervisor:
                 for c in list(pending):
                     assert c.proc is not None
                     if c.proc.poll() is not None:
+                        if (line := _bind_error(c.log_tail(40))) is not None:  # one line, not its command line
+                            raise ClusterError(f"{c.name}: {line} (log {c.log_path})")
                         raise ClusterError(f"{c.name} exited with code {c.proc.returncode} while starting "
                                            f"(log {c.log_path}):\n{c.log_tail()}")
                     if c.url is None and c.ready_path.is_file():
@@ -349,7 +410,7 @@ class ClusterSupervisor:
         return {
             "schema": CLUSTER_SCHEMA,
             "name": cfg.name,
-            "created_unix_s": time.time(),
+            "created_unix_s": self.created_unix_s if self.created_unix_s is not None else time.time(),
             "scheduler": {"url": sched_url, "openai_base_url": f"{sched_url}/v1", "metrics_url": f"{sched_url}/metrics",
                           "decisions_url": f"{sched_url}/decisions",
                           "pid": self.scheduler.pid if self.scheduler else None},
@@ -374,32 +435,48 @@ class ClusterSupervisor:
 
     # -- supervision -------------------------------------------------------------------
     def poll_once(self) -> None:
-        """Check every child once: report and restart (or give up on) the exited ones.
+        """Check every child once: report and restart (or give up on) the exited ones. A
+        child is restarted when it has had fewer than `cfg.restart_crashed` restarts in the
+        last `restart_window_s` seconds (older ones are forgiven); cluster.json then gets
+        the new pid (or none, given up).
 
         Raises:
             ClusterError: the scheduler died and may not be restarted.
         """
-        for c in self.children:
-            if self._stopping or c.proc is None or c.proc.poll() is None:
-                continue
-            code = c.proc.returncode
-            crash = {"child": c.name, "pid": c.proc.pid, "exit_code": code, "log": str(c.log_path),
-                     "time_unix_s": time.time()}
-            self.crashes.append(crash)
-            tail = c.log_tail(4)
-            if c.restarts < self.cfg.restart_crashed:
-                c.restarts += 1
-                self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; restarting on port "
-                            f"{c.port} ({c.restarts}/{self.cfg.restart_crashed}); log {c.log_path}"
-                            + (f"\n{tail}" if tail else ""))
-                c.launch()
-            else:
-                self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; not restarting "
-                            f"(restart budget {self.cfg.restart_crashed} spent); log {c.log_path}"
-                            + (f"\n{tail}" if tail else ""))
-                c.proc = None
-                if c is self.scheduler:
-                    raise ClusterError("the scheduler is down; stopping the cluster")
+        changed = False
+        try:
+            for c in self.children:
+                if self._stopping or c.proc is None or c.proc.poll() is None:
+                    continue
+                changed = True
+                code = c.proc.returncode
+                crash = {"child": c.name, "pid": c.proc.pid, "exit_code": code, "log": str(c.log_path),
+                         "time_unix_s": time.time()}
+                self.crashes.append(crash)
+                tail = c.log_tail(4)
+                now = self.clock()
+                c.restart_times = [t for t in c.restart_times if now - t < self.restart_window_s]
+                budget, window = self.cfg.restart_crashed, f"{self.restart_window_s:g} s"
+                if len(c.restart_times) < budget:
+                    c.restarts += 1
+                    c.restart_times.append(now)
+                    self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; restarting on port "
+                                f"{c.port} ({len(c.restart_times)}/{budget} in {window}); log {c.log_path}"
+                                + (f"\n{tail}" if tail else ""))
+                    c.launch()
+                else:
+                    self.report(f"child {c.name} (pid {c.proc.pid}) exited with code {code}; not restarting "
+                                f"(restart budget {budget} in {window} spent); log {c.log_path}"
+                                + (f"\n{tail}" if tail else ""))
+                    c.proc = None
+                    if c is self.scheduler:
+                        raise ClusterError("the scheduler is down; stopping the cluster")
+        finally:
+            if changed and not self._stopping and self.created_unix_s is not None:
+                try:
+                    self.write_cluster_json()  # the restarted child's pid, not the dead one's
+                except OSError as exc:
+                    self.report(f"warning: cannot rewrite cluster.json: {exc}")
 
     def supervise(self, poll_s: float = 0.2) -> int:
         """Watch the children until SIGINT/SIGTERM (then stop them all). Blocking.
@@ -458,6 +535,55 @@ class ClusterSupervisor:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+def _bind_error(tail: str) -> str | None:
+    """The child's one-line "cannot listen on HOST:PORT" error in the last start of its log
+    (`tail`), without its "error: " prefix; None when it did not fail to bind."""
+    last = tail.rsplit("\n--- start ", 1)[-1]
+    line = next((ln.strip() for ln in last.splitlines() if "cannot listen on" in ln), None)
+    return line.removeprefix("error:").strip() if line else None
+
+
+def live_cluster_pid(path: Path) -> int | None:
+    """A pid named in the cluster.json at `path` whose process is alive and is an astro
+    process (its command line names rps_astro_cli, where /proc tells: a pid reused by an
+    unrelated process after a reboot does not count); None when there is none, or no
+    readable cluster.json."""
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict):
+        return None
+    def pid(d: Any, key: str = "pid") -> Any:
+        return d.get(key) if isinstance(d, dict) else None
+
+    insts = info.get("instances")
+    pids = [pid(info.get("scheduler")), pid(info.get("tagger"))]
+    for inst in insts if isinstance(insts, list) else ():
+        pids += [pid(inst, "engine_pid"), pid(inst, "predictor_pid")]
+    for p in pids:
+        if isinstance(p, int) and not isinstance(p, bool) and p > 0 and p != os.getpid() and _astro_alive(p):
+            return p
+    return None
+
+
+def _astro_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    except OSError:
+        return False
+    try:
+        return b"rps_astro_cli" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:  # gone meanwhile, or no /proc (not Linux: alive is all we know)
+        return not Path("/proc/self").exists()
+    except OSError:
+        return True
 
 
 def _loopback(host: str) -> bool:

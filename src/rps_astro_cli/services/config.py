@@ -9,7 +9,7 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     host: str = 127.0.0.1          # bind address of every child
     api_key: str | null            # front-door bearer key (scheduler /v1/*)
     internal_token: bool = true    # internal services require the cluster's token
-    restart_crashed: int ≥ 0 = 3   # restarts per child after a crash (0 = none)
+    restart_crashed: int ≥ 0 = 3   # restarts per child within 60 s after crashes (0 = none; older ones forgiven)
     engine:    {backend, profile, instance_policy, instance_policy_params, time_scale, seed, num_gpu_blocks,
                 max_num_seqs, max_num_batched_tokens, max_model_len, chunked_prefill, enable_prefix_caching,
                 preprocess_slots, served_model_name, extra_args}

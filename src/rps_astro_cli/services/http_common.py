@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import socket
@@ -20,6 +19,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("astro.services")
 
@@ -134,32 +134,39 @@ async def read_json_body(request: Request, max_body_bytes: int) -> tuple[bytes, 
 
 
 async def read_body(request: Request, max_body_bytes: int) -> bytes:
-    """The raw body, refusing (413) more than `max_body_bytes` before reading it all."""
+    """The raw body, refusing (413) more than `max_body_bytes` before reading it all. A
+    client that disconnects mid-body is logged as one line and answered 499 (nobody reads it)."""
     cl = request.headers.get("content-length")
     if cl is not None and cl.isdigit() and int(cl) > max_body_bytes:
         raise HTTPUserError(413, f"request body of {cl} bytes exceeds the limit of {max_body_bytes} bytes",
                             "body", "request_too_large")
     chunks = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_body_bytes:
-            raise HTTPUserError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
-                                "body", "request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise HTTPUserError(413, f"request body exceeds the limit of {max_body_bytes} bytes",
+                                    "body", "request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:  # the client went away mid-body: one line, not a traceback
+        log.warning("client disconnected during the body of %s %s (%d bytes received)", request.method,
+                    request.url.path, size)
+        raise HTTPUserError(499, "client disconnected before sending the whole body", "body") from None
     return b"".join(chunks)
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Parse `raw` as a JSON object. Raises HTTPUserError(400) naming the problem."""
-    from rps_astro_cli.protocol.openai import check_json_depth
+    """Parse `raw` as a JSON object. Raises HTTPUserError(400) naming the problem (the
+    field holding a lone surrogate, or `body`: `protocol.openai.loads_json_body`)."""
+    from rps_astro_cli.protocol.openai import ApiError, check_json_depth, loads_json_body
 
     if (why := check_json_depth(raw)) is not None:
         raise HTTPUserError(400, why, "body")
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HTTPUserError(400, f"request body is not valid JSON: {exc}", "body") from None
+        body = loads_json_body(raw)
+    except ApiError as exc:
+        raise HTTPUserError(exc.status_code, exc.message, exc.param) from None
     if not isinstance(body, dict):
         raise HTTPUserError(400, "request body must be a JSON object", "body")
     return body

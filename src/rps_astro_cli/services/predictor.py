@@ -85,7 +85,7 @@ from rps_astro_cli.types import (
 
 log = logging.getLogger("astro.predictor")
 
-__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_candidate", "parse_predict",
+__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_predict",
            "PENDING_MARGIN_S", "run_predictor", "with_pending"]
 
 
@@ -134,16 +134,6 @@ def parse_predict(body: dict[str, Any]) -> PredictRequest:
         return PredictRequest.from_dict(body)
     except AstroUserError as exc:
         raise HTTPUserError(400, exc.args[0], exc.field) from None
-
-
-def parse_candidate(body: dict[str, Any]) -> tuple[CandidateRequest, str]:
-    """The candidate and objective from a /predict body (`parse_predict`).
-
-    Raises:
-        HTTPUserError: 400 naming the missing or malformed field.
-    """
-    q = parse_predict(body)
-    return q.candidate, q.objective
 
 
 PENDING_MARGIN_S = 0.05
@@ -343,7 +333,8 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         yield
         app.state.predictor.pool.close()
 
-    app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="astro predictor", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # no /openapi.json: it would answer without the key
     app.state.predictor = Predictor(settings, on_fetch=lambda outcome: m_fetch.labels(outcome).inc())
     install_error_handlers(app)
     add_health_and_metrics(app, reg, {"role": "predictor", "engine_url": settings.engine_url},

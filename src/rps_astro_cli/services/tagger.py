@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.length.resolve import resolve_length_model as load_length_model
 from rps_astro_cli.protocol import openai as oa
+from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -106,6 +107,10 @@ class Tagger:
         """
         return self.tag_result(body).to_dict()
 
+    def tag_raw(self, raw: bytes) -> dict[str, Any]:
+        """`tag` of a raw JSON body (raises `oa.ApiError` 400 on bad JSON too)."""
+        return self.tag(oa.decode_json_body(raw))
+
     def tag_result(self, body: dict[str, Any]) -> TagResult:
         """The tag of one request body (see module docstring).
 
@@ -153,7 +158,8 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
                       buckets=(1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.05), registry=reg)
     m_req = Counter("astro:tagger_requests", "/tag requests by outcome", ["outcome"], registry=reg)
     tagger = Tagger(settings)
-    app = FastAPI(title="astro tagger", docs_url=None, redoc_url=None)
+    app = FastAPI(title="astro tagger", docs_url=None, redoc_url=None,
+                  openapi_url=None)  # no /openapi.json: it would answer without the key
     install_error_handlers(app)
     add_health_and_metrics(app, reg, {"role": "tagger", "length_model": tagger.name})
 
@@ -162,7 +168,7 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
         check_api_key(request, settings.api_key)
         raw = await read_body(request, settings.max_body_bytes)
         try:
-            out = tagger.tag(oa.decode_json_body(raw))
+            out = (await off_loop(tagger.tag_raw, raw)) if len(raw) > OFF_LOOP_BYTES else tagger.tag_raw(raw)
         except oa.ApiError as exc:
             m_req.labels("bad_request").inc()
             raise HTTPUserError(exc.status_code, exc.message, exc.param, exc.err_type) from None

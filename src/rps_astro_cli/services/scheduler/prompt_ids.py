@@ -55,6 +55,7 @@ import time
 from typing import Any
 
 from rps_astro_cli.protocol import openai as oa
+from rps_astro_cli.protocol.http_server import off_loop
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.instances import Instances
@@ -184,11 +185,12 @@ class PromptIds:
         return Tokenize(asyncio.ensure_future(self.clients.post_json(url, "/tokenize", payload)),
                         time.perf_counter())
 
-    async def finish(self, tok: Tokenize | None, body: dict[str, Any], endpoint: str
+    async def finish(self, tok: Tokenize | None, body: dict[str, Any], endpoint: str, heavy: bool = False
                      ) -> tuple[tuple[int, ...], bool]:
         """(the prompt's token ids, whether they are the engine's): the engine's answer
         if it came within `tokenize_deadline_s` of the RPC's start, else (and without
-        an RPC) `protocol.openai.prompt_token_ids` with the fallback tokenizer."""
+        an RPC) `protocol.openai.prompt_token_ids` with the fallback tokenizer (`heavy`:
+        a big body, tokenized off the event loop)."""
         if tok is not None:
             outcome = "timeout"
             left = self.s.tokenize_deadline_s - (time.perf_counter() - tok.started_s)
@@ -210,6 +212,8 @@ class PromptIds:
                 tok.task.add_done_callback(swallow)
             self.m.tokenize_rpcs.labels(outcome).inc()
             self.m.fallbacks.labels(self.policy_name, f"tokenize {outcome}").inc()
+        if heavy:
+            return await off_loop(oa.prompt_token_ids, body, endpoint, token_ids_fallback), False
         return oa.prompt_token_ids(body, endpoint, token_ids_fallback), False
 
     def abandon(self, tok: Tokenize | None) -> None:
