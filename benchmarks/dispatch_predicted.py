@@ -97,30 +97,9 @@ class LlumnixGuarded:
         return {"name": self.name, "slack_s": self.slack_s}
 
 
-def _growth_min(min_kept: int):
-    """Benchmark-only variant of the growth-aware KV gate (a lever under test): the
-    growth tier is used only when at least `min_kept` instances pass it (else today's
-    gate), so it never funnels a burst onto one instance."""
-    from rps_astro_cli.dispatch.stages import KvHeadroomFilter
-
-    class GrowthAtLeast(KvHeadroomFilter):
-        def __call__(self, by_index, pool):
-            today = KvHeadroomFilter(self.reserve_frac)(by_index, pool)
-            ahead = KvHeadroomFilter.__call__(self, by_index, pool)
-            return ahead if len(ahead) >= min_kept else today
-
-    return GrowthAtLeast
-
-
 def _make(policy: str, params: dict[str, Any]):
     if policy == "llumnix_guarded":
         return LlumnixGuarded(**params)
-    if "growth_min_kept" in params:
-        params = dict(params)
-        cls = _growth_min(int(params.pop("growth_min_kept")))
-        pol = make_dispatch(policy, **params)
-        pol.filters = (pol.filters[0], cls(pol.kv_reserve_frac, True))
-        return pol
     return make_dispatch(policy, **params)
 
 
@@ -144,7 +123,6 @@ class Arm:
     params: dict[str, Any] = field(default_factory=dict)
     lengths: str = "predicted"
     remaining: str | None = None
-    growth: str | None = None  # the KV gate's rule for running requests' remaining tokens (None = `remaining`'s)
 
 
 ARMS: dict[str, Arm] = {
@@ -176,13 +154,6 @@ ARMS: dict[str, Arm] = {
     "kvtie": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "kvtie_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                        "tie_tolerance_s": 0.02}, lengths="oracle"),
-    # issue 13 round 7 (mean E2E): the default + a fraction of the predicted decode time in the score
-    "kvtie_dw02": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                     "decode_weight": 0.02}),
-    "kvtie_dw05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                     "decode_weight": 0.05}),
-    "kvtie_dw10": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                     "decode_weight": 0.1}),
     "kvtie05": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.05, "tie_tolerance_s": 0.02}),
     # issue 13 round 5 (mean E2E, first-turn pool): the default with a wider tie tolerance
     # (more decisions by Llumnix- load), the model's own length distribution for queued /
@@ -194,20 +165,6 @@ ARMS: dict[str, Arm] = {
                       remaining="calibrated@mean"),
     "kvtie_dist_q75": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
                                          "tie_tolerance_s": 0.02}, remaining="calibrated@q75"),
-    # issue 13 round 6: the KV gate counts the running requests' projected peak KV growth
-    # (point estimates + auto-extension, as the look-ahead; or the model's conditional
-    # mean E[L − g | L > g] for the gate only), and per-request confidence: the model's
-    # distribution only for predictions in a wide calibration bin (p10–p90 > e^2)
-    "kvgrow": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                 "kv_growth": True}),
-    "kvgrow_dist": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
-                                      "tie_tolerance_s": 0.02, "kv_growth": True}, growth="calibrated@mean"),
-    "kvgrow_oracle": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1,
-                                        "tie_tolerance_s": 0.02, "kv_growth": True}, lengths="oracle"),
-    "kvgrow2": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02,
-                                  "kv_growth": True, "growth_min_kept": 2}),
-    "kvtie_conf": Arm("power_of_k", {"k": "all", "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02},
-                      remaining="confident@2.0"),
     "kvtie2": Arm("power_of_k", {"k": 2, "objective": "ttft", "kv_reserve_frac": 0.1, "tie_tolerance_s": 0.02}),
     "pokall_ttft": Arm("power_of_k", {"k": "all", "objective": "ttft"}),
     # hybrid: Llumnix- among the instances whose predicted TTFT is near the best
@@ -329,15 +286,12 @@ def workload(pool: Pool, n: int, rate_rps: float, seed: int, lengths: str) -> li
 
 def _rule(spec: str, calibration: Any) -> Any:
     """A remaining-length rule from its spec: "calibrated@<statistic>" (the length model's
-    distribution), "confident@<max log width>" (`length.dist.ConfidentRemaining`), or a
-    `sim.remaining` spec ("online:" prefix = learning during the run)."""
-    if spec.startswith(("calibrated", "confident")):
-        from rps_astro_cli.length.dist import CalibratedRemaining, ConfidentRemaining
+    distribution), or a `sim.remaining` spec ("online:" prefix = learning during the run)."""
+    if spec.startswith("calibrated"):
+        from rps_astro_cli.length.dist import CalibratedRemaining
 
         if calibration is None:
             raise SystemExit(f"arm rule {spec}: the length model has no distribution calibration")
-        if spec.startswith("confident"):
-            return ConfidentRemaining(calibration, float(spec.split("@", 1)[1]) if "@" in spec else 2.0)
         return CalibratedRemaining(calibration, spec.split("@", 1)[1] if "@" in spec else "mean")
     from rps_astro_cli.sim.remaining import OnlineRemaining, load_remaining
 
@@ -353,8 +307,6 @@ def run_arm(arm: Arm, reqs: list[TimedRequest], num_instances: int, lat: Latency
     kw: dict[str, Any] = {}
     if arm.remaining is not None:
         kw["remaining"] = _rule(arm.remaining, calibration)
-    if arm.growth is not None:
-        kw["growth_remaining"] = _rule(arm.growth, calibration)
     res = simulate_cluster(reqs, num_instances, _make(arm.policy, arm.params), lat, icfg,
                            lambda: make_policy("fcfs"), np.random.default_rng([seed, 11]), **kw)
     ttft = np.array([r.ttft_s if r.first_token_s is not None else math.inf for r in res.records])

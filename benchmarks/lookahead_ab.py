@@ -31,7 +31,7 @@ from types import ModuleType
 
 import numpy as np
 
-from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
@@ -104,7 +104,7 @@ def main() -> None:
     base = load_base(args.base)
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
-    policy = make_policy_for_profile(args.policy, prof)
+    policy = build_instance_policy(args.policy, None, prof)
     rng = np.random.default_rng(args.seed)
     lengths = load_lengths()
     # lookahead_speed.py draws the (8, *) cells first; skip to this cell's snapshots

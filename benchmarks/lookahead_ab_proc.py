@@ -41,7 +41,7 @@ def worker(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(HERE))
     from lookahead_speed import label_snapshot, load_lengths, make_snapshot
 
-    from rps_astro_cli.policies.rps import make_policy_for_profile
+    from rps_astro_cli.policies.build import build_instance_policy
     from rps_astro_cli.sim import lookahead
     from rps_astro_cli.sim.instance import InstanceConfig
     from rps_astro_cli.sim.latency import LatencyModel
@@ -49,7 +49,7 @@ def worker(args: argparse.Namespace) -> None:
 
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
-    policy = make_policy_for_profile(args.policy, prof)
+    policy = build_instance_policy(args.policy, None, prof)
     mix = tuple(float(x) for x in args.mix.split(","))
     rng = np.random.default_rng(args.seed)
     lengths = load_lengths()

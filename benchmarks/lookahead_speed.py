@@ -33,7 +33,7 @@ from dataclasses import replace
 import numpy as np
 
 from rps_astro_cli.data_paths import data_dir
-from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.sim import engine_build, lookahead
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
@@ -140,7 +140,7 @@ def main() -> None:
     cfg = InstanceConfig.from_profile(prof)
     lengths = load_lengths()
     rng = np.random.default_rng(args.seed)
-    policy = make_policy_for_profile(args.policy, prof)
+    policy = build_instance_policy(args.policy, None, prof)
     mix = tuple(float(x) for x in args.mix.split(","))
     if len(mix) != 2 or min(mix) < 0 or sum(mix) > 1:
         raise SystemExit("--mix: two fractions IMAGE,VIDEO, each ≥ 0, summing to ≤ 1 (e.g. 0.2,0.1)")

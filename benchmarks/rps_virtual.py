@@ -33,7 +33,7 @@ import numpy as np
 from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
 from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
-from rps_astro_cli.policies.rps import make_policy_for_profile
+from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.rps.classes import CLASSES
 from rps_astro_cli.rps.classifier import load_classifier
 from rps_astro_cli.rps.estimator import isolated_latency
@@ -72,7 +72,7 @@ def build_requests(n: int, rate: float, seed: int, slo_scale: float, lm: Latency
 def run_policy(name: str, reqs, lm: LatencyModel, cfg: InstanceConfig, seed: int):
     t0 = time.perf_counter()
     res = simulate_cluster(reqs, 1, make_dispatch("round_robin"), lm, cfg,
-                           lambda: make_policy_for_profile(name, lm.profile), np.random.default_rng(seed))
+                           lambda: build_instance_policy(name, None, lm.profile), np.random.default_rng(seed))
     return res, time.perf_counter() - t0
 
 

@@ -68,15 +68,13 @@ def test_prediction_noise_multiplies_each_prediction():
 
 
 def test_prediction_noise_keeps_the_inner_policys_needs():
-    # the virtual cluster fills `kv_growth_blocks` only when the policy it holds
-    # needs_kv_growth: the wrapper must say what the wrapped one needs (before: False,
-    # so --prediction-noise with kv_growth=true ran the growth gate on no growth)
+    # the virtual cluster fills what the policy it holds needs: the wrapper must say
+    # what the wrapped one needs
     from rps_astro_cli.dispatch import make_dispatch
 
-    for params in ({"kv_growth": True}, {}):
+    for params in ({"kv_reserve_frac": 0.0, "tie_tolerance_s": 0.0}, {}):
         inner = make_dispatch("power_of_k", **params)
         pol = NoisyDispatch(inner, 0.5, np.random.default_rng(5))
-        assert pol.needs_kv_growth is ("kv_growth" in params), params
         assert (pol.needs_status, pol.needs_prefix_hits, pol.needs_predictions) == (
             inner.needs_status, inner.needs_prefix_hits, True), params
 
@@ -88,7 +86,7 @@ def test_objective_reaches_power_of_k_only(tmp_path):
     tgt.use_policy("power_of_k", "2")
     assert tgt.make_dispatch(np.random.default_rng(0)).describe() == {"name": "power_of_k", "k": 2, "objective": "ttft",
                                                                  "pin_cached": True, "kv_reserve_frac": 0.1,
-                                                                 "tie_tolerance_s": 0.02, "kv_growth": False}
+                                                                 "tie_tolerance_s": 0.02}
     tgt.use_policy("llumnix", None)  # no objective to set: left alone
     assert tgt.make_dispatch(np.random.default_rng(0)).name == "llumnix"
 

@@ -131,30 +131,6 @@ def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_wi
         make_dispatch("power_of_k", kv_reserve_frac=1.0)
 
 
-def test_power_of_k_decode_weight_adds_a_share_of_the_predicted_decode_time():
-    # ttft 0.10 / 0.12 s, e2e 9.10 / 8.12 s: decode 9.0 / 8.0 s. Pure ttft picks 0;
-    # decode_weight 0.01: 0.10 + 0.09 = 0.19 vs 0.12 + 0.08 = 0.20 → still 0; 0.05:
-    # 0.55 vs 0.52 → 1. Exact ties only, no KV gate (the weights alone decide).
-    loads = [_hl(0, 40, 0), _hl(1, 40, 0)]
-    est = {0: LatencyEstimate(0.10, 9.10, 1, 1), 1: LatencyEstimate(0.12, 8.12, 1, 1)}
-    rng = np.random.default_rng(0)
-
-    def pick(**kw):
-        pol = make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0, tie_tolerance_s=0, **kw)
-        return decide(pol, loads, rng, lambda c: {i: est[i] for i in c})
-
-    assert pick().choice == 0
-    assert pick(decode_weight=0.01).choice == 0
-    dec = pick(decode_weight=0.05)
-    assert dec.choice == 1 and "0.05 × decode" in dec.reason
-    # the weight needs the tagged length: it is reported, and it is no weight under e2e
-    assert make_dispatch("power_of_k", decode_weight=0.05).describe()["decode_weight"] == 0.05
-    assert "decode_weight" not in make_dispatch("power_of_k").describe()
-    assert "decode_weight" not in make_dispatch("power_of_k", objective="e2e", decode_weight=0.05).describe()
-    with pytest.raises(AstroUserError):
-        make_dispatch("power_of_k", decode_weight=1.5)
-
-
 class _FreeBlocks(Scorer):
     name = "free"
     needs_status = True
@@ -233,5 +209,5 @@ def test_astro_policies_lists_declared_parameters():
     assert rows[("dispatch", "least_kv")]["params"][0] | {"help": ""} == {
         "name": "tie_blocks", "accepts": "an integer ≥ 0", "default": 0, "help": "", "recipe_key": None}
     keys = [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]]
-    assert keys == ["k", "objective", None, None, None, None, None]
+    assert keys == ["k", "objective", None, None, None]
     assert ("instance", "rps") in rows and ("instance", "fcfs") in rows

@@ -8,7 +8,8 @@ import httpx
 from conftest import hand_profile
 from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.engine.sim_server import create_app
-from rps_astro_cli.policies.rps import make_policy_for_profile, profile_policy_params
+from rps_astro_cli.policies.build import build_instance_policy
+from rps_astro_cli.policies.rps import profile_policy_params
 from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.sim.profile import load_profile
 
@@ -17,8 +18,8 @@ def test_engine_policy_picks_up_the_profiles_classifier():
     prof = load_profile("llava-onevision-7b-a100")
     assert SimEngine(prof, policy="rps").policy.describe()["classifier"] == "llava-onevision-7b-a100"
     assert profile_policy_params("fcfs", prof) == {}
-    assert make_policy_for_profile("edf", prof).describe()["profile"] == "llava-onevision-7b-a100"
-    assert make_policy_for_profile("rps", hand_profile()).describe()["classifier"] == "naive"  # none shipped
+    assert build_instance_policy("edf", None, prof).describe()["profile"] == "llava-onevision-7b-a100"
+    assert build_instance_policy("rps", None, hand_profile()).describe()["classifier"] == "naive"  # none shipped
 
 
 def test_status_and_metrics_carry_class_queue_metrics():

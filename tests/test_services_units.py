@@ -259,9 +259,9 @@ def test_predictor_by_hand(profile_path):
     step 2: two decodes → 10.2 ms (r1 ends at its predicted 3); step 3: one decode → 10.1 ms.
     E2E = 20.1 + 10.2 + 10.1 = 40.4 ms."""
     p = pred_mod.Predictor(pred_mod.PredictorSettings("http://unused", profile=profile_path))
-    cand, objective = pred_mod.parse_candidate({"prompt_tokens": 100, "predicted_output_tokens": 3})
-    est = p.predict(STATUS, cand)
-    assert objective == "e2e"
+    q = pred_mod.parse_predict({"prompt_tokens": 100, "predicted_output_tokens": 3})
+    est = p.predict(STATUS, q.candidate)
+    assert q.objective == "e2e"
     assert est.ttft_s == pytest.approx(0.0201) and est.e2e_s == pytest.approx(0.0404)
 
 
@@ -275,7 +275,7 @@ def test_predictor_by_hand(profile_path):
 ])
 def test_predict_bad_candidate_names_field(body, field):
     with pytest.raises(pred_mod.HTTPUserError) as ei:
-        pred_mod.parse_candidate(body)
+        pred_mod.parse_predict(body)
     assert ei.value.param == field and ei.value.status == 400
 
 

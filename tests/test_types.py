@@ -111,13 +111,7 @@ def test_instance_load_status_fields_by_hand():
                                    t.RequestStatus("w3", 1.0, 16, kv_blocks=1)))
     plain = {"kv_blocks_free": 20, "kv_blocks_total": 64, "num_running": 1, "num_waiting": 3,
              "waiting_blocks_needed": 3, "kv_block_size": LIMITS.block_size, "max_num_seqs": LIMITS.max_num_seqs}
-    # the KV growth projection only when asked for (a policy that needs_kv_growth): left
-    # out, InstanceLoad's field stays None
     assert t.InstanceLoad.status_fields(st) == plain
-    assert t.InstanceLoad(0, **t.InstanceLoad.status_fields(st)).kv_growth_blocks is None
-    # the running 5-token prompt, no prediction → 256 (the default) to go, no blocks
-    # yet: ceil(261 / 16) = 17
-    assert t.InstanceLoad.status_fields(st, kv_growth=True) == {**plain, "kv_growth_blocks": 17}
 
 
 def test_decision_record_splices_the_decision_and_leaves_out_unset_fields():

@@ -206,8 +206,3 @@ def parse_assignments(items: Sequence[str] | None, flag: str = "--param") -> dic
             raise AstroUserError(f"{item!r} is not NAME=VALUE", field=flag, fix=f"write e.g. {flag} k=4")
         out[name.strip()] = value.strip()
     return out
-
-
-def params_help(specs: Sequence[Param]) -> str:
-    """The declared parameters, one `describe()` line each ("no parameters" if none)."""
-    return "\n".join(p.describe() for p in specs) if specs else "no parameters"

@@ -26,7 +26,7 @@ Decoders raise `AstroUserError` naming the offending field; services turn it int
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -669,27 +669,13 @@ class InstanceLoad:
     pending_requests: int | None = None
     # the instance's batch limit, vLLM's max_num_seqs (None if unknown)
     max_num_seqs: int | None = None
-    # KV blocks the running requests will still allocate at their projected peak, before
-    # enough of them finish (`kv_growth_peak_blocks` over their predicted remaining decode
-    # tokens; None if unknown)
-    kv_growth_blocks: int | None = None
 
     @staticmethod
-    def status_fields(st: InstanceStatus, kv_growth: bool = False) -> dict[str, int]:
+    def status_fields(st: InstanceStatus) -> dict[str, int]:
         """The status-derived fields from an engine's status: free/total blocks, running
         and waiting counts, the blocks the waiting queue still needs for its prompts
-        (Σ max(0, ceil(prompt_tokens / block_size) − blocks held)), and, with
-        `kv_growth` only, the running requests' projected peak KV growth
-        (`kv_growth_blocks`: `kv_growth_peak_blocks`; each running request ends at its
-        predicted length, or GROWTH_EXTENSION_TOKENS past what it has generated once it
-        has reached that — the Predictor's default auto-extension rule;
-        GROWTH_DEFAULT_OUTPUT_TOKENS when it has no prediction).
-
-        Why `kv_growth` is off by default: the projection is O(n²) in the running
-        requests and the live scheduler derives these fields on every `/status` poll,
-        while only a policy that `needs_kv_growth` (power_of_k `kv_growth=true`, off by
-        default) reads it; without it the field is left out, so `InstanceLoad`'s is None,
-        as the virtual cluster leaves it."""
+        (Σ max(0, ceil(prompt_tokens / block_size) − blocks held)), the block size and
+        the batch limit."""
         bs = st.limits.block_size
         need = 0
         for r in st.waiting:
@@ -703,45 +689,7 @@ class InstanceLoad:
             "kv_block_size": bs,
             "max_num_seqs": st.limits.max_num_seqs,
         }
-        if kv_growth:
-            rows = []
-            for r in st.running:
-                pred = r.predicted_output_tokens or GROWTH_DEFAULT_OUTPUT_TOKENS
-                g = r.generated_tokens
-                rem = pred - g if g < pred else GROWTH_EXTENSION_TOKENS
-                rows.append((r.prompt_tokens + g, r.kv_blocks, rem))
-            fields["kv_growth_blocks"] = kv_growth_peak_blocks(rows, bs)
         return fields
-
-
-GROWTH_EXTENSION_TOKENS = 10  # `status_fields`: tokens a running request past its prediction is assumed to add
-GROWTH_DEFAULT_OUTPUT_TOKENS = 256  # `status_fields`: predicted length of a request without one (tokens)
-
-
-def kv_growth_peak_blocks(running: Sequence[tuple[int, int, int]], block_size: int) -> int:
-    """The most KV blocks a running batch will need beyond what it holds now, at any
-    point before its requests finish (0 if never more).
-
-    running: per request (tokens it has now — prompt + generated, KV blocks it holds,
-    decode tokens it is predicted still to generate). Every request generates one token
-    per step; request i, while still running at step t (t ≤ remaining_i), holds
-    ceil((tokens_i + t) / block_size) blocks, and a finished one frees all of its. The
-    demand above today's holdings H = Σ held at step t is Σ_{i running at t}
-    ceil((tokens_i + t) / block_size) − H; it only grows between two finishes, so its
-    peak is at one of the steps t = remaining_j (the last step of request j). O(n²) for
-    n running requests (n ≤ max_num_seqs).
-
-    Why: the KV headroom gate counts the blocks free now; a batch whose running requests
-    will soon need more blocks than are free is where preemptions happen.
-    """
-    rows = sorted(((max(0, rem), tok) for tok, _held, rem in running), reverse=True)  # longest first
-    held = sum(h for _t, h, _r in running)
-    peak = 0
-    for j in range(len(rows)):  # at t = rows[j]'s remaining, rows[0..j] still run
-        t = rows[j][0]
-        demand = sum(-(-(tok + t) // block_size) for _r, tok in rows[: j + 1]) - held
-        peak = max(peak, demand)
-    return peak
 
 
 @dataclass(frozen=True)
@@ -840,5 +788,5 @@ class DecisionRecord:
 __all__ = [
     "MODALITIES", "OBJECTIVES", "CandidateRequest", "DecisionRecord", "DispatchDecision", "InstanceConfig",
     "InstanceLoad", "InstanceStatus", "LatencyEstimate", "PredictReply", "PredictRequest", "RequestStatus",
-    "TagResult", "kv_growth_peak_blocks",
+    "TagResult",
 ]

@@ -54,10 +54,6 @@ class NoisyDispatch(DispatchPolicy):
     def needs_prefix_hits(self) -> bool:
         return self.inner.needs_prefix_hits
 
-    @property
-    def needs_kv_growth(self) -> bool:  # else the base class's (its own filters: no growth)
-        return self.inner.needs_kv_growth
-
     def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
         return self.inner.filter(loads)
 

@@ -71,13 +71,12 @@ from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, engine, predict_instance
+from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.types import kv_growth_peak_blocks
 
 _ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
 
@@ -236,7 +235,6 @@ def simulate_cluster(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
-    growth_remaining: Any = None,
     status_interval_s: float = 0.0,
     count_pending: bool = True,
     waiting_hits: bool = True,
@@ -256,10 +254,6 @@ def simulate_cluster(
     remaining: the look-ahead's conditional remaining-length rule for queued/running
         requests (`sim.remaining`; None = the auto-extension rule). An
         `OnlineRemaining` also observes every finished request's true length.
-    growth_remaining: the rule for the running requests' remaining decode tokens in
-        `InstanceLoad.kv_growth_blocks` (filled only for a policy that
-        `needs_kv_growth`; any object with `expected_total(predicted, generated, cap)`);
-        None = `remaining`, or the auto-extension rule without one.
     status_interval_s: 0 = decisions read the instances' live state; Δ > 0 = a status
         copy refreshed every Δ virtual seconds (module docstring).
     count_pending: with Δ > 0, each scheduler adds its own sends since the copy.
@@ -305,19 +299,6 @@ def simulate_cluster(
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     needs_status = any(d.needs_status for d in schedulers)
     needs_hits = needs_status or any(d.needs_prefix_hits for d in schedulers)
-    needs_growth = any(d.needs_kv_growth for d in schedulers)
-    grow_rule = growth_remaining if growth_remaining is not None else remaining
-
-    def growth_blocks(running: Sequence[SimRequest]) -> int:
-        rows = []
-        for r in running:
-            g = r.num_generated_tokens
-            if grow_rule is not None:
-                total = grow_rule.expected_total(r.predicted_output_tokens, g, max_len - r.prompt_tokens)
-            else:
-                total = engine.expected_tokens(r.predicted_output_tokens, g, extension_tokens, default_output_tokens)
-            rows.append((r.prompt_tokens + g, r.kv_blocks, max(0, total - g)))
-        return kv_growth_peak_blocks(rows, bs)
     herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
                     count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
     n_arrived = 0
@@ -433,8 +414,7 @@ def simulate_cluster(
                 hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
             loads.append(InstanceLoad(i, True, seen_out[i], sim.free_blocks, cfg.num_gpu_blocks,
                                       len(sim.running), len(sim.waiting), need, hit,
-                                      req.prompt_tokens, home == i, bs, max_num_seqs=cfg.max_num_seqs,
-                                      kv_growth_blocks=growth_blocks(sim.running) if needs_growth else None))
+                                      req.prompt_tokens, home == i, bs, max_num_seqs=cfg.max_num_seqs))
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values

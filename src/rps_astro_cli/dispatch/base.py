@@ -118,12 +118,6 @@ class DispatchPolicy:
         return bool(self.sampler.needs_prefix_hits)
 
     @property
-    def needs_kv_growth(self) -> bool:
-        """A filter reads the running requests' projected KV growth
-        (`InstanceLoad.kv_growth_blocks`): the caller must fill it."""
-        return any(f.needs_kv_growth for f in self.filters)
-
-    @property
     def needs_status(self) -> bool:
         """A filter or scorer reads the engines' `/status` (KV blocks, queue lengths)."""
         return (any(f.needs_status for f in self.filters) or any(s.needs_status for s, _ in self.scorers)

@@ -105,17 +105,9 @@ KV_RESERVE_FRAC = Param("kv_reserve_frac", float, 0.1,
                         "consider only instances that keep this fraction of their KV blocks free after the "
                         "waiting queue's and this request's prompts (all when none does; 0 = off)",
                         ge=0.0, lt=1.0)
-KV_GROWTH = Param("kv_growth", bool, False,
-                  "the KV headroom gate also counts the running requests' projected peak KV growth (their "
-                  "predicted remaining decode tokens), preferring instances whose headroom covers it")
 TIE_TOLERANCE_S = Param("tie_tolerance_s", float, 0.02,
                         "predictions within this many seconds of the best are ties, broken by the lowest "
                         "Llumnix- load (engine status), then at random (0 = exact ties only)", ge=0.0, le=60.0)
-
-DECODE_WEIGHT = Param("decode_weight", float, 0.0,
-                      "objective ttft: add this fraction of the predicted decode time (e2e − ttft) to the score, "
-                      "so an instance whose batch decodes slower loses close calls (0 = pure ttft; needs the "
-                      "request's tagged length, so early dispatch is off when > 0)", ge=0.0, le=1.0)
 
 
 def parse_k(k: int | str) -> int | None:
@@ -159,24 +151,21 @@ class PowerOfK(DispatchPolicy):
     """
 
     name = "power_of_k"
-    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S, KV_GROWTH, DECODE_WEIGHT)
+    params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
     def __init__(self, k: int | str = "all", objective: str = "ttft", pin_cached: bool = True,
-                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02, kv_growth: bool = False,
-                 decode_weight: float = 0.0) -> None:
+                 kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
         self.pin_cached = PIN_CACHED.check(pin_cached)
         self.kv_reserve_frac = KV_RESERVE_FRAC.check(kv_reserve_frac)
         self.tie_tolerance_s = TIE_TOLERANCE_S.check(tie_tolerance_s)
-        self.kv_growth = KV_GROWTH.check(kv_growth)
-        self.decode_weight = DECODE_WEIGHT.check(decode_weight) if self.objective == "ttft" else 0.0
         self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
-            self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac, self.kv_growth))
+            self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
         self.sampler = PowerOfKSampler(self.k, self.pin_cached)
-        self.scorers = ((PredictedLatencyScorer(self.objective, self.decode_weight), 1.0),)
+        self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
     @property
     def needs_status(self) -> bool:
@@ -201,12 +190,9 @@ class PowerOfK(DispatchPolicy):
         return tied, f"{reason} within {self.tie_tolerance_s:g} s, then lowest Llumnix- load"
 
     def describe(self) -> dict[str, Any]:
-        out = {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
-               "pin_cached": self.pin_cached, "kv_reserve_frac": self.kv_reserve_frac,
-               "tie_tolerance_s": self.tie_tolerance_s, "kv_growth": self.kv_growth}
-        if self.decode_weight:
-            out["decode_weight"] = self.decode_weight
-        return out
+        return {"name": self.name, "k": "all" if self.k is None else self.k, "objective": self.objective,
+                "pin_cached": self.pin_cached, "kv_reserve_frac": self.kv_reserve_frac,
+                "tie_tolerance_s": self.tie_tolerance_s}
 
 
 __all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

@@ -41,8 +41,6 @@ class Filter:
 
     name: ClassVar[str] = "filter"
     needs_status: ClassVar[bool] = False
-    # it reads `InstanceLoad.kv_growth_blocks`: the caller must fill it
-    needs_kv_growth: bool = False
 
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
         raise NotImplementedError
@@ -97,23 +95,13 @@ class KvHeadroomFilter(Filter):
     that only as well as the running requests' predicted lengths, a memory check sees it
     exactly. Weakness: a fixed reserve; memory only, so it cannot tell a long prefill
     queue that fits from a short one.
-
-    With `growth` (issue 13, "a KV gate that counts future KV growth"): the instances
-    whose headroom also covers the running requests' projected peak KV growth
-    (`InstanceLoad.kv_growth_blocks`: their predicted remaining decode tokens, blocks
-    freed as they finish; `types.kv_growth_peak_blocks`) are kept first; when none has
-    that, those with today's headroom; when none has that either, all. Weakness: only
-    as good as the remaining lengths, and the waiting queue's future decode is not
-    counted.
     """
 
     name = "kv_headroom"
     needs_status = True
 
-    def __init__(self, reserve_frac: float, growth: bool = False) -> None:
+    def __init__(self, reserve_frac: float) -> None:
         self.reserve_frac = reserve_frac
-        self.growth = growth
-        self.needs_kv_growth = growth
 
     def headroom_blocks(self, ld: InstanceLoad) -> int | None:
         """Blocks left free after the waiting queue's and this request's prompts (None
@@ -134,21 +122,16 @@ class KvHeadroomFilter(Filter):
         return ld.max_num_seqs - ld.num_running - (ld.num_waiting or 0) - (ld.pending_requests or 0) - 1
 
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
-        def ok(ld: InstanceLoad, growth: bool) -> bool:
+        def ok(ld: InstanceLoad) -> bool:
             slots = self.free_slots(ld)
             if slots is not None and ld.max_num_seqs is not None and slots < self.reserve_frac * ld.max_num_seqs:
                 return False  # a full batch queues the request as surely as a full KV pool
             room = self.headroom_blocks(ld)
             if room is None or ld.kv_blocks_total is None:
                 return True
-            if growth:
-                room -= ld.kv_growth_blocks or 0
             return room >= self.reserve_frac * ld.kv_blocks_total
 
-        kept = [i for i in pool if ok(by_index[i], False)]
-        if self.growth and kept:
-            ahead = [i for i in kept if ok(by_index[i], True)]
-            return ahead or kept
+        kept = [i for i in pool if ok(by_index[i])]
         return kept or pool
 
 
@@ -291,18 +274,13 @@ class PredictedLatencyScorer(Scorer):
     name = "predicted_latency"
     needs_predictions = True
 
-    def __init__(self, objective: str, decode_weight: float = 0.0) -> None:
+    def __init__(self, objective: str) -> None:
         self.objective = objective
-        # objective ttft only: + decode_weight × the predicted decode time (e2e − ttft)
-        self.decode_weight = decode_weight if objective == "ttft" else 0.0
-        self.reason = f"lowest {objective}" + (f" + {self.decode_weight:g} × decode" if self.decode_weight else "")
+        self.reason = f"lowest {objective}"
 
     def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
               predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
         # in the order the predictions came (the tie-break draws index into it)
-        if self.decode_weight:
-            w = self.decode_weight
-            return {j: round((p.ttft_s + w * (p.e2e_s - p.ttft_s)) / TIE_RESOLUTION_S) for j, p in predictions.items()}
         ttft = self.objective == "ttft"
         return {j: round((p.ttft_s if ttft else p.e2e_s) / TIE_RESOLUTION_S) for j, p in predictions.items()}
 

@@ -490,15 +490,3 @@ def profile_policy_params(name: str, profile: Any) -> dict[str, Any]:
         if pid and pid in list_classifiers():
             return {"classifier": pid}
     return {}
-
-
-def make_policy_for_profile(name: str, profile: Any, **params: Any) -> InstancePolicy:
-    """Kept for callers of the old name: `policies.build.build_instance_policy(name,
-    params, profile)`, the one builder every path uses.
-
-    Raises:
-        AstroUserError: unknown policy name or bad parameters.
-    """
-    from rps_astro_cli.policies.build import build_instance_policy
-
-    return build_instance_policy(name, params, profile)

@@ -51,7 +51,6 @@ class Scheduler:
         needs_prefix = self.dispatcher.needs_prefix
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
                                     self.models, self.tags, needs_prefix=needs_prefix,
-                                    needs_kv_growth=self.dispatcher.needs_kv_growth,
                                     probe_version=needs_prefix and self.prompt_ids.probes_version)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models, self.prompt_ids)
@@ -115,7 +114,8 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         finally:
             await sched.close()
 
-    app = FastAPI(title="astro scheduler", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="astro scheduler", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)  # no /openapi.json: it would answer without the key
     app.state.scheduler = sched
     install_error_handlers(app)
 

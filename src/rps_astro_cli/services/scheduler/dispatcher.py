@@ -38,21 +38,12 @@ class Dispatcher:
         self.instances = instances
         self.predict = predict
         self.m = metrics
-        desc = self.policy.describe()
-        # a score that weighs the decode time needs e2e predictions with the tagged length
-        # (so no early dispatch, which predicts before the tag)
-        self.objective: str = "e2e" if desc.get("decode_weight") else (desc.get("objective") or "e2e")
+        self.objective: str = self.policy.describe().get("objective") or "e2e"
 
     @property
     def needs_status(self) -> bool:
         """Whether the policy reads engine `/status` (the health loop then polls it)."""
         return bool(self.policy.needs_status)
-
-    @property
-    def needs_kv_growth(self) -> bool:
-        """Whether the policy reads the running requests' projected KV growth
-        (power_of_k `kv_growth=true`): the health loop then derives it from each `/status`."""
-        return bool(self.policy.needs_kv_growth)
 
     @property
     def needs_prefix(self) -> bool:

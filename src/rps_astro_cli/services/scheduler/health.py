@@ -45,16 +45,13 @@ class HealthMonitor:
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
                  needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False,
-                 needs_kv_growth: bool = False, probe_version: bool = False):
+                 probe_version: bool = False):
         self.s = settings
         self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
         self.needs_status = needs_status or needs_prefix
         self.needs_prefix = needs_prefix
-        # the policy reads `InstanceLoad.kv_growth_blocks`: only then is it derived from
-        # each /status (O(n²) in the running requests, at every poll)
-        self.needs_kv_growth = needs_kv_growth
         self.models = models
         # learn each engine's kind from its GET /version, once (prefix_tokenizer auto)
         self.probe_version = probe_version
@@ -74,7 +71,7 @@ class HealthMonitor:
                     raise ValueError(f"/status answered {resp.status}")
                 d = json.loads(body)
                 status = InstanceStatus.from_dict(d)
-                st.load_fields = InstanceLoad.status_fields(status, kv_growth=self.needs_kv_growth)
+                st.load_fields = InstanceLoad.status_fields(status)
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size
