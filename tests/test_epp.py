@@ -512,3 +512,49 @@ def test_manifest_epp_args_give_discovery_settings(monkeypatch):
     assert s.scheduler.policy == "power_of_k" and s.scheduler.policy_params["k"] == 2
     assert (s.scheduler.api_key, s.scheduler.internal_token) == ("k", "tok")
     assert (s.destination_header, s.metadata_namespace, s.metrics_port) == (DEST, "envoy.lb", 9090)
+
+
+@pytest.mark.timeout(60)
+def test_epp_dispatches_early_through_the_front_doors_path(length_model):
+    """The endpoint picker shares the front door's path from a body to a decision
+    (`FrontDoor.route`): under objective ttft a text request's Predictor RPCs go out while
+    the (slow) tagger works, and the forwarded body still carries the tag's length; under
+    objective e2e the Predictors are asked only after the tag."""
+    import asyncio
+
+    from fastapi import FastAPI
+
+    times: dict[str, list[float]] = {"tag_out": [], "predict": []}
+    tagger = FastAPI()
+
+    @tagger.post("/tag")
+    async def _tag():
+        await asyncio.sleep(0.3)
+        times["tag_out"].append(time.monotonic())
+        return {"predicted_output_tokens": 7, "prompt_tokens": 2, "text_tokens": 2}
+
+    predictor = FastAPI()
+
+    @predictor.post("/predict")
+    async def _predict():
+        times["predict"].append(time.monotonic())
+        return {"ttft_s": 0.01, "e2e_s": 0.1}
+
+    with ExitStack() as st:
+        eng = start(st, engine_app(0))
+        tag_srv, pred_srv = start(st, tagger), start(st, predictor)
+        for objective, early_expected in (("ttft", True), ("e2e", False)):
+            sched = SchedulerSettings(instances=(InstanceEndpoint("engine-0", eng.url, pred_srv.url),),
+                                      policy="power_of_k", policy_params={"k": "all", "objective": objective},
+                                      tagger_url=tag_srv.url, tag_deadline_s=2.0, predict_deadline_s=2.0,
+                                      health_interval_s=0.05)
+            srv = st.enter_context(EppThread(EppSettings(sched)))
+            channel = st.enter_context(grpc.insecure_channel(srv.address))
+            wait_for(lambda srv=srv: srv.call(_ready_count) == 1)
+            for v in times.values():
+                v.clear()
+            dest, _, fwd = dispatch(channel, chat_body(max_tokens=50))
+            assert dest == endpoint_address(eng.url)
+            assert fwd["vllm_xargs"]["astro_predicted_output_tokens"] == 7  # the tag's length, early or not
+            assert len(times["predict"]) == 1 and len(times["tag_out"]) == 1, times
+            assert (times["predict"][0] < times["tag_out"][0]) is early_expected, (objective, times)

@@ -676,3 +676,63 @@ def test_decisions_summary_compares_in_engine_seconds():
     s = decisions_summary(decs, time_scale=1.5)
     assert s["predictor_e2e"] == {"count": 2, "mae_s": pytest.approx(0.5), "mape": pytest.approx(0.25)}
     assert s["predictor_ttft"]["count"] == 2 and s["predictor_ttft"]["mae_s"] == pytest.approx(0.05)
+
+
+class _StatusResp:
+    status = 200
+
+    def __init__(self, body: bytes):
+        self.body = body
+
+    async def read(self) -> bytes:
+        return self.body
+
+
+class _StatusClients:
+    """The scheduler's `Clients` as far as the health loop's /status poll uses them:
+    engine URL → the `InstanceStatus` its `GET /status` answers."""
+
+    def __init__(self, by_url):
+        self.by_url = by_url
+
+    async def get(self, url: str, path: str, timeout_s: float = 1.0) -> tuple[int, bytes]:
+        return 404, b""  # GET /version (prefix_tokenizer auto asks each engine's kind once)
+
+    def pool(self, url: str):
+        st = self.by_url[url]
+
+        class _Pool:
+            async def request(self, method: str, path: str):
+                # a prediction-guided policy polls with its prefix-cache delta
+                assert method == "GET" and path.split("?")[0] == "/status", path
+                return _StatusResp(json.dumps(st.to_dict()).encode())
+        return _Pool()
+
+
+@pytest.mark.parametrize("policy", ["power_of_k", "llumnix"])
+def test_live_status_poll_stores_each_instances_load_fields(policy):
+    """One health-loop /status poll stores `InstanceLoad.status_fields` per instance (by
+    hand: e0 30 free of 100 blocks, 1 running; e1 18 free, 2 running; no waiting queue)."""
+    import rps_astro_cli.types as t
+    from rps_astro_cli.services.scheduler.app import Scheduler
+
+    cfg = t.InstanceConfig(block_size=16, num_gpu_blocks=100, max_num_seqs=48, max_model_len=1024)
+    e0 = t.InstanceStatus("e0", 0.0, cfg, 30, running=(
+        t.RequestStatus("a", 0.0, 96, num_computed_tokens=100, generated_tokens=4, kv_blocks=7),))
+    e1 = t.InstanceStatus("e1", 0.0, cfg, 18, running=(
+        t.RequestStatus("b", 0.0, 60, num_computed_tokens=80, generated_tokens=20, kv_blocks=5),
+        t.RequestStatus("c", 0.0, 30, num_computed_tokens=70, generated_tokens=40, kv_blocks=5)))
+    statuses = {"http://e0": e0, "http://e1": e1}
+    sched = Scheduler(SchedulerSettings(
+        instances=tuple(InstanceEndpoint(f"e{i}", url, None) for i, url in enumerate(statuses)),
+        policy=policy, length_model="baseline", served_models=("m",)))
+    assert sched.health.needs_status
+    sched.health.clients = _StatusClients(statuses)  # type: ignore[assignment]
+    states = [sched.instances[0], sched.instances[1]]
+    asyncio.run(sched.health.check_all(with_services=False))
+    assert all(st.healthy for st in states)
+    assert [st.load_fields for st in states] == [
+        {"kv_blocks_free": 30, "kv_blocks_total": 100, "num_running": 1, "num_waiting": 0,
+         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48},
+        {"kv_blocks_free": 18, "kv_blocks_total": 100, "num_running": 2, "num_waiting": 0,
+         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48}]

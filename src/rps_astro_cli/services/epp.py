@@ -87,7 +87,6 @@ from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.internal_auth import token_headers
 from rps_astro_cli.services.http_common import HTTPUserError, error_body
 from rps_astro_cli.services.scheduler import Scheduler, SchedulerSettings
-from rps_astro_cli.services.scheduler.front_door import candidate_of, in_engine_tokens
 from rps_astro_cli.services.scheduler.instances import InstanceState, Pending
 
 log = logging.getLogger("astro.epp")
@@ -352,40 +351,31 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         path = ctx.headers.get(":path", "").split("?", 1)[0]
         endpoint = ("chat" if path.endswith("/chat/completions") else "completions" if path.endswith("/completions")
                     else None)
-        tag_task = self.sched.tags.start(raw)
+        excluded, hinted = self._excluded(ctx)
         try:
             if endpoint is None:  # another path: tell the two request shapes by their fields
-                probe = oa.decode_json_body(raw)
+                try:
+                    probe = oa.decode_json_body(raw)
+                except oa.ApiError:
+                    self.sched.m.requests.labels("epp", "client_error").inc()
+                    raise
                 endpoint = "chat" if "messages" in probe else "completions"
-            body, parsed = self.door.parse(raw, endpoint)
+            # the front door's own path from a body to a decision (early dispatch included)
+            r = await self.door.route(raw, endpoint, "epp", excluded)
         except (oa.ApiError, HTTPUserError) as exc:
-            self.sched.tags.abandon(tag_task)
-            self.sched.m.requests.labels("epp", "client_error").inc()
             ctx.done = True
             if isinstance(exc, oa.ApiError):
                 return [immediate(exc.status_code, exc.message, exc.param, exc.err_type)]
             return [immediate(exc.status, exc.message, exc.param, exc.type)]
-        wanted = self.sched.dispatcher.prefix_wanted()  # once: the tagger's wait lets /status polls in
-        tok = self.door.start_prompt_ids(body, endpoint, parsed, wanted)  # runs while the tagger works
-        try:
-            tag = await self.sched.tags.finish(tag_task, raw)
-            blocks = await self.door.prompt_blocks(body, endpoint, tok, wanted)
-        except BaseException:
-            self.door.prompt_ids.abandon(tok)
-            raise
         s = self.s.scheduler
-        cand = in_engine_tokens(candidate_of(tag, parsed, s.default_output_tokens, s.oracle_lengths), blocks)
-        excluded, hinted = self._excluded(ctx)
-        dec = await self.sched.dispatcher.choose(cand, excluded, *blocks)
+        cand = r.cand
+        dec = await self.door.first_decision(r, excluded)
         st = self.instances.get(dec.choice) if dec is not None else None
         if st is None:  # none, or dropped by discovery while the predictions were out
             ctx.done = True
             return [self._no_endpoint(hinted)]
         self._hold(ctx, st, cand if s.count_pending else None)
-        xargs = dict(body.get("vllm_xargs") or {})
-        xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
-        body["vllm_xargs"] = xargs
-        payload = json.dumps(body).encode()
+        payload = r.payload
         addr = endpoint_address(st.ep.engine_url)
         self.sched.m.requests.labels("epp", "ok").inc()
         if log.isEnabledFor(logging.DEBUG):

@@ -51,12 +51,13 @@ import collections
 import functools
 import json
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from rps_astro_cli.protocol import openai as oa
+from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
 from rps_astro_cli.protocol.limits import check_request_cost
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
 from rps_astro_cli.services.rpc import RpcError
@@ -69,8 +70,12 @@ from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, s
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
-from rps_astro_cli.types import CandidateRequest, DecisionRecord, TagResult
+from rps_astro_cli.types import CandidateRequest, DecisionRecord, DispatchDecision, TagResult
 
+# the front door refuses a prompt this many times longer than every engine's context (by
+# the parser's fallback count: no tokenizer counts half as many tokens), before hashing,
+# predicting or forwarding it; an engine refuses the ones nearer its limit itself
+DOOR_CONTEXT_FACTOR = 2
 # a whole (non-streamed) response up to this size is read before it is relayed (so a 5xx
 # can be retried elsewhere); a bigger one is relayed as it arrives, never held whole
 _BUFFERED_BYTES = 1 << 20
@@ -119,6 +124,27 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+@dataclass
+class Route:
+    """A request on its way to a decision (`FrontDoor.route`): its body (with the tag's
+    predicted length in `vllm_xargs`) and parsed form, the candidate the dispatch sees,
+    its prompt blocks, the body to forward (`payload`), the time spent waiting for the
+    tag (µs), and the decision started before the tag arrived (`early`; None: none)."""
+
+    body: dict
+    parsed: oa.ParsedRequest
+    cand: CandidateRequest
+    blocks: PromptBlocks
+    payload: bytes
+    tag_wait_us: float
+    early: asyncio.Future | None = None
+
+    def cancel(self) -> None:
+        """Drop the early decision (the request went away)."""
+        if self.early is not None:
+            self.early.cancel()
+
+
 class FrontDoor:
     """`handle` one `/v1/chat/completions` or `/v1/completions` request (see module
     docstring). `decisions` holds the last `decisions_kept` records."""
@@ -137,6 +163,13 @@ class FrontDoor:
         self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
         self.cost = settings.cost_limits
         self._n = 0
+
+    def context_limit(self) -> int | None:
+        """The largest context length (`max_model_len`, tokens) any instance reports in its
+        `/status`; None until every instance has reported one (or when the policy polls
+        no status)."""
+        lens = [st.status.limits.max_model_len for st in self.instances if st.status is not None]
+        return max(lens) if lens and len(lens) == len(self.instances) else None
 
     def check_model(self, parsed: oa.ParsedRequest) -> None:
         """404 when the request names a model no engine serves."""
@@ -169,31 +202,43 @@ class FrontDoor:
         return self.prompt_ids.start(body, endpoint, parsed)
 
     async def prompt_blocks(self, body: dict, endpoint: str, tok: Tokenize | None = None,
-                            wanted: bool | None = None) -> PromptBlocks:
+                            wanted: bool | None = None, heavy: bool = False) -> PromptBlocks:
         """The prompt's block hashes, their block size (the instances' KV block size) and
         the engine's token count of the prompt (None: fallback ids) for a policy that
         `needs_prefix`; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
-        deadline; without `tok` it does not suspend. `wanted` as in `start_prompt_ids`."""
+        deadline; without `tok` it does not suspend. `wanted` as in `start_prompt_ids`;
+        `heavy`: a big body, whose ids and hashes are computed off the event loop."""
         if not (self.dispatcher.prefix_wanted() if wanted is None else wanted):
             return (), 16, None
         bs = next((st.block_size for st in self.instances if st.block_size), 16)
-        ids, from_engine = await self.prompt_ids.finish(tok, body, endpoint)
-        return block_hashes(ids, bs), bs, len(ids) if from_engine else None
+        ids, from_engine = await self.prompt_ids.finish(tok, body, endpoint, heavy)
+        hashes = await off_loop(block_hashes, ids, bs) if heavy else block_hashes(ids, bs)
+        return hashes, bs, len(ids) if from_engine else None
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
-        t0, received_unix_s = time.perf_counter(), time.time()
-        check_api_key(request, self.s.api_key)
-        raw = await read_body(request, self.s.max_body_bytes)
+    async def route(self, raw: bytes, endpoint: str, label: str, excluded: frozenset[int] = frozenset()) -> Route:
+        """The one path from a request body to a decision, shared by the HTTP front door
+        (`handle`) and the endpoint picker (`services.epp`): start the tag RPC, parse
+        (off the event loop for a big body), refuse a prompt far past every engine's
+        context, hash the prompt's blocks (asking an engine's `/tokenize` when the ids
+        must be the engine's), start the decision early when it does not need the tag
+        (text, objective ttft: `Route.early`), then take the tag and make the candidate
+        and the body to forward. `excluded`: instances the decision must not pick.
+
+        Raises:
+            oa.ApiError, HTTPUserError: the client's mistake (counted under `label`).
+        """
         tag_task = self.tags.start(raw)  # in parallel with parsing:
         if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
+        heavy = len(raw) > OFF_LOOP_BYTES  # parsed, counted and hashed off the event loop
         try:
-            body, parsed = self.parse(raw, endpoint)
-        except (oa.ApiError, HTTPUserError) as exc:
+            body, parsed = await off_loop(self.parse, raw, endpoint) if heavy else self.parse(raw, endpoint)
+            if (limit := self.context_limit()) is not None and parsed.text_tokens >= DOOR_CONTEXT_FACTOR * limit:
+                raise oa.bad(f"the prompt is {parsed.text_tokens} tokens; the engines' maximum context length is "
+                             f"{limit} tokens (prompt + output); shorten it", parsed.prompt_param)
+        except (oa.ApiError, HTTPUserError):
             self.tags.abandon(tag_task)
-            self.m.requests.labels(endpoint, "client_error").inc()
-            if isinstance(exc, oa.ApiError):
-                return JSONResponse(exc.to_dict(), status_code=exc.status_code)
+            self.m.requests.labels(label, "client_error").inc()
             raise
         # asked once: a /status poll between the two halves could flip it (an RPC started
         # and never finished, or hashes wanted with no ids asked for)
@@ -203,7 +248,7 @@ class FrontDoor:
         blocks: PromptBlocks | None = None
         if tok is None or early_ok:  # an early decision waits for the engine's ids (module docstring)
             try:
-                blocks = await self.prompt_blocks(body, endpoint, tok, wanted)
+                blocks = await self.prompt_blocks(body, endpoint, tok, wanted, heavy)
             except BaseException:
                 self.tags.abandon(tag_task)
                 self.prompt_ids.abandon(tok)
@@ -216,7 +261,7 @@ class FrontDoor:
             assert blocks is not None
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
-            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, frozenset(), *blocks))
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
@@ -224,7 +269,7 @@ class FrontDoor:
         try:
             tag = await self.tags.finish(tag_task, raw)
             if blocks is None:  # the /tokenize RPC ran while the tagger worked
-                blocks = await self.prompt_blocks(body, endpoint, tok, wanted)
+                blocks = await self.prompt_blocks(body, endpoint, tok, wanted, heavy)
         except BaseException:
             if early is not None:
                 early.cancel()
@@ -239,11 +284,26 @@ class FrontDoor:
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
-        payload = json.dumps(body).encode()
+        return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early)
+
+    async def first_decision(self, r: Route, excluded: frozenset[int] = frozenset()) -> DispatchDecision | None:
+        """The route's decision: the early one when it was started, else one made now."""
+        if r.early is not None:
+            return await r.early
+        return await self.dispatcher.choose(r.cand, excluded, *r.blocks)
+
+    async def handle(self, request: Request, endpoint: str) -> Response:
+        t0, received_unix_s = time.perf_counter(), time.time()
+        check_api_key(request, self.s.api_key)
+        raw = await read_body(request, self.s.max_body_bytes)
+        try:
+            r = await self.route(raw, endpoint, endpoint)
+        except oa.ApiError as exc:
+            return JSONResponse(exc.to_dict(), status_code=exc.status_code)
         self._n += 1
-        rec = DecisionRecord(self._n, endpoint, cand.prompt_tokens, cand.predicted_output_tokens, tag_wait_us,
+        rec = DecisionRecord(self._n, endpoint, r.cand.prompt_tokens, r.cand.predicted_output_tokens, r.tag_wait_us,
                              received_unix_s=received_unix_s)
-        fwd = asyncio.ensure_future(self._forward(endpoint, payload, parsed.stream, cand, rec, t0, blocks, early))
+        fwd = asyncio.ensure_future(self._forward(endpoint, r, rec, t0))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -251,8 +311,7 @@ class FrontDoor:
             gone.cancel()
             if not fwd.done():  # the client left (or this handler was cancelled): abort upstream
                 fwd.cancel()
-                if early is not None:
-                    early.cancel()
+                r.cancel()
                 await asyncio.gather(fwd, return_exceptions=True)
         if not fwd.cancelled():
             return fwd.result()
@@ -262,18 +321,18 @@ class FrontDoor:
         self.decisions.append(rec)
         return Response(status_code=499)
 
-    async def _forward(self, endpoint: str, payload: bytes, stream: bool, cand: CandidateRequest,
-                       rec: DecisionRecord, t0: float, blocks: PromptBlocks = ((), 16, None),
-                       early: asyncio.Future | None = None) -> Response:
+    async def _forward(self, endpoint: str, r: Route, rec: DecisionRecord, t0: float) -> Response:
         path = _PATHS[endpoint]
+        payload, stream, cand, blocks = r.payload, r.parsed.stream, r.cand, r.blocks
         excluded: frozenset[int] = frozenset()
         last_err = "no instance available"
         first_5xx: tuple[bytes, int, dict[str, str]] | None = None
+        first_5xx_why = ""
         overhead = 0.0
         for attempt in range(2):
-            if attempt == 0 and early is not None:
-                dec = await early  # chosen while the tagger worked (text, objective ttft)
-                rec.early_dispatch = True
+            if attempt == 0:
+                dec = await self.first_decision(r)
+                rec.early_dispatch = r.early is not None  # chosen while the tagger worked
             else:
                 dec = await self.dispatcher.choose(cand, excluded, *blocks)
             if dec is None:
@@ -354,6 +413,7 @@ class FrontDoor:
                 self.m.retries.inc()
                 rec.retries = 1
                 first_5xx = (data, status, _relay_headers(resp, st.ep.name, status))
+                first_5xx_why = f"instance {st.ep.name} is unavailable (HTTP {status})"
                 t0 = time.perf_counter()
                 continue
             if status < 500:
@@ -368,6 +428,9 @@ class FrontDoor:
         if first_5xx is not None:  # no other instance to retry on: the engine's own error
             self.m.requests.labels(endpoint, "engine_error").inc()
             self._finish(rec, overhead, "engine_error")
+            if first_5xx[1] == 503:  # unavailable (e.g. draining): in the scheduler's words, not the engine's
+                return error_response(503, f"no engine could take the request ({first_5xx_why}); retry later",
+                                      None, "engine_unavailable")
             return Response(first_5xx[0], status_code=first_5xx[1], headers=first_5xx[2])
         self.m.requests.labels(endpoint, "no_instance").inc()
         rec.outcome = "no_instance"
