@@ -40,7 +40,7 @@ def decision_cost_us(name: str, params: dict, n: int = 2000, repeats: int = 7) -
         t0 = time.process_time()
         for _ in range(n):
             cands = p.candidates(loads, rng)
-            p.choose(loads, cands, {i: preds[i] for i in cands} if p.needs_predictions else {}, rng)
+            p.choose(loads, cands, {i: preds[i] for i in cands} if "predictions" in p.inputs else {}, rng)
         best = min(best, (time.process_time() - t0) / n * 1e6)
     return best
 

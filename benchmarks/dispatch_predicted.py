@@ -62,8 +62,7 @@ class LlumnixGuarded:
     look-ahead sees no queue, the look-ahead's veto when it does."""
 
     name = "llumnix_guarded"
-    needs_predictions = True
-    needs_status = True
+    inputs = frozenset({"predictions", "status"})  # dispatch.PREDICTIONS, dispatch.STATUS
 
     def __init__(self, slack_s: float = 0.5) -> None:
         from rps_astro_cli.dispatch.guided import LlumnixDispatch

@@ -48,7 +48,7 @@ def test_virtual_requests_price_media_and_fail_too_long(tmp_path):
 
 class _Capture(DispatchPolicy):
     name = "capture"
-    needs_predictions = True
+    inputs = frozenset({"predictions"})
 
     def choose(self, loads, candidates, predictions, rng):
         self.seen = dict(predictions)
@@ -64,7 +64,7 @@ def test_prediction_noise_multiplies_each_prediction():
     f = [max(0.0, 1 + 0.5 * x) for x in z]
     assert inner.seen[0].ttft_s == pytest.approx(1.0 * f[0]) and inner.seen[0].e2e_s == pytest.approx(10.0 * f[1])
     assert inner.seen[1].ttft_s == pytest.approx(2.0 * f[2]) and inner.seen[1].e2e_s == pytest.approx(20.0 * f[3])
-    assert pol.needs_predictions and pol.describe()["prediction_noise_sigma"] == 0.5
+    assert "predictions" in pol.inputs and pol.describe()["prediction_noise_sigma"] == 0.5
 
 
 def test_prediction_noise_keeps_the_inner_policys_needs():
@@ -75,8 +75,7 @@ def test_prediction_noise_keeps_the_inner_policys_needs():
     for params in ({"kv_reserve_frac": 0.0, "tie_tolerance_s": 0.0}, {}):
         inner = make_dispatch("power_of_k", **params)
         pol = NoisyDispatch(inner, 0.5, np.random.default_rng(5))
-        assert (pol.needs_status, pol.needs_prefix_hits, pol.needs_predictions) == (
-            inner.needs_status, inner.needs_prefix_hits, True), params
+        assert pol.inputs == inner.inputs and "predictions" in pol.inputs, params
 
 
 def test_objective_reaches_power_of_k_only(tmp_path):

@@ -27,7 +27,7 @@ LOADS = [InstanceLoad(0, True, 5, kv_blocks_free=100, kv_blocks_total=200),
 
 def test_most_free_blocks_wins_and_unknown_status_is_skipped():
     p = make_dispatch("least_kv")
-    assert p.needs_status and not p.needs_predictions
+    assert p.inputs == {"status"}
     d = p.choose(LOADS, [0, 1, 2, 3], {}, np.random.default_rng(0))
     assert d.choice == 0 and d.reason == "most free KV blocks"  # 100 free; more outstanding does not matter
     assert p.describe() == {"name": "least_kv", "tie_blocks": 0}

@@ -112,7 +112,7 @@ def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_wi
 
     rng = np.random.default_rng(0)
     pol = make_dispatch("power_of_k", k="all", objective="ttft", kv_reserve_frac=0.1)
-    assert pol.needs_status and pol.needs_predictions
+    assert {"status", "predictions"} <= pol.inputs
     dec = decide(pol, loads, rng, predict)
     # instance 1 predicts the lowest TTFT but would keep 9 < 10 blocks free: only 0 and 2 are asked
     assert asked == [[0, 2]] and dec.choice == 2
@@ -133,7 +133,7 @@ def test_power_of_k_with_kv_reserve_picks_the_best_prediction_among_instances_wi
 
 class _FreeBlocks(Scorer):
     name = "free"
-    needs_status = True
+    reads = frozenset({"status"})
 
     def score(self, by_index, candidates, predictions):
         return {i: float(-by_index[i].kv_blocks_free) for i in candidates}
@@ -150,7 +150,7 @@ def test_several_scorers_are_normalised_and_weighted():
     loads = [InstanceLoad(0, True, 0, kv_blocks_free=10), InstanceLoad(1, True, 4, kv_blocks_free=50),
              InstanceLoad(2, True, 2, kv_blocks_free=30)]
     p = _TwoScorers()
-    assert p.needs_status and not p.needs_predictions
+    assert p.inputs == {"status"}  # the union of its stages' reads: health and outstanding read nothing
     values, reason = p.score(loads, [0, 1, 2], {})
     assert values == pytest.approx({0: 3.0, 1: 1.0, 2: 2.0}) and reason.startswith("lowest weighted score")
     assert p.choose(loads, [0, 1, 2], {}, np.random.default_rng(0)).choice == 1
@@ -172,11 +172,29 @@ def test_decide_times_each_stage_and_asks_predictions_only_when_needed():
     assert asked == [[0, 1, 2]] and d.choice == 0 and d.predictions[2] == (0.1, 3.0)
 
 
-def test_needs_predictions_is_the_policies_property_not_its_name():
-    assert [n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_predictions] == ["power_of_k"]
-    assert {n for n in DISPATCH_POLICIES.names() if make_dispatch(n).needs_status} == {
-        "llumnix", "least_kv", "cache_aware", "power_of_k"}  # power_of_k: its KV gate (default on)
-    assert not make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0).needs_status
+def test_a_policys_inputs_are_its_stages_declared_reads_not_its_name():
+    inputs = {n: make_dispatch(n).inputs for n in DISPATCH_POLICIES.names()}
+    assert inputs == {
+        "round_robin": set(), "random": set(), "least_requests": set(), "session_affinity": set(),
+        "llumnix": {"status"}, "least_kv": {"status"},
+        "cache_aware": {"prefix_hits"},  # its scorer decides by the hits
+        # the KV gate (status), the cache pin of a k < all sampler (hits), the look-ahead
+        "power_of_k": {"status", "predictions"}}
+    assert make_dispatch("power_of_k", k=2).inputs == {"status", "prefix_hits", "predictions"}
+    # no gate, no load tie-break: predictions alone (the tie-break by load reads status)
+    assert make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0).inputs == {"predictions"}
+    assert make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0.02).inputs == {"status", "predictions"}
+
+
+def test_one_rule_for_prefix_hits():
+    from rps_astro_cli.dispatch import prefix_hits_wanted
+
+    for name, without_cache, with_cache in (("cache_aware", True, True), ("power_of_k", False, True),
+                                            ("llumnix", False, False), ("round_robin", False, False)):
+        pol = make_dispatch(name)
+        assert prefix_hits_wanted(pol.inputs, False) is without_cache, name
+        assert prefix_hits_wanted(pol.inputs, True) is with_cache, name
+    assert prefix_hits_wanted(make_dispatch("power_of_k", k=2).inputs, False)  # the pin decides by hits
 
 
 # -- registration ---------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def test_cache_aware_load_guard_overrides_the_match() -> None:
 def test_cache_aware_unknown_hits_are_no_hits_and_params_are_checked() -> None:
     pol = make_dispatch("cache_aware", cache_threshold=0.1)
     assert pick(pol, [load(0, 3, None), load(1, 1, None)]) == 1
-    assert pol.needs_status and not pol.needs_predictions
+    assert pol.inputs == {"prefix_hits"}
     with pytest.raises(AstroUserError, match="cache_threshold"):
         make_dispatch("cache_aware", cache_threshold="1.5")
 
@@ -67,8 +67,8 @@ def _cands(pol, loads, seed: int) -> list[int]:
 
 def test_power_of_k_always_samples_the_longest_cached_prefix() -> None:
     pol = make_dispatch("power_of_k", k=2, kv_reserve_frac=0, tie_tolerance_s=0)
-    assert pol.needs_prefix_hits and not pol.needs_status  # the pin alone needs no engine status
-    assert make_dispatch("power_of_k", k=2).needs_status  # the default KV gate does
+    assert pol.inputs == {"prefix_hits", "predictions"}  # the pin alone needs no engine status
+    assert "status" in make_dispatch("power_of_k", k=2).inputs  # the default KV gate does
     loads = [load(0, 0, 0), load(1, 9, 0), load(2, 7, 48), load(3, 0, 16), load(4, 0, 0), load(5, 0, 0)]
     for seed in range(20):
         c = _cands(pol, loads, seed)
@@ -84,7 +84,7 @@ def test_power_of_k_always_samples_the_longest_cached_prefix() -> None:
 def test_power_of_k_without_hits_draws_exactly_as_before() -> None:
     # no hit anywhere (or unknown): the plain k-of-n draw, same Generator stream
     pinned, plain = make_dispatch("power_of_k", k=2), make_dispatch("power_of_k", k=2, pin_cached="false")
-    assert not plain.needs_prefix_hits
+    assert "prefix_hits" not in plain.inputs
     for hits in (0, None):
         loads = [load(i, i, hits) for i in range(5)]
         for seed in range(10):

@@ -23,8 +23,7 @@ class FewestSeen(DispatchPolicy):
     ties → the lowest index (no randomness, so the assignment is known by hand)."""
 
     name = "fewest_seen"
-    needs_predictions = False
-    needs_status = True
+    inputs = frozenset({"status"})
 
     def choose(self, loads, candidates, predictions, rng):
         best = min(candidates, key=lambda i: (loads[i].num_running + loads[i].num_waiting, i))

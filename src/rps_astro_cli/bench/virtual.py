@@ -27,7 +27,7 @@ import numpy as np
 
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest, Workload
-from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad
+from rps_astro_cli.dispatch.base import PREDICTIONS, DispatchDecision, DispatchPolicy, InstanceLoad
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.tokens import TokenCounter
 
@@ -43,16 +43,8 @@ class NoisyDispatch(DispatchPolicy):
         self.name = inner.name  # type: ignore[misc]
 
     @property
-    def needs_predictions(self) -> bool:
-        return self.inner.needs_predictions
-
-    @property
-    def needs_status(self) -> bool:
-        return self.inner.needs_status
-
-    @property
-    def needs_prefix_hits(self) -> bool:
-        return self.inner.needs_prefix_hits
+    def inputs(self) -> frozenset[str]:
+        return self.inner.inputs
 
     def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
         return self.inner.filter(loads)
@@ -344,7 +336,7 @@ def bench_remaining(cfg, dispatch: DispatchPolicy):
     from rps_astro_cli.sim.remaining import load_remaining
 
     spec = cfg.cluster.remaining_length
-    if spec in (None, "", "none") or cfg.cluster.oracle_lengths or not dispatch.needs_predictions:
+    if spec in (None, "", "none") or cfg.cluster.oracle_lengths or PREDICTIONS not in dispatch.inputs:
         return None
     try:
         return load_remaining(spec)

@@ -6,7 +6,7 @@ rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
 
 - arrival: the dispatcher builds an `InstanceLoad` per instance and runs the policy's
   pipeline (`dispatch.decide`: filter → sample → predict → score → pick); when the
-  policy `needs_predictions`, "predict" runs the jump look-ahead
+  policy reads `PREDICTIONS`, "predict" runs the jump look-ahead
   (`sim.lookahead.predict_instance`) on each candidate instance, with the request's
   prefix-cache hit there (`CandidateRequest.cached_tokens`). The decision takes no
   virtual time; its wall-clock µs are recorded.
@@ -66,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.dispatch.base import DispatchPolicy, InstanceLoad, decide
+from rps_astro_cli.dispatch.base import STATUS, DispatchPolicy, InstanceLoad, decide, prefix_hits_wanted
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
@@ -297,8 +297,9 @@ def simulate_cluster(
     # per instance: when each front-end preprocessing slot is next free (virtual s)
     frontend = [[0.0] * preprocess_slots for _ in range(num_instances)] if preprocess_slots else None
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
-    needs_status = any(d.needs_status for d in schedulers)
-    needs_hits = needs_status or any(d.needs_prefix_hits for d in schedulers)
+    inputs = frozenset().union(*(d.inputs for d in schedulers))
+    needs_status = STATUS in inputs
+    needs_hits = prefix_hits_wanted(inputs, any(sim.cache is not None for sim in sims))
     herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
                     count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
     n_arrived = 0

@@ -9,6 +9,9 @@ are listed here and imported loudly: a module that fails to import raises
 
 from rps_astro_cli.dispatch.base import (
     DISPATCH_POLICIES,
+    PREDICTIONS,
+    PREFIX_HITS,
+    STATUS,
     DispatchDecision,
     DispatchPolicy,
     InstanceLoad,
@@ -17,11 +20,15 @@ from rps_astro_cli.dispatch.base import (
     decide_async,
     dispatch_params,
     make_dispatch,
+    prefix_hits_wanted,
 )
 from rps_astro_cli.registry import import_plugins
 
 __all__ = [
     "DISPATCH_POLICIES",
+    "PREDICTIONS",
+    "PREFIX_HITS",
+    "STATUS",
     "DispatchDecision",
     "DispatchPolicy",
     "InstanceLoad",
@@ -30,6 +37,7 @@ __all__ = [
     "decide_async",
     "dispatch_params",
     "make_dispatch",
+    "prefix_hits_wanted",
 ]
 
 BUILTIN_MODULES = (

@@ -9,8 +9,8 @@ live scheduler (Predictor RPCs over HTTP with a deadline) and in the synchronous
 cluster (look-ahead called directly):
 
 1. `candidates(loads, rng)` = `sample(filter(loads), rng)` → indices to consider. If
-   `needs_predictions` (a scorer reads predictions), the caller obtains a
-   `LatencyEstimate` for each candidate.
+   `PREDICTIONS` is among the policy's `inputs` (a scorer reads predictions), the caller
+   obtains a `LatencyEstimate` for each candidate.
 2. `choose(loads, candidates, predictions, rng)` = scorers + picker → a
    `DispatchDecision`. `predictions` maps instance index → estimate for those that
    answered in time (late/failed ones are simply absent).
@@ -29,6 +29,9 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rps_astro_cli.dispatch.stages import (
+    PREDICTIONS,
+    PREFIX_HITS,
+    STATUS,
     Filter,
     HealthFilter,
     MinScorePicker,
@@ -56,6 +59,10 @@ __all__ = [
     "dispatch_params",
     "make_dispatch",
     "pick_min",
+    "prefix_hits_wanted",
+    "PREDICTIONS",
+    "PREFIX_HITS",
+    "STATUS",
 ]
 
 DISPATCH_POLICIES: Registry[type[DispatchPolicy]] = Registry("dispatch policy")
@@ -106,22 +113,13 @@ class DispatchPolicy:
     unanswered_reason: ClassVar[str] = "fallback: a predictor did not answer; fewest outstanding"
 
     @property
-    def needs_predictions(self) -> bool:
-        """A scorer reads Predictor estimates: the caller must ask for them."""
-        return any(s.needs_predictions for s, _ in self.scorers)
-
-    @property
-    def needs_prefix_hits(self) -> bool:
-        """The sampler reads each instance's cached prefix of the request
-        (`InstanceLoad.prefix_hit_tokens`): the caller must fill it, and pass the loads
-        to `sample`."""
-        return bool(self.sampler.needs_prefix_hits)
-
-    @property
-    def needs_status(self) -> bool:
-        """A filter or scorer reads the engines' `/status` (KV blocks, queue lengths)."""
-        return (any(f.needs_status for f in self.filters) or any(s.needs_status for s, _ in self.scorers)
-                or bool(self.fallback and self.fallback.scorer.needs_status))
+    def inputs(self) -> frozenset[str]:
+        """What the policy's stages read (`stages.STATUS`, `PREFIX_HITS`, `PREDICTIONS`):
+        the union of their declared `reads`. The caller fetches or fills exactly these."""
+        stages: list[Any] = [*self.filters, self.sampler, *(s for s, _ in self.scorers)]
+        if self.fallback is not None:
+            stages.append(self.fallback.scorer)
+        return frozenset().union(*(st.reads for st in stages))
 
     # -- stage 1, 2: which instances to consider ------------------------------------------
     def filter(self, loads: Sequence[InstanceLoad]) -> list[int]:
@@ -134,15 +132,15 @@ class DispatchPolicy:
 
     def sample(self, pool: list[int], rng: np.random.Generator,
                loads: Sequence[InstanceLoad] | None = None) -> list[int]:
-        """The sampler's candidates from the pool (`loads`: for a sampler that
-        `needs_prefix_hits`)."""
+        """The sampler's candidates from the pool (`loads`: for a sampler that reads
+        `PREFIX_HITS`)."""
         if loads is None:
             return self.sampler(pool, rng)
         return self.sampler(pool, rng, {ld.index: ld for ld in loads})
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         """Instances to consider: every healthy one by default (all if none is healthy)."""
-        return self.sample(self.filter(loads), rng, loads if self.needs_prefix_hits else None)
+        return self.sample(self.filter(loads), rng, loads if PREFIX_HITS in self.sampler.reads else None)
 
     # -- stage 3, 4: score and pick ---------------------------------------------------------
     def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
@@ -163,7 +161,7 @@ class DispatchPolicy:
             pool = list(candidates) if self.fallback.pool == "candidates" else self.filter(loads)
             values = self.fallback.scorer.score(by_index, pool, predictions)
             reason = self.fallback.reason
-        elif values and self.unanswered is not None and self.needs_predictions:
+        elif values and self.unanswered is not None and PREDICTIONS in self.inputs:
             missing = [i for i in candidates if i not in predictions]
             if missing:  # ranks in seconds cannot be compared with no rank: load decides
                 best = min(values, key=values.__getitem__)
@@ -245,16 +243,28 @@ def make_dispatch(name: str, fields: Mapping[str, str] | None = None, **params: 
     return cls(**check_params(cls.params, params, owner=f"dispatch policy {name}", fields=fields))
 
 
+def prefix_hits_wanted(inputs: frozenset[str], some_instance_caches: bool) -> bool:
+    """Whether a dispatch reading `inputs` needs each instance's cached prefix of the
+    request (`InstanceLoad.prefix_hit_tokens`): always for a stage that decides by it
+    (`PREFIX_HITS`); for the Predictors' look-ahead (`PREDICTIONS`: it starts a
+    candidate's prefill past its hit; the KV headroom gate of that policy counts the
+    request's prompt net of it) once some instance caches prefixes — with caching off
+    everywhere no hit can exist. The one rule of the live scheduler, the endpoint picker
+    and the virtual cluster."""
+    return PREFIX_HITS in inputs or (PREDICTIONS in inputs and some_instance_caches)
+
+
 def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
            predict: Callable[[list[int]], Mapping[int, LatencyEstimate]]) -> DispatchDecision:
     """One dispatch through the pipeline: filter → sample → `predict(candidates)` (only
     if the policy needs predictions) → score → pick, each stage timed in `stage_us`."""
     t0 = time.perf_counter()
+    inputs = policy.inputs
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng, loads) if policy.needs_prefix_hits else policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads) if PREFIX_HITS in inputs else policy.sample(pool, rng)
     t2 = time.perf_counter()
-    preds = predict(cands) if policy.needs_predictions else {}
+    preds = predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
     dec = policy.choose(loads, cands, preds, rng)
     return _timed(dec, t0, t1, t2, t3)
@@ -264,11 +274,12 @@ async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rn
                        predict: Callable[[list[int]], Awaitable[Mapping[int, LatencyEstimate]]]) -> DispatchDecision:
     """`decide` with an awaitable `predict` (the live scheduler's parallel RPCs)."""
     t0 = time.perf_counter()
+    inputs = policy.inputs
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng, loads) if policy.needs_prefix_hits else policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads) if PREFIX_HITS in inputs else policy.sample(pool, rng)
     t2 = time.perf_counter()
-    preds = await predict(cands) if policy.needs_predictions else {}
+    preds = await predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
     dec = policy.choose(loads, cands, preds, rng)
     return _timed(dec, t0, t1, t2, t3)

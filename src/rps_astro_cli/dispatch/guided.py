@@ -26,6 +26,7 @@ from rps_astro_cli.dispatch.base import (
     InstanceLoad,
 )
 from rps_astro_cli.dispatch.stages import (
+    STATUS,
     TIE_RESOLUTION_S,
     HealthFilter,
     KvHeadroomFilter,
@@ -168,8 +169,9 @@ class PowerOfK(DispatchPolicy):
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
 
     @property
-    def needs_status(self) -> bool:
-        return super().needs_status or self.tie_tolerance_s > 0
+    def inputs(self) -> frozenset[str]:
+        """The stages' inputs, and the engines' status when ties are broken by load."""
+        return super().inputs | ({STATUS} if self.tie_tolerance_s > 0 else set())
 
     def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
               predictions: Mapping[int, LatencyEstimate]) -> tuple[dict[int, float] | None, str]:

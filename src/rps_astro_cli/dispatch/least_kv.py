@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, FEWEST_OUTSTANDING, DispatchPolicy, Fallback
-from rps_astro_cli.dispatch.stages import MinScorePicker, Scorer
+from rps_astro_cli.dispatch.stages import STATUS, MinScorePicker, Scorer
 from rps_astro_cli.params import Param
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ class FreeKvScorer(Scorer):
     """Cost = −kv_blocks_free (more free blocks = lower cost); unknown status: unscored."""
 
     name = "free_kv"
-    needs_status = True
+    reads = frozenset({STATUS})
     reason = "most free KV blocks"
 
     def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],

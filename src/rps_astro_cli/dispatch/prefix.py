@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, DispatchPolicy
-from rps_astro_cli.dispatch.stages import Scorer
+from rps_astro_cli.dispatch.stages import PREFIX_HITS, Scorer
 from rps_astro_cli.params import Param
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class CacheAwareScorer(Scorer):
     load is imbalanced or no candidate's hit passes the threshold, else −hit tokens."""
 
     name = "cache_aware"
-    needs_status = True
+    reads = frozenset({PREFIX_HITS})  # and the outstanding counts, which every load carries
     reason = "cache-aware (longest cached prefix, load-balance guard)"
 
     def __init__(self, cache_threshold: float, balance_abs: int, balance_rel: float) -> None:

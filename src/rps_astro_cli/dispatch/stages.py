@@ -9,15 +9,24 @@
   dispatch).
 - A **sampler** picks the candidates from the pool (all, or k at random).
 - A **scorer** gives candidates a cost, lower = better; candidates it cannot score
-  (no status yet, no prediction) are left out. `needs_predictions` / `needs_status` say
-  what it reads, so the caller asks Predictors / polls `/status` only when needed.
+  (no status yet, no prediction) are left out.
 - A **picker** turns costs into one choice; ties are broken by the run's Generator.
+
+Each stage declares what it reads beyond the request and the outstanding counts, as one
+set `reads` of the inputs below; a policy's `inputs` is the union over its stages, and
+the callers (the live scheduler, the endpoint picker, the virtual cluster) fetch or fill
+exactly that (`base.prefix_hits_wanted` is their one rule for prefix hits):
+
+- `STATUS`: the engines' `/status` fields of `InstanceLoad` (KV blocks, queue, batch).
+- `PREFIX_HITS`: each instance's cached prefix of the request (`prefix_hit_tokens`,
+  `request_prompt_tokens`), which the stage decides by: filled for every request.
+- `PREDICTIONS`: the candidates' Predictor estimates (whose look-ahead also starts a
+  candidate's prefill past its hit, so hits are filled once some instance caches).
 
 Every stage is deterministic given the `numpy.random.Generator` passed in, and draws from
 it exactly when the pre-pipeline policies did, so fixed-seed runs are bit-identical.
-Slot for the prefix-cache scorer (a later issue): a `Scorer` whose `score` reads a
-per-instance cache-hit estimate from `InstanceLoad`; policies add it to `scorers` with a
-weight.
+The prefix-cache stages: `PowerOfKSampler(pin_cached=True)` here and
+`prefix.CacheAwareScorer`; both read `PREFIX_HITS`.
 """
 
 from __future__ import annotations
@@ -29,10 +38,15 @@ from typing import TYPE_CHECKING, ClassVar
 import numpy as np
 
 if TYPE_CHECKING:  # value types only; no import at run time
-    from rps_astro_cli.dispatch.base import InstanceLoad
-    from rps_astro_cli.types import LatencyEstimate
+    from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 TIE_RESOLUTION_S = 1e-6  # predicted latencies closer than this are ties
+
+# the inputs a stage may read (module docstring)
+STATUS = "status"
+PREFIX_HITS = "prefix_hits"
+PREDICTIONS = "predictions"
+NOTHING: frozenset[str] = frozenset()
 
 
 # -- filters -------------------------------------------------------------------------------
@@ -40,7 +54,7 @@ class Filter:
     """Narrows the pool (instance indices, in index order)."""
 
     name: ClassVar[str] = "filter"
-    needs_status: ClassVar[bool] = False
+    reads: ClassVar[frozenset[str]] = NOTHING
 
     def __call__(self, by_index: Mapping[int, InstanceLoad], pool: list[int]) -> list[int]:
         raise NotImplementedError
@@ -64,7 +78,7 @@ class KvRoomFilter(Filter):
     Weakness: a memory-only signal (a long prefill queue that fits looks free)."""
 
     name = "kv_room"
-    needs_status = True
+    reads = frozenset({STATUS})
 
     def __init__(self, min_free_blocks: int = 0) -> None:
         self.min_free_blocks = min_free_blocks
@@ -98,7 +112,7 @@ class KvHeadroomFilter(Filter):
     """
 
     name = "kv_headroom"
-    needs_status = True
+    reads = frozenset({STATUS})
 
     def __init__(self, reserve_frac: float) -> None:
         self.reserve_frac = reserve_frac
@@ -139,11 +153,11 @@ class KvHeadroomFilter(Filter):
 class Sampler:
     """Picks the candidates from the filtered pool: every one by default.
 
-    needs_prefix_hits: it reads `InstanceLoad.prefix_hit_tokens` (`by_index`), so the
-    caller must fill them (the request's cached prefix on each instance)."""
+    reads: `PREFIX_HITS` for a sampler that reads `InstanceLoad.prefix_hit_tokens`
+    (`by_index`: the request's cached prefix on each instance)."""
 
     name: ClassVar[str] = "all"
-    needs_prefix_hits: bool = False
+    reads: frozenset[str] = NOTHING
 
     def __call__(self, pool: list[int], rng: np.random.Generator,
                  by_index: Mapping[int, InstanceLoad] | None = None) -> list[int]:
@@ -167,7 +181,7 @@ class PowerOfKSampler(Sampler):
     def __init__(self, k: int | None, pin_cached: bool = False) -> None:
         self.k = k
         self.pin_cached = pin_cached
-        self.needs_prefix_hits = pin_cached and k is not None
+        self.reads = frozenset({PREFIX_HITS}) if pin_cached and k is not None else NOTHING
 
     def __call__(self, pool: list[int], rng: np.random.Generator,
                  by_index: Mapping[int, InstanceLoad] | None = None) -> list[int]:
@@ -209,8 +223,7 @@ class Scorer:
     """
 
     name: ClassVar[str] = "scorer"
-    needs_predictions: ClassVar[bool] = False
-    needs_status: ClassVar[bool] = False
+    reads: ClassVar[frozenset[str]] = NOTHING
     reason: str = "lowest score"
 
     def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
@@ -235,7 +248,7 @@ class LlumnixLoadScorer(Scorer):
     `guided.LlumnixDispatch` for the two variants. Instances without status: unscored."""
 
     name = "llumnix_load"
-    needs_status = True
+    reads = frozenset({STATUS})
     reason = "lowest load"
 
     def __init__(self, variant: str, watermark_frac: float) -> None:
@@ -272,7 +285,7 @@ class PredictedLatencyScorer(Scorer):
     Weakness: only as good as the length tagger and the Predictor."""
 
     name = "predicted_latency"
-    needs_predictions = True
+    reads = frozenset({PREDICTIONS})
 
     def __init__(self, objective: str) -> None:
         self.objective = objective

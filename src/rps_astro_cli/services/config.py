@@ -221,7 +221,7 @@ def _check_k(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
 def _check_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
     """The dispatch policy exists, its parameters pass its declaration (stored converted),
     and it has predictors if it needs them. Errors name the recipe path or the flag."""
-    from rps_astro_cli.dispatch import DISPATCH_POLICIES, make_dispatch
+    from rps_astro_cli.dispatch import DISPATCH_POLICIES, PREDICTIONS, make_dispatch
 
     sec = cfg.scheduler
     if sec.policy not in DISPATCH_POLICIES:
@@ -240,7 +240,7 @@ def _check_policy(cfg: ClusterConfig, source: str, names: dict[str, str]) -> Non
         from rps_astro_cli.params import check_params
 
         sec.params = check_params(specs, sec.params, owner=f"dispatch policy {sec.policy}", fields=fields)
-    if policy.needs_predictions and not cfg.predictor.enabled:
+    if PREDICTIONS in policy.inputs and not cfg.predictor.enabled:
         field = names.get("predictor.enabled", "predictor.enabled")
         pol_field = names.get("scheduler.policy", "scheduler.policy")
         fix = (f"give {field} URL per engine, or pick another {pol_field}" if field.startswith("--")

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from rps_astro_cli.dispatch import decide_async, make_dispatch
+from rps_astro_cli.dispatch import STATUS, decide_async, make_dispatch, prefix_hits_wanted
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
@@ -42,32 +42,24 @@ class Dispatcher:
 
     @property
     def needs_status(self) -> bool:
-        """Whether the policy reads engine `/status` (the health loop then polls it)."""
-        return bool(self.policy.needs_status)
+        """Whether the health loop polls engine `/status` every `status_interval_s`: the
+        policy reads it, or the prefix caches it carries (`needs_prefix`)."""
+        return STATUS in self.policy.inputs or self.needs_prefix
 
     @property
     def needs_prefix(self) -> bool:
-        """Whether the policy reads each instance's cached prefix of a request: cache_aware's
-        scorer, power_of_k's cache pin, or a Predictor's look-ahead (every prediction-guided
-        policy: the look-ahead starts a candidate's prefill past its hit there, as the
-        virtual cluster's does). The health loop then mirrors the engines' cached block
-        hashes, the front door hashes each request's prompt blocks (`prefix_wanted`), and
-        each candidate's Predictor is told the candidate's hit there (`cached_tokens`)."""
-        return bool(self._prefix_always or self.policy.needs_predictions)
-
-    @property
-    def _prefix_always(self) -> bool:
-        return bool(self.policy.needs_prefix_hits or self.policy_name == "cache_aware")
+        """Whether a request may need each instance's cached prefix of it
+        (`dispatch.prefix_hits_wanted` with some cache): the health loop then mirrors the
+        engines' cached block hashes, the front door hashes prompts (`prefix_wanted`),
+        and each candidate's Predictor is told the candidate's hit (`cached_tokens`)."""
+        return prefix_hits_wanted(self.policy.inputs, True)
 
     def prefix_wanted(self) -> bool:
         """Whether to hash this request's prompt blocks (and ask an engine's `/tokenize`
-        for them) now: always for a policy whose sampler or scorer reads the hits; for
-        one that only passes them to its Predictors, once some engine's `/status` has
-        reported a prefix cache (with caching off everywhere no hit can exist, so the
-        hashing — and on a vLLM fleet the RPC — would be waste)."""
-        if self._prefix_always:
-            return True
-        return self.needs_prefix and any(st.prefix_caching for st in self.instances)
+        for them) now: `dispatch.prefix_hits_wanted` over the instances as their
+        `/status` reports them (with caching off everywhere the hashing — and on a vLLM
+        fleet the RPC — would be waste)."""
+        return prefix_hits_wanted(self.policy.inputs, any(st.prefix_caching for st in self.instances))
 
     def describe(self) -> dict:
         return self.policy.describe()
@@ -92,7 +84,7 @@ class Dispatcher:
         pool = self.instances.dispatchable()
         prefix = (block_hashes, block_size, prefix_tokens or candidate.prompt_tokens) if block_hashes else None
         # the request's own prompt counts against KV headroom (status-based policies)
-        own = candidate.prompt_tokens if self.policy.needs_status else None
+        own = candidate.prompt_tokens if STATUS in self.policy.inputs else None
         loads = [st.load(j, excluded, prefix, own) for j, st in enumerate(pool)]
         if not any(ld.healthy for ld in loads):
             # every instance broken: still try the non-excluded ones (a health check may lag)
