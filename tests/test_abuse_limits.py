@@ -22,7 +22,8 @@ from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol.http_server import ServerThread
 from rps_astro_cli.protocol.limits import CostLimits, HttpLimits, check_request_cost
-from rps_astro_cli.protocol.openai import ApiError, parse_completion_request
+from rps_astro_cli.protocol.openai import parse_completion_request
+from rps_astro_cli.protocol.openai_types import ApiError
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 
 MODEL = "hand/model"

@@ -36,7 +36,8 @@ from typer.testing import CliRunner
 from conftest import write_profile
 from rps_astro_cli.engine import sim_server
 from rps_astro_cli.engine.sim_engine import SimEngine
-from rps_astro_cli.protocol.openai import ApiError, decode_json_body, parse_completion_request
+from rps_astro_cli.protocol.openai import decode_json_body, parse_completion_request
+from rps_astro_cli.protocol.openai_types import ApiError
 from rps_astro_cli.services import cluster as cluster_mod
 from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services import tagger as tag_mod

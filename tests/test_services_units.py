@@ -16,13 +16,14 @@ from rps_astro_cli.data_paths import RECIPES_DIR
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.bin_median import BASELINE_PATH, BinMedianLengthModel, evaluate, fit
 from rps_astro_cli.protocol.http_server import ServerThread
+from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.config import ClusterConfig, load_recipe, parse_config, with_overrides
 from rps_astro_cli.services.tagger import Tagger, TaggerSettings
 from rps_astro_cli.services.tagger import create_app as tagger_app
 from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
-from rps_astro_cli.types import InstanceStatus, RequestStatus, TagResult
+from rps_astro_cli.types import InstanceStatus, RequestStatus
 
 
 # -- recipes -------------------------------------------------------------------------

@@ -8,18 +8,15 @@ import zlib
 
 import pytest
 
+from rps_astro_cli.protocol.media import check_media_url, vision_charge
 from rps_astro_cli.protocol.openai import (
-    ApiError,
-    ApiLimits,
-    ParsedRequest,
     chat_prompt_tokens,
-    check_media_url,
     decode_json_body,
     parse_chat_request,
     parse_completion_request,
     resolve_max_tokens,
-    vision_charge,
 )
+from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits, ParsedRequest
 from rps_astro_cli.sim.profile import VisionCosts
 
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import linear_profile
 from rps_astro_cli.engine.sim_engine import FINISHED, SimEngine
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.protocol.openai import ApiError, ParsedRequest, VisionCharge
+from rps_astro_cli.protocol.media import VisionCharge
+from rps_astro_cli.protocol.openai_types import ApiError, ParsedRequest
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
 from rps_astro_cli.types import InstanceStatus
 

@@ -14,9 +14,10 @@ from openai import AsyncOpenAI
 
 from conftest import linear_profile
 from rps_astro_cli.engine.sim_engine import SimEngine
-from rps_astro_cli.engine.sim_server import create_app, synthetic_text
+from rps_astro_cli.engine.sim_server import create_app
+from rps_astro_cli.engine.synthetic import synthetic_text
 from rps_astro_cli.protocol.http_server import ServerThread
-from rps_astro_cli.protocol.openai import ApiLimits
+from rps_astro_cli.protocol.openai_types import ApiLimits
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist, VisionCosts
 from test_sim_engine_api import MP4_URL, PNG_URL
 

@@ -118,7 +118,7 @@ def run_sim(opts: EngineOptions, extra_args: list[str]) -> None:
         raise AstroUserError(f"the sim backend takes no extra arguments, got {' '.join(extra_args)}",
                              field="--backend", fix="drop them or use --backend vllm")
     from rps_astro_cli.engine.sim_server import run_engine
-    from rps_astro_cli.protocol.openai import ApiLimits
+    from rps_astro_cli.protocol.openai_types import ApiLimits
     from rps_astro_cli.tokens import load_codec, load_counter
 
     if opts.max_body_bytes <= 0:

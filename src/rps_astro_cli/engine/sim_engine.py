@@ -39,7 +39,9 @@ import numpy as np
 
 from rps_astro_cli.engine.synthetic import OutputText, plan_output
 from rps_astro_cli.policies.build import build_instance_policy
-from rps_astro_cli.protocol.openai import ParsedRequest, VisionCharge, resolve_max_tokens
+from rps_astro_cli.protocol.media import VisionCharge
+from rps_astro_cli.protocol.openai import resolve_max_tokens
+from rps_astro_cli.protocol.openai_types import ParsedRequest
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim

@@ -206,7 +206,8 @@ def build_messages(point: ProfilePoint, text: TextSource, media: MediaSource) ->
 
 
 def _text_tokens_of(messages: list[dict[str, Any]]) -> int:
-    from rps_astro_cli.protocol.openai import ApiLimits, chat_prompt_tokens
+    from rps_astro_cli.protocol.openai import chat_prompt_tokens
+    from rps_astro_cli.protocol.openai_types import ApiLimits
 
     return chat_prompt_tokens(messages, count_tokens_fallback,
                               ApiLimits(max_media_items=1024, max_num_frames=10_000))[0]

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.protocol.openai import ApiError, ParsedRequest
+from rps_astro_cli.protocol.openai_types import ApiError, ParsedRequest
 
 ENV_PREFIX = "ASTRO_"
 

@@ -17,10 +17,10 @@ engine's output length does not depend on them; see `check_sampling_fields`):
   `include_stop_str_in_output` (carried in `ParsedRequest`; the sim engine honours them:
   `engine.synthetic`),
 - `logprobs` / `top_logprobs` (chat) and `logprobs` (completions), `echo`: checked with
-  vLLM's rules and messages (`refuse_unsimulated`) and carried in `ParsedRequest`; the
-  sim engine answers them in vLLM's shapes with synthetic values (`engine.synthetic`);
-  `tools` / `tool_choice` / `response_format`: vLLM's rules, then honoured or refused
-  explicitly (`refuse_unsimulated`),
+  vLLM's rules and messages (`protocol.vllm_rules.refuse_unsimulated`) and carried in
+  `ParsedRequest`; the sim engine answers them in vLLM's shapes with synthetic values
+  (`engine.synthetic`); `tools` / `tool_choice` / `response_format`: vLLM's rules, then
+  honoured or refused explicitly (`protocol.vllm_rules.refuse_unsimulated`),
 - `vllm_xargs` (the extra-args dict a real vLLM accepts and hands to its scheduler):
   `astro_output_tokens` (true output length the bench sends; the engine stops there,
   capped by max_tokens), `astro_predicted_output_tokens` (the tagger's predicted length,
@@ -36,35 +36,30 @@ Prompt token counting (the same in engine, Predictor and bench):
   is `video_url.num_frames` or `DEFAULT_NUM_FRAMES` (32, LLaVA-OneVision's default
   frame sampling).
 
-Media URLs (ARCHITECTURE.md §7): `data:` URLs are decoded and checked (base64 + a known image /
-video container; Pillow verifies images when installed); remote `http(s)` URLs are refused
-unless `ApiLimits.allow_remote_media`, and even then never to loopback, private,
-link-local or reserved addresses (the sim engine does not download them: it only needs
-their token count); `file://` and bare paths are refused.
+Media URLs (ARCHITECTURE.md §7) are checked by `protocol.media.check_media_url` (`data:`
+URLs decoded and checked, remote `http(s)` URLs only with `ApiLimits.allow_remote_media`
+and to public addresses, `file://` and bare paths refused); their cost on a profile is
+`protocol.media.vision_charge`.
 
 Bodies (`decode_json_body`): at most `max_body_bytes`, nested at most `MAX_JSON_DEPTH`,
 no integer of more than 4300 digits and no lone UTF-16 surrogate (`loads_json_body`); a
 token-id `prompt` holds ids in [0, vocabulary size) (`parse_completion_request`).
 
 Every user mistake raises `ApiError` (HTTP status, message, type, param naming the field);
-`ApiError.to_dict()` is the body `{"error": {"message", "type", "param", "code"}}`.
+`ApiError.to_dict()` is the body `{"error": {"message", "type", "param", "code"}}`. The
+value types (`ApiError`, `ApiLimits`, `ParsedRequest`) live in `protocol/openai_types.py`.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import ipaddress
 import json
 import re
-import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
-from rps_astro_cli.sim.profile import VisionCosts
+from rps_astro_cli.protocol.media import check_media_url
+from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits, ParsedRequest, _vllm_error, bad
 from rps_astro_cli.tokens import FALLBACK_VOCAB_SIZE, TokenIds, count_tokens_fallback
 
 CHAT_TOKENS_PER_MESSAGE = 3
@@ -74,127 +69,6 @@ REQ_CLASSES = ("sand", "pebbles", "rocks")
 _ROLES = ("system", "user", "assistant", "tool", "developer", "function")
 MAX_N = 16384  # vLLM's default VLLM_MAX_N_SEQUENCES: the most choices one request may ask for
 GREEDY_EPS = 1e-5  # vLLM's _SAMPLING_EPS: a temperature below it is greedy sampling
-
-
-class ApiError(Exception):
-    """A request the server refuses, as an OpenAI-style error.
-
-    status_code: HTTP status (400 bad field, 401 key, 404 model, 413 body too large).
-    message: what is wrong and how to fix it. err_type: OpenAI error type.
-    param: the offending field (dotted path, e.g. `messages[0].content[1].image_url.url`).
-    """
-
-    def __init__(self, status_code: int, message: str, param: str | None = None,
-                 err_type: str | None = None):
-        super().__init__(message)
-        self.status_code = status_code
-        self.message = message
-        self.param = param
-        self.err_type = err_type or _default_type(status_code)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.err_type,
-                          "param": self.param, "code": self.status_code}}
-
-
-def _default_type(status: int) -> str:
-    return {401: "authentication_error", 404: "NotFoundError",
-            413: "request_too_large"}.get(status, "invalid_request_error" if status < 500 else "server_error")
-
-
-def bad(message: str, param: str | None) -> ApiError:
-    """A 400 naming `param`."""
-    return ApiError(400, f"{param}: {message}" if param and param not in message else message, param)
-
-
-@dataclass(frozen=True)
-class ApiLimits:
-    """Safe-default bounds on requests (ARCHITECTURE.md §7).
-
-    max_body_bytes: largest request body (bytes; larger → 413).
-    max_media_items: most image/video parts in one request.
-    max_num_frames: most frames one video part may ask for.
-    allow_remote_media: accept http(s) media URLs (public addresses only).
-    """
-
-    max_body_bytes: int = 16 * 1024 * 1024
-    max_media_items: int = 16
-    max_num_frames: int = 256
-    allow_remote_media: bool = False
-
-
-@dataclass(frozen=True)
-class ParsedRequest:
-    """A validated completion request (before the context-length check).
-
-    endpoint: "completions" or "chat". model: requested model name or None.
-    text_tokens: prompt tokens from text (incl. chat formatting) (tokens).
-    num_images / num_frames: media items (images; video frames summed over videos).
-    max_tokens: the client's bound on output tokens, or None.
-    ignore_eos / stream / include_usage: the OpenAI/vLLM flags.
-    output_tokens: `vllm_xargs.astro_output_tokens` (true length) or None.
-    predicted_output_tokens: `vllm_xargs.astro_predicted_output_tokens` or None.
-    req_class: `vllm_xargs.astro_class` or None.
-    """
-
-    endpoint: str
-    model: str | None
-    text_tokens: int
-    num_images: int = 0
-    num_frames: int = 0
-    max_tokens: int | None = None
-    ignore_eos: bool = False
-    stream: bool = False
-    include_usage: bool = False
-    output_tokens: int | None = None
-    predicted_output_tokens: int | None = None
-    req_class: str | None = None
-    n: int = 1  # choices asked for (vLLM: n sequences from one prompt)
-    stop: tuple[str, ...] = ()  # stop strings (`stop`, a string or a list)
-    seed: int | None = None  # the client's `seed`
-    min_tokens: int = 0  # tokens before stop strings are checked (vLLM's `min_tokens`)
-    include_stop_str_in_output: bool = False  # keep the stop string in the text (vLLM extension)
-    # top log-probabilities per token asked for (chat `top_logprobs` under `logprobs: true`,
-    # completions `logprobs`); None: no logprobs in the response
-    logprobs: int | None = None
-    echo: bool = False  # `echo`: completions: the prompt before the text; chat: vLLM's meaning (sim_server)
-
-    @property
-    def prompt_param(self) -> str:
-        return "prompt" if self.endpoint == "completions" else "messages"
-
-    @property
-    def modality(self) -> str:
-        return "video" if self.num_frames else "image" if self.num_images else "text"
-
-
-@dataclass(frozen=True)
-class VisionCharge:
-    """What a request's media cost on a given profile.
-
-    vision_tokens: tokens added to the prompt (tokens). preprocess_s: CPU preprocessing
-    before the request joins the waiting queue (s). encoder_s: vision-encoder time charged
-    to its first prefill step (s).
-    """
-
-    vision_tokens: int = 0
-    preprocess_s: float = 0.0
-    encoder_s: float = 0.0
-
-
-def http_error_body(status_code: int, method: str, path: str, detail: Any = None,
-                    allow: str | None = None) -> dict[str, Any]:
-    """The OpenAI-style body for a routing error (instead of FastAPI's `{"detail": ...}`):
-    404 no such route, 405 wrong method (`allow`: the methods the route takes), any other
-    HTTP exception with its detail as the message."""
-    if status_code == 404:
-        msg = f"no route {method} {path} (check the URL: e.g. POST /v1/chat/completions, POST /v1/completions)"
-    elif status_code == 405:
-        msg = f"method {method} is not allowed on {path}" + (f"; use {allow}" if allow else "")
-    else:
-        msg = str(detail) if detail else f"HTTP {status_code}"
-    return {"error": {"message": msg, "type": _default_type(status_code) if status_code != 404 else "NotFoundError",
-                      "param": None, "code": status_code}}
 
 
 # -- body ------------------------------------------------------------------------------
@@ -398,131 +272,6 @@ def check_sampling_fields(body: dict[str, Any]) -> None:
         raise bad(f"must be a string, got {user!r}", "user")
 
 
-MAX_LOGPROBS = 20  # vLLM's default --max-logprobs: the most log-probabilities per token a request may ask for
-
-
-def _vllm_error(message: str, param: str | None) -> ApiError:
-    """A 400 with vLLM's own message and error type (its `VLLMValidationError` →
-    `{"error": {"message", "type": "BadRequestError", "param", "code": 400}}`)."""
-    return ApiError(400, message, param, "BadRequestError")
-
-
-def _check_logprobs(body: dict[str, Any], endpoint: str) -> None:
-    """vLLM's log-probability rules (its request validators and `--max-logprobs` 20):
-    chat `top_logprobs` ≥ 0 (or -1) and only with `logprobs: true`; completions
-    `logprobs` ≥ 0 (or -1); at most `MAX_LOGPROBS` per token (-1, the whole vocabulary,
-    is more than that)."""
-    fields = ("top_logprobs",) if endpoint == "chat" else ("logprobs",)
-    for key in fields:
-        v = body.get(key)
-        if v is None or isinstance(v, bool):
-            continue
-        if not isinstance(v, (int, float)):
-            raise _vllm_error(f"`{key}` must be an integer.", key)
-        if v < 0 and v != -1:
-            raise _vllm_error(f"`{key}` must be a positive value or -1.", key)
-    if endpoint == "chat":
-        top = body.get("top_logprobs")
-        if isinstance(top, (int, float)) and not isinstance(top, bool) and (top == -1 or top > 0) \
-                and not body.get("logprobs"):
-            raise _vllm_error("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-        n = top if body.get("logprobs") is True and isinstance(top, (int, float)) and not isinstance(top, bool) \
-            else None
-    else:
-        lp = body.get("logprobs")
-        n = lp if isinstance(lp, (int, float)) and not isinstance(lp, bool) else None
-    if n is not None and (n == -1 or n > MAX_LOGPROBS):
-        asked = "the whole vocabulary (-1)" if n == -1 else f"{int(n)}"
-        raise _vllm_error(f"Requested sample logprobs of {asked}, which is greater than max allowed: "
-                          f"{MAX_LOGPROBS}", "logprobs")
-
-
-def _check_tools(body: dict[str, Any]) -> str | None:
-    """vLLM's `tools` / `tool_choice` rules (`check_tool_usage`): an empty list refused;
-    tools without tool_choice mean "auto"; a tool_choice needs tools, must be "none",
-    "auto", "required" or a named function among them. Returns the effective
-    tool_choice (None: no tools)."""
-    tools, choice = body.get("tools"), body.get("tool_choice")
-    if tools == []:
-        raise _vllm_error("`tools` must not be an empty array. Either provide at least one tool or omit the "
-                          "field entirely.", "tools")
-    if tools is not None and (not isinstance(tools, list) or not all(
-            isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
-            for t in tools)):
-        raise bad('must be a list of {"type": "function", "function": {"name", "parameters"}} objects', "tools")
-    if "tool_choice" not in body and tools:
-        choice = "auto"
-    if choice is None or choice == "none":
-        return "none" if tools else None
-    if not tools:
-        raise _vllm_error("When using `tool_choice`, `tools` must be set.", "tool_choice")
-    if choice not in ("auto", "required") and not isinstance(choice, dict):
-        raise _vllm_error(f"Invalid value for `tool_choice`: {choice}! Only named tools, \"none\", \"auto\" or "
-                          "\"required\" are supported.", "tool_choice")
-    if isinstance(choice, dict):
-        usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
-        fn = choice.get("function")
-        if not isinstance(fn, dict):
-            raise _vllm_error(f"Invalid value for `function`: `{fn}` in `tool_choice`! {usage}",
-                              "tool_choice.function")
-        if "name" not in fn:
-            raise _vllm_error(f"Expected field `name` in `function` in `tool_choice`! {usage}",
-                              "tool_choice.function.name")
-        if not any(t["function"]["name"] == fn["name"] for t in tools):
-            raise _vllm_error("The tool specified in `tool_choice` does not match any of the specified `tools`",
-                              "tool_choice")
-        return "named"
-    return str(choice)
-
-
-def refuse_unsimulated(body: dict[str, Any], endpoint: str) -> None:
-    """vLLM's request rules for the fields below, with its messages (`_vllm_error`), then
-    the sim engine's explicit refusals of what it cannot produce — never a silent ignore:
-
-    - `stream_options` without `stream: true`: refused as vLLM refuses it.
-    - log-probabilities: vLLM's rules (`_check_logprobs`); honoured (synthetic values:
-      `engine.synthetic.top_logprobs`).
-    - `tools` / `tool_choice` (chat): vLLM's rules (`_check_tools`). "none" is honoured
-      as vLLM does (the tools are not used; plain text). "auto" (the default when tools
-      are given) is refused with the message of a vLLM started without
-      `--enable-auto-tool-choice`, which the sim engine is; "required" or a named
-      function (vLLM generates the call with structured outputs) is refused: the sim
-      engine does not generate tool calls.
-    - `response_format` (both endpoints): "text" honoured; "json_schema" without its
-      schema refused as vLLM does; "json_object" / "json_schema" / "structural_tag"
-      refused: the sim engine does not do structured output.
-    - `echo` is honoured (completions: the prompt before the text, with its logprobs;
-      chat: vLLM's meaning, the last message's content before the reply when that
-      message is the assistant's).
-
-    Raises:
-        ApiError: 400 naming the field.
-    """
-    so = body.get("stream_options")
-    if so and not body.get("stream"):
-        raise _vllm_error("Stream options can only be defined when `stream=True`.", "stream_options")
-    _check_logprobs(body, endpoint)
-    how = "the sim engine does not simulate it (a vLLM engine does: astro serve --backend vllm)"
-    rf = body.get("response_format")
-    if rf is not None:
-        kind = rf.get("type") if isinstance(rf, dict) else None
-        if kind == "json_schema" and rf.get("json_schema") is None:
-            raise _vllm_error("When response_format type is 'json_schema', the 'json_schema' field must be "
-                              "provided.", "response_format")
-        if kind not in (None, "text"):
-            raise bad(f"structured output ({kind!r}) is not supported: {how}", "response_format")
-    if endpoint == "chat":
-        choice = _check_tools(body)
-        if choice == "auto":
-            raise _vllm_error('"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to '
-                              "be set", None)
-        if choice in ("required", "named"):
-            raise bad(f"tool calls are not generated (tool_choice {body.get('tool_choice')!r}): {how}",
-                      "tool_choice")
-    elif body.get("tools") is not None:
-        raise bad("is a chat-completions field; /v1/completions has no tools", "tools")
-
-
 def _logprobs_asked(body: dict[str, Any], endpoint: str) -> int | None:
     """Top log-probabilities per token a validated body asks for (None: none)."""
     if endpoint == "chat":
@@ -711,7 +460,7 @@ def chat_prompt_tokens(messages: Any, counter: Callable[[str], int] = count_toke
 def parse_chat_request(body: dict[str, Any], counter: Callable[[str], int] = count_tokens_fallback,
                        limits: ApiLimits = ApiLimits()) -> ParsedRequest:
     """Validate a `/v1/chat/completions` body (media URLs checked, not priced: see
-    `vision_charge`).
+    `protocol.media.vision_charge`).
 
     Raises:
         ApiError: 400 naming the field.
@@ -721,99 +470,6 @@ def parse_chat_request(body: dict[str, Any], counter: Callable[[str], int] = cou
     text, images, frames = chat_prompt_tokens(body["messages"], counter, limits)
     return ParsedRequest(endpoint="chat", text_tokens=text, num_images=images, num_frames=frames,
                          **_common(body, "chat"))
-
-
-# -- media -----------------------------------------------------------------------------
-_IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
-
-
-def _looks_like(kind: str, data: bytes) -> bool:
-    if kind == "image":
-        if data.startswith(_IMAGE_MAGIC) or (data[:4] == b"RIFF" and data[8:12] == b"WEBP"):
-            return True
-        return False
-    return (data[4:8] == b"ftyp" or data.startswith(b"\x1a\x45\xdf\xa3")
-            or (data[:4] == b"RIFF" and data[8:12] == b"AVI "))
-
-
-def _verify_image(data: bytes) -> bool:
-    try:
-        from PIL import Image  # optional; ships with matplotlib
-    except ImportError:  # pragma: no cover
-        return True
-    import io
-
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.verify()
-        return True
-    except Exception:
-        return False
-
-
-def check_media_url(url: str, kind: str, param: str, limits: ApiLimits = ApiLimits()) -> None:
-    """Accept a media URL per ARCHITECTURE.md §7 or raise.
-
-    kind: "image" or "video". param: the field path to name in errors.
-
-    Raises:
-        ApiError: 400 for undecodable data, refused schemes, disabled or non-public
-            remote URLs.
-    """
-    if url.startswith("data:"):
-        head, sep, payload = url.partition(",")
-        if not sep or ";base64" not in head:
-            raise bad(f"unreadable {kind}: expected data:<mime>;base64,<data>", param)
-        try:
-            data = base64.b64decode(payload, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad(f"unreadable {kind}: the base64 payload does not decode", param) from None
-        if not data or not _looks_like(kind, data) or (kind == "image" and not _verify_image(data)):
-            raise bad(f"unreadable {kind}: the data is not a supported {kind} format", param)
-        return
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if scheme in ("http", "https"):
-        if not limits.allow_remote_media:
-            raise bad("remote media URLs are disabled; send a data: URL "
-                      "(or start the engine with --allow-remote-media)", param)
-        _check_public_host(parts.hostname, param)
-        return
-    raise bad(f"{scheme or 'bare path'} media URLs are refused; send a data: URL", param)
-
-
-def _check_public_host(host: str | None, param: str) -> None:
-    if not host:
-        raise bad("URL has no host", param)
-    try:
-        addrs = [ipaddress.ip_address(host)]
-    except ValueError:
-        try:
-            infos = socket.getaddrinfo(host, None)
-        except OSError:
-            raise bad(f"cannot resolve host {host!r}", param) from None
-        addrs = [ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos]
-    for a in addrs:
-        if not a.is_global or a.is_multicast:
-            raise bad(f"host {host!r} resolves to a non-public address ({a}); refused", param)
-
-
-def vision_charge(req: ParsedRequest, vision: VisionCosts | None) -> VisionCharge:
-    """Price a request's media on a profile's `VisionCosts` (see `VisionCharge`).
-
-    Raises:
-        ApiError: 400 when the request has media and the profile is text-only.
-    """
-    if not (req.num_images or req.num_frames):
-        return VisionCharge()
-    if vision is None:
-        raise bad("this model is text-only; remove image_url / video_url parts", "messages")
-    return VisionCharge(
-        vision_tokens=req.num_images * vision.tokens_per_image + req.num_frames * vision.tokens_per_frame,
-        preprocess_s=req.num_images * vision.preprocess_s_per_image
-        + req.num_frames * vision.preprocess_s_per_frame,
-        encoder_s=req.num_images * vision.encoder_s_per_image + req.num_frames * vision.encoder_s_per_frame,
-    )
 
 
 def resolve_max_tokens(req: ParsedRequest, prompt_tokens: int, max_model_len: int) -> int:

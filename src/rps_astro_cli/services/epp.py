@@ -85,6 +85,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.internal_auth import token_headers
+from rps_astro_cli.protocol.openai_types import ApiError
 from rps_astro_cli.services.http_common import HTTPUserError, error_body
 from rps_astro_cli.services.scheduler import Scheduler, SchedulerSettings
 from rps_astro_cli.services.scheduler.instances import InstanceState, Pending
@@ -356,15 +357,15 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
             if endpoint is None:  # another path: tell the two request shapes by their fields
                 try:
                     probe = oa.decode_json_body(raw)
-                except oa.ApiError:
+                except ApiError:
                     self.sched.m.requests.labels("epp", "client_error").inc()
                     raise
                 endpoint = "chat" if "messages" in probe else "completions"
             # the front door's own path from a body to a decision (early dispatch included)
             r = await self.door.route(raw, endpoint, "epp", excluded)
-        except (oa.ApiError, HTTPUserError) as exc:
+        except (ApiError, HTTPUserError) as exc:
             ctx.done = True
-            if isinstance(exc, oa.ApiError):
+            if isinstance(exc, ApiError):
                 return [immediate(exc.status_code, exc.message, exc.param, exc.err_type)]
             return [immediate(exc.status, exc.message, exc.param, exc.type)]
         s = self.s.scheduler

@@ -75,7 +75,7 @@ def install_error_handlers(app: FastAPI) -> None:
 def http_error_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     """Starlette's routing/HTTP errors (404, 405, ...) as OpenAI-style JSON, keeping their
     headers (e.g. `Allow` on a 405)."""
-    from rps_astro_cli.protocol.openai import http_error_body
+    from rps_astro_cli.protocol.openai_types import http_error_body
 
     headers = dict(exc.headers or {})
     allow = {k.lower(): v for k, v in headers.items()}.get("allow")
@@ -159,7 +159,8 @@ async def read_body(request: Request, max_body_bytes: int) -> bytes:
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Parse `raw` as a JSON object. Raises HTTPUserError(400) naming the problem (the
     field holding a lone surrogate, or `body`: `protocol.openai.loads_json_body`)."""
-    from rps_astro_cli.protocol.openai import ApiError, check_json_depth, loads_json_body
+    from rps_astro_cli.protocol.openai import check_json_depth, loads_json_body
+    from rps_astro_cli.protocol.openai_types import ApiError
 
     if (why := check_json_depth(raw)) is not None:
         raise HTTPUserError(400, why, "body")

@@ -1,8 +1,8 @@
 """Predictor sidecar (one per engine; Astrolabe §4, ARCHITECTURE.md §2).
 
 `POST /predict` takes a candidate request and answers how long it would take on this
-predictor's engine. Both bodies are `rps_astro_cli.types`' codec, which the scheduler
-uses at the other end:
+predictor's engine. Both bodies are `rps_astro_cli.protocol.service_wire`'s codec, which
+the scheduler uses at the other end:
 
     request  `PredictRequest`: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1,
               "modality": "text"|"image"|"video" = "text", "vision_tokens": int = 0,
@@ -24,7 +24,7 @@ auto-extension (`extension_tokens`, default 10). The latency model is kept per p
 id so its (batch size, token count) memo lives across queries.
 
 Pending requests (issue 13 §2): the scheduler lists the requests it has sent to this
-engine and not yet seen end (`types.PendingRequest`); the ones the snapshot cannot hold —
+engine and not yet seen end (`protocol.service_wire.PendingRequest`); the ones the snapshot cannot hold —
 not yet accepted by the engine, or accepted less than the snapshot's age ago — join the
 simulated waiting queue (`with_pending`), so two close dispatches do not both see the
 same empty instance before its `/status` shows the first.
@@ -56,6 +56,7 @@ from fastapi.responses import JSONResponse
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import build_instance_policy, make_policy
 from rps_astro_cli.protocol.internal_auth import guard, token_headers
+from rps_astro_cli.protocol.service_wire import PendingRequest, PredictReply, PredictRequest
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -72,16 +73,7 @@ from rps_astro_cli.sim import lookahead as _lookahead
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
-from rps_astro_cli.types import (
-    MODALITIES,
-    CandidateRequest,
-    InstanceStatus,
-    LatencyEstimate,
-    PendingRequest,
-    PredictReply,
-    PredictRequest,
-    RequestStatus,
-)
+from rps_astro_cli.types import MODALITIES, CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
 
 log = logging.getLogger("astro.predictor")
 

@@ -2,7 +2,8 @@
 
 Request: an OpenAI `/v1/chat/completions` or `/v1/completions` body (the scheduler
 forwards the client's body as is; `messages` → chat, `prompt` → completions).
-Response (`rps_astro_cli.types.TagResult`, the codec the scheduler reads it with):
+Response (`rps_astro_cli.protocol.service_wire.TagResult`, the codec the scheduler reads it
+with):
     {"predicted_output_tokens": int ≥ 1,   # the length model's prediction (tokens)
      "prompt_tokens": int,                 # text tokens + vision tokens (tokens)
      "text_tokens": int, "vision_tokens": int,
@@ -13,9 +14,10 @@ Response (`rps_astro_cli.types.TagResult`, the codec the scheduler reads it with
         # length model has a distribution calibration (`length.dist`; chat-gbm has one):
         # quantiles of the reply length (tokens) around the point prediction
 
-Token and media accounting reuse the engine's parser (`protocol/openai.py`), so the
-tagger, the scheduler and the engine count the same way; vision tokens come from the
-execution profile's `VisionCosts` (0 on text-only profiles).
+Token and media accounting reuse the engine's parser (`protocol/openai.py`) and media
+pricing (`protocol/media.py`), so the tagger, the scheduler and the engine count the same
+way; vision tokens come from the execution profile's `VisionCosts` (0 on text-only
+profiles).
 
 Length model: `load_length_model(spec)` (`length.resolve.resolve_length_model`): by default
 the length package's shipped model
@@ -43,6 +45,9 @@ from fastapi.responses import JSONResponse
 from rps_astro_cli.length.resolve import resolve_length_model as load_length_model
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
+from rps_astro_cli.protocol.media import vision_charge
+from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits
+from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services.http_common import (
     DEFAULT_MAX_BODY_BYTES,
     FastRoutes,
@@ -54,7 +59,6 @@ from rps_astro_cli.services.http_common import (
     read_body,
 )
 from rps_astro_cli.sim.profile import VisionCosts, load_profile
-from rps_astro_cli.types import TagResult
 
 log = logging.getLogger("astro.tagger")
 
@@ -97,32 +101,32 @@ class Tagger:
         self._calibration = getattr(self._predict, "calibration", None)
         prof = load_profile(settings.profile)
         self.vision: VisionCosts | None = prof.vision
-        self.limits = oa.ApiLimits(max_body_bytes=settings.max_body_bytes)
+        self.limits = ApiLimits(max_body_bytes=settings.max_body_bytes)
 
     def tag(self, body: dict[str, Any]) -> dict[str, Any]:
         """The `/tag` JSON of one request body (`tag_result(body).to_dict()`).
 
         Raises:
-            oa.ApiError: 400 naming the bad field.
+            ApiError: 400 naming the bad field.
         """
         return self.tag_result(body).to_dict()
 
     def tag_raw(self, raw: bytes) -> dict[str, Any]:
-        """`tag` of a raw JSON body (raises `oa.ApiError` 400 on bad JSON too)."""
+        """`tag` of a raw JSON body (raises `ApiError` 400 on bad JSON too)."""
         return self.tag(oa.decode_json_body(raw))
 
     def tag_result(self, body: dict[str, Any]) -> TagResult:
         """The tag of one request body (see module docstring).
 
         Raises:
-            oa.ApiError: 400 naming the bad field.
+            ApiError: 400 naming the bad field.
         """
         t0 = time.perf_counter()
         if "messages" in body:
             req = oa.parse_chat_request(body, limits=self.limits)
         else:
             req = oa.parse_completion_request(body)
-        charge = oa.vision_charge(req, self.vision)
+        charge = vision_charge(req, self.vision)
         prompt_tokens = req.text_tokens + charge.vision_tokens
         messages = body["messages"] if req.endpoint == "chat" else None
         pred = self._predict(prompt_text(body), prompt_tokens, messages=messages)
@@ -169,7 +173,7 @@ def create_app(settings: TaggerSettings) -> FastRoutes:
         raw = await read_body(request, settings.max_body_bytes)
         try:
             out = (await off_loop(tagger.tag_raw, raw)) if len(raw) > OFF_LOOP_BYTES else tagger.tag_raw(raw)
-        except oa.ApiError as exc:
+        except ApiError as exc:
             m_req.labels("bad_request").inc()
             raise HTTPUserError(exc.status_code, exc.message, exc.param, exc.err_type) from None
         m_req.labels("ok").inc()

@@ -25,8 +25,9 @@ discovery) runs on `services/rpc.py`'s lean keep-alive HTTP/1.1 pools (one per
 destination; httpx costs ~20x more CPU per call, see that module). A tag or predict
 RPC that misses its deadline is skipped but not cancelled (it finishes in the
 background, bounded by `clients.RPC_BOUND_S`), so no keep-alive connection is torn down. The bodies of every RPC are
-`rps_astro_cli.types`' codec (`TagResult`, `PredictRequest` / `PredictReply`,
-`InstanceStatus`), the same the services at the other end use.
+`rps_astro_cli.protocol.service_wire`'s codec (`TagResult`, `PredictRequest` /
+`PredictReply`) and `rps_astro_cli.types`' (`InstanceStatus`), the same the services at
+the other end use.
 
 Failures: a connection error or timeout marks the instance unhealthy at once (circuit
 breaker open) and a background health check (`GET /health` every `health_interval_s`,

@@ -59,6 +59,8 @@ from fastapi.responses import JSONResponse, Response
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
 from rps_astro_cli.protocol.limits import check_request_cost
+from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits, ParsedRequest, bad
+from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
@@ -70,7 +72,7 @@ from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, s
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
-from rps_astro_cli.types import CandidateRequest, DecisionRecord, DispatchDecision, TagResult
+from rps_astro_cli.types import CandidateRequest, DecisionRecord, DispatchDecision
 
 # the front door refuses a prompt this many times longer than every engine's context (by
 # the parser's fallback count: no tokenizer counts half as many tokens), before hashing,
@@ -86,7 +88,7 @@ _PATHS = {"chat": "/v1/chat/completions", "completions": "/v1/completions"}
 PromptBlocks = tuple[tuple[int, ...], int, int | None]
 
 
-def candidate_of(tag: TagResult | None, parsed: oa.ParsedRequest, default_output_tokens: int,
+def candidate_of(tag: TagResult | None, parsed: ParsedRequest, default_output_tokens: int,
                  oracle_lengths: bool) -> CandidateRequest:
     """The request as the dispatch sees it: the tag's lengths and media costs (without a
     tag: the parser's text tokens and `default_output_tokens`), the client's true length
@@ -132,7 +134,7 @@ class Route:
     tag (µs), and the decision started before the tag arrived (`early`; None: none)."""
 
     body: dict
-    parsed: oa.ParsedRequest
+    parsed: ParsedRequest
     cand: CandidateRequest
     blocks: PromptBlocks
     payload: bytes
@@ -171,19 +173,19 @@ class FrontDoor:
         lens = [st.status.limits.max_model_len for st in self.instances if st.status is not None]
         return max(lens) if lens and len(lens) == len(self.instances) else None
 
-    def check_model(self, parsed: oa.ParsedRequest) -> None:
+    def check_model(self, parsed: ParsedRequest) -> None:
         """404 when the request names a model no engine serves."""
         if parsed.model is not None and self.models and parsed.model not in self.models:
             raise HTTPUserError(404, f"model {parsed.model!r} is not served here; use one of: "
                                 f"{', '.join(sorted(self.models))}", "model", "NotFoundError")
 
-    def parse(self, raw: bytes, endpoint: str) -> tuple[dict, oa.ParsedRequest]:
+    def parse(self, raw: bytes, endpoint: str) -> tuple[dict, ParsedRequest]:
         """The body as JSON and as the engine's parser reads it (`endpoint` chat |
-        completions); raises `oa.ApiError` (400 / 413, naming the field) or
+        completions); raises `ApiError` (400 / 413, naming the field) or
         `HTTPUserError` (404: a model no engine serves). The EPP mode uses it too."""
         body = oa.decode_json_body(raw)
         if endpoint == "chat":
-            parsed = oa.parse_chat_request(body, limits=oa.ApiLimits(max_body_bytes=self.s.max_body_bytes))
+            parsed = oa.parse_chat_request(body, limits=ApiLimits(max_body_bytes=self.s.max_body_bytes))
         else:
             parsed = oa.parse_completion_request(body)
         self.check_model(parsed)
@@ -191,7 +193,7 @@ class FrontDoor:
         check_request_cost(parsed, parsed.text_tokens, parsed.max_tokens, self.cost)
         return body, parsed
 
-    def start_prompt_ids(self, body: dict, endpoint: str, parsed: oa.ParsedRequest,
+    def start_prompt_ids(self, body: dict, endpoint: str, parsed: ParsedRequest,
                          wanted: bool | None = None) -> Tokenize | None:
         """Send the `/tokenize` RPC of a validated body's prompt when a policy that
         `needs_prefix` wants the engine's ids of it (`prompt_ids.PromptIds.start`); None
@@ -225,7 +227,7 @@ class FrontDoor:
         and the body to forward. `excluded`: instances the decision must not pick.
 
         Raises:
-            oa.ApiError, HTTPUserError: the client's mistake (counted under `label`).
+            ApiError, HTTPUserError: the client's mistake (counted under `label`).
         """
         tag_task = self.tags.start(raw)  # in parallel with parsing:
         if tag_task is not None:
@@ -234,9 +236,9 @@ class FrontDoor:
         try:
             body, parsed = await off_loop(self.parse, raw, endpoint) if heavy else self.parse(raw, endpoint)
             if (limit := self.context_limit()) is not None and parsed.text_tokens >= DOOR_CONTEXT_FACTOR * limit:
-                raise oa.bad(f"the prompt is {parsed.text_tokens} tokens; the engines' maximum context length is "
+                raise bad(f"the prompt is {parsed.text_tokens} tokens; the engines' maximum context length is "
                              f"{limit} tokens (prompt + output); shorten it", parsed.prompt_param)
-        except (oa.ApiError, HTTPUserError):
+        except (ApiError, HTTPUserError):
             self.tags.abandon(tag_task)
             self.m.requests.labels(label, "client_error").inc()
             raise
@@ -298,7 +300,7 @@ class FrontDoor:
         raw = await read_body(request, self.s.max_body_bytes)
         try:
             r = await self.route(raw, endpoint, endpoint)
-        except oa.ApiError as exc:
+        except ApiError as exc:
             return JSONResponse(exc.to_dict(), status_code=exc.status_code)
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, r.cand.prompt_tokens, r.cand.predicted_output_tokens, r.tag_wait_us,

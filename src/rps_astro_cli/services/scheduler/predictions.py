@@ -4,8 +4,8 @@ for an instance without a Predictor URL, the same look-ahead here (one
 `services.predictor.Predictor` per engine, fed the scheduler's own `/status` polls),
 after the RPCs went out.
 
-Bodies are `rps_astro_cli.types`' codec (`PredictRequest` out, `PredictReply` back),
-the same the Predictor decodes and encodes.
+Bodies are `rps_astro_cli.protocol.service_wire`'s codec (`PredictRequest` out,
+`PredictReply` back), the same the Predictor decodes and encodes.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import time
 from dataclasses import replace
 
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.protocol.service_wire import PredictReply, PredictRequest
 from rps_astro_cli.services.predictor import Predictor, PredictorSettings, with_pending
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, pending_wire
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import LatencyEstimate, PredictReply, PredictRequest
+from rps_astro_cli.types import LatencyEstimate
 
 log = logging.getLogger("astro.scheduler")
 

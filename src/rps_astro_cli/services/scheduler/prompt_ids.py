@@ -56,6 +56,7 @@ from typing import Any
 
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import off_loop
+from rps_astro_cli.protocol.openai_types import ParsedRequest
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.instances import Instances
@@ -167,7 +168,7 @@ class PromptIds:
         self._next += 1
         return ok[self._next % len(ok)].ep.engine_url
 
-    def start(self, body: dict[str, Any], endpoint: str, parsed: oa.ParsedRequest) -> Tokenize | None:
+    def start(self, body: dict[str, Any], endpoint: str, parsed: ParsedRequest) -> Tokenize | None:
         """Send the `/tokenize` RPC for a validated `body` now, or None when its ids are
         the fallback's (or given): see module docstring."""
         if self.mode == "fallback" or parsed.modality != "text":

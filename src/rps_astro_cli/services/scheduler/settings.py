@@ -82,7 +82,7 @@ class SchedulerSettings:
         with the pending list — instead of being left unscored: no RPC hop, for a small
         fleet on few cores (the sidecars' reason is spreading look-ahead CPU over pods).
     count_pending: send each Predictor the requests forwarded to its engine that its
-    `/status` may not show yet (`types.PendingRequest`; issue 13 §2); pending_keep_s: how
+    `/status` may not show yet (`protocol.service_wire.PendingRequest`; issue 13 §2); pending_keep_s: how
     long after it was sent a request is still listed (≥ the Predictor's
     status_max_age_s + its pending margin, else a stale snapshot misses it).
     time_scale: wall seconds per engine second of the sim engines behind it (their

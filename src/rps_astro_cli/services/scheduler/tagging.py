@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import json
 
+from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import TagResult
 
 
 class TagClient:
