@@ -460,12 +460,12 @@ async def _ready_count(server) -> int:
 
 async def _running_seen(server) -> list[int | None]:
     """Each instance's running count as the picker's latest engine /status showed it."""
-    return [st.load_fields.get("num_running") for st in server.picker.instances]
+    return [st.load_row[2] if st.load_row else None for st in server.picker.instances]  # STATUS_ROW: num_running
 
 
 async def _running_by_url(server) -> dict[str, int | None]:
     """`_running_seen` keyed by engine URL (a discovered pool's order is the watch's)."""
-    return {st.ep.engine_url: st.load_fields.get("num_running") for st in server.picker.instances}
+    return {st.ep.engine_url: st.load_row[2] if st.load_row else None for st in server.picker.instances}
 
 
 async def _outstanding(server) -> list[int]:

@@ -7,9 +7,10 @@ import pytest
 
 from conftest import write_profile
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.protocol.service_wire import PendingRequest, PredictRequest
 from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.scheduler.instances import InstanceState, Pending, pending_wire
-from rps_astro_cli.types import CandidateRequest, PendingRequest, PredictRequest
+from rps_astro_cli.types import CandidateRequest
 from test_services_units import STATUS, hand_profile  # noqa: F401  (hand-computed fixture)
 
 
@@ -49,15 +50,14 @@ def test_instance_load_counts_prompt_blocks_sent_since_its_status():
     from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 
     st = InstanceState(0, InstanceEndpoint("engine-0", "http://unused"))
-    st.load_fields = {"kv_blocks_free": 50, "kv_blocks_total": 100, "num_running": 2, "num_waiting": 0,
-                      "waiting_blocks_needed": 0, "kv_block_size": 16}
+    st.load_row = (50, 100, 2, 0, 0, 16, 48, None, None)  # STATUS_ROW: 50 of 100 blocks free, 2 running, bs 16
     st.status_s = 100.0  # the status was asked for at t = 100 s
     st.pending = [Pending(33, 10, sent_s=99.0),   # sent before: the status shows it
                   Pending(33, 10, sent_s=101.0),  # ceil(33 / 16) = 3 blocks
                   Pending(16, 5, sent_s=102.0)]   # 1 block
-    assert st.load(0).pending_blocks_needed == 4
+    assert st.status_row()[7:] == (4, 2)  # pending blocks, pending requests
     st.pending = []
-    assert st.load(0).pending_blocks_needed is None
+    assert st.status_row()[7:] == (None, None)
 
 
 def test_pending_wire_ages_and_expiry():

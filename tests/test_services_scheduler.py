@@ -710,8 +710,8 @@ class _StatusClients:
 
 
 @pytest.mark.parametrize("policy", ["power_of_k", "llumnix"])
-def test_live_status_poll_stores_each_instances_load_fields(policy):
-    """One health-loop /status poll stores `InstanceLoad.status_fields` per instance (by
+def test_live_status_poll_stores_each_instances_status_row(policy):
+    """One health-loop /status poll stores `dispatch.loads.status_fields_of` per instance (by
     hand: e0 30 free of 100 blocks, 1 running; e1 18 free, 2 running; no waiting queue)."""
     import rps_astro_cli.types as t
     from rps_astro_cli.services.scheduler.app import Scheduler
@@ -731,8 +731,12 @@ def test_live_status_poll_stores_each_instances_load_fields(policy):
     states = [sched.instances[0], sched.instances[1]]
     asyncio.run(sched.health.check_all(with_services=False))
     assert all(st.healthy for st in states)
-    assert [st.load_fields for st in states] == [
+    from rps_astro_cli.dispatch.loads import STATUS_ROW
+
+    assert [dict(zip(STATUS_ROW, st.load_row)) for st in states] == [
         {"kv_blocks_free": 30, "kv_blocks_total": 100, "num_running": 1, "num_waiting": 0,
-         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48},
+         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48, "pending_blocks_needed": None,
+         "pending_requests": None},
         {"kv_blocks_free": 18, "kv_blocks_total": 100, "num_running": 2, "num_waiting": 0,
-         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48}]
+         "waiting_blocks_needed": 0, "kv_block_size": 16, "max_num_seqs": 48, "pending_blocks_needed": None,
+         "pending_requests": None}]

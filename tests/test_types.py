@@ -1,5 +1,6 @@
-"""The request vocabulary (`rps_astro_cli.types`): each wire's codec round-trips, reads
-the bodies the services sent before it existed, and the module stays at the bottom."""
+"""The request vocabulary (`rps_astro_cli.types`, and the service wires' bodies in
+`rps_astro_cli.protocol.service_wire`): each wire's codec round-trips, reads the bodies
+the services sent before it existed, and `types` stays at the bottom."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import rps_astro_cli.protocol.service_wire as w
 import rps_astro_cli.types as t
 from rps_astro_cli.errors import AstroUserError
 
@@ -67,14 +69,14 @@ def test_instance_status_bad_entry_names_list_and_index():
 
 
 def test_predict_request_round_trip_and_pre_codec_body():
-    q = t.PredictRequest(t.CandidateRequest(812, 201, "image", 576, 0.03, 0.01, "pebbles"), "ttft")
+    q = w.PredictRequest(t.CandidateRequest(812, 201, "image", 576, 0.03, 0.01, "pebbles"), "ttft")
     body = json.loads(json.dumps(q.to_dict()))
     assert body == {"prompt_tokens": 812, "predicted_output_tokens": 201, "modality": "image", "vision_tokens": 576,
                     "encoder_s": 0.03, "preprocess_s": 0.01, "req_class": "pebbles", "objective": "ttft"}
-    assert t.PredictRequest.from_dict(body) == q
+    assert w.PredictRequest.from_dict(body) == q
     # the body the scheduler sent without a tag (no media fields, no objective)
-    old = t.PredictRequest.from_dict({"prompt_tokens": 7, "predicted_output_tokens": 256, "modality": "text"})
-    assert old == t.PredictRequest(t.CandidateRequest(7, 256), "e2e")
+    old = w.PredictRequest.from_dict({"prompt_tokens": 7, "predicted_output_tokens": 256, "modality": "text"})
+    assert old == w.PredictRequest(t.CandidateRequest(7, 256), "e2e")
 
 
 @pytest.mark.parametrize("body, field", [
@@ -87,20 +89,20 @@ def test_predict_request_round_trip_and_pre_codec_body():
 ])
 def test_predict_request_bad_field_is_named(body, field):
     with pytest.raises(AstroUserError) as ei:
-        t.PredictRequest.from_dict(body)
+        w.PredictRequest.from_dict(body)
     assert ei.value.field == field
 
 
 def test_predict_reply_round_trip_and_estimate():
-    rep = t.PredictReply(0.0201, 0.0404, 0.0201, 0.003, 250.0, "e0")
-    assert t.PredictReply.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
+    rep = w.PredictReply(0.0201, 0.0404, 0.0201, 0.003, 250.0, "e0")
+    assert w.PredictReply.from_dict(json.loads(json.dumps(rep.to_dict()))) == rep
     assert rep.estimate() == t.LatencyEstimate(0.0201, 0.0404, 0, 0)
 
 
 def test_tag_result_round_trip_and_minimal_body():
-    tag = t.TagResult(500, 11, 11, 0, "text", 0, 0, 0.0, 0.0, "baseline", 12.5)
-    assert t.TagResult.from_dict(json.loads(json.dumps(tag.to_dict()))) == tag
-    assert t.TagResult.from_dict({"predicted_output_tokens": 40, "prompt_tokens": 9}) == t.TagResult(40, 9)
+    tag = w.TagResult(500, 11, 11, 0, "text", 0, 0, 0.0, 0.0, "baseline", 12.5)
+    assert w.TagResult.from_dict(json.loads(json.dumps(tag.to_dict()))) == tag
+    assert w.TagResult.from_dict({"predicted_output_tokens": 40, "prompt_tokens": 9}) == w.TagResult(40, 9)
 
 
 def test_instance_load_status_fields_by_hand():
@@ -110,8 +112,12 @@ def test_instance_load_status_fields_by_hand():
                           waiting=(t.RequestStatus("w1", 1.0, 33, kv_blocks=1), t.RequestStatus("w2", 1.0, 10),
                                    t.RequestStatus("w3", 1.0, 16, kv_blocks=1)))
     plain = {"kv_blocks_free": 20, "kv_blocks_total": 64, "num_running": 1, "num_waiting": 3,
-             "waiting_blocks_needed": 3, "kv_block_size": LIMITS.block_size, "max_num_seqs": LIMITS.max_num_seqs}
-    assert t.InstanceLoad.status_fields(st) == plain
+             "waiting_blocks_needed": 3, "kv_block_size": LIMITS.block_size, "max_num_seqs": LIMITS.max_num_seqs,
+             "pending_blocks_needed": None, "pending_requests": None}
+    from rps_astro_cli.dispatch.loads import STATUS_ROW, status_fields_of
+
+    row = status_fields_of(st.limits, st.kv_blocks_free, st.kv_blocks_total, len(st.running), st.waiting)
+    assert dict(zip(STATUS_ROW, row)) == plain
 
 
 def test_decision_record_splices_the_decision_and_leaves_out_unset_fields():

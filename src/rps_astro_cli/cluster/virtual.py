@@ -66,7 +66,8 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.dispatch.base import STATUS, DispatchPolicy, InstanceLoad, decide, prefix_hits_wanted
+from rps_astro_cli.dispatch.base import DispatchPolicy, decide
+from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, status_fields_of
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
@@ -298,8 +299,6 @@ def simulate_cluster(
     frontend = [[0.0] * preprocess_slots for _ in range(num_instances)] if preprocess_slots else None
     learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
     inputs = frozenset().union(*(d.inputs for d in schedulers))
-    needs_status = STATUS in inputs
-    needs_hits = prefix_hits_wanted(inputs, any(sim.cache is not None for sim in sims))
     herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
                     count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
     n_arrived = 0
@@ -317,6 +316,8 @@ def simulate_cluster(
             followers.setdefault(r.follows, []).append(idx)
     seq = n
     last_instance: dict[str, int] = {}  # session → instance of its latest turn
+    # each instance as this process's scheduler sees it (dispatch.loads.InstanceView)
+    own_views = [_Seen(i, sim, outstanding, cfg, last_instance) for i, sim in enumerate(sims)]
     heapq.heapify(heap)
     index_of: dict[int, int] = {}
     makespan = 0.0
@@ -394,28 +395,15 @@ def simulate_cluster(
         pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
         t0 = time.perf_counter()
         hashes = block_hashes(req.token_ids, bs) if req.token_ids else ()
-        home = last_instance.get(req.session_id) if req.session_id is not None else None
         max_hit = (req.prompt_tokens - 1) // bs
         # what this scheduler sees: the live instances, or (stale status) the copies + its pending list
         views: Sequence[Any] = sims
         seen_out, seen_busy, seen_stepping, seen_arriving = outstanding, busy_until, stepping, arriving
         if herd is not None:
             views, seen_out, seen_busy, seen_stepping, seen_arriving = herd.views(sched, now)
-        loads = []
-        for i, sim in enumerate(views):
-            need = None
-            hit = None
-            if needs_status:
-                need = 0
-                for w in sim.waiting:
-                    nb = -(-w.prompt_tokens // bs) - w.kv_blocks
-                    if nb > 0:
-                        need += nb
-            if needs_hits and sim.cache is not None:
-                hit = sim.cache.lookup(hashes, max_hit)[0] * bs if hashes else 0
-            loads.append(InstanceLoad(i, True, seen_out[i], sim.free_blocks, cfg.num_gpu_blocks,
-                                      len(sim.running), len(sim.waiting), need, hit,
-                                      req.prompt_tokens, home == i, bs, max_num_seqs=cfg.max_num_seqs))
+        seen = own_views if herd is None else [_Seen(i, sim, seen_out, cfg, last_instance)
+                                               for i, sim in enumerate(views)]
+        loads = loads_for(seen, DispatchRequest(req.prompt_tokens, hashes, bs, req.session_id), inputs)
         preds: dict[int, LatencyEstimate] = {}
 
         # called by `decide` at once, inside this iteration: binding the loop's values
@@ -509,6 +497,39 @@ class _StatusView:
     def __init__(self, sim: InstanceSim, running: list[SimRequest], waiting: list[SimRequest], free_blocks: int):
         self.config, self.latency, self.policy, self.cache = sim.config, sim.latency, sim.policy, sim.cache
         self.running, self.waiting, self.free_blocks = running, waiting, free_blocks
+
+
+class _Seen:
+    """One instance as a scheduler of the virtual cluster sees it when it dispatches (a
+    `dispatch.loads.InstanceView`): the instance (or its stale copy), its outstanding
+    requests, and the sessions' last instances."""
+
+    __slots__ = ("index", "sim", "counts", "cfg", "sessions")
+    healthy = True
+
+    def __init__(self, index: int, sim: Any, counts: list[int], cfg: InstanceConfig, sessions: dict[str, int]):
+        self.index, self.sim, self.counts, self.cfg, self.sessions = index, sim, counts, cfg, sessions
+
+    @property
+    def outstanding(self) -> int:
+        return self.counts[self.index]
+
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.sim.cache is not None
+
+    def status_row(self) -> StatusRow:
+        sim, cfg = self.sim, self.cfg
+        return status_fields_of(cfg, sim.free_blocks, cfg.num_gpu_blocks, len(sim.running), sim.waiting)
+
+    def prefix_hit_tokens(self, req: DispatchRequest) -> int | None:
+        cache = self.sim.cache
+        if cache is None:
+            return None
+        return cache.lookup(req.block_hashes, (req.prompt_tokens - 1) // req.block_size)[0] * req.block_size
+
+    def served_session(self, session_id: str | None) -> bool:
+        return session_id is not None and self.sessions.get(session_id) == self.index
 
 
 class _Herding:

@@ -18,11 +18,13 @@ from dataclasses import replace
 import numpy as np
 
 from rps_astro_cli.dispatch import STATUS, decide_async, make_dispatch, prefix_hits_wanted
+from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
+from rps_astro_cli.protocol.service_wire import PredictRequest
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import CandidateRequest, DispatchDecision, LatencyEstimate, PredictRequest
+from rps_astro_cli.types import CandidateRequest, DispatchDecision, LatencyEstimate
 
 log = logging.getLogger("astro.scheduler")
 
@@ -82,10 +84,8 @@ class Dispatcher:
         the engine's tokens, the unit of its hits and of its `/status`."""
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
-        prefix = (block_hashes, block_size, prefix_tokens or candidate.prompt_tokens) if block_hashes else None
-        # the request's own prompt counts against KV headroom (status-based policies)
-        own = candidate.prompt_tokens if STATUS in self.policy.inputs else None
-        loads = [st.load(j, excluded, prefix, own) for j, st in enumerate(pool)]
+        req = DispatchRequest(prefix_tokens or candidate.prompt_tokens, block_hashes, block_size)
+        loads = loads_for(pool, req, self.policy.inputs, excluded)
         if not any(ld.healthy for ld in loads):
             # every instance broken: still try the non-excluded ones (a health check may lag)
             loads = [replace(ld, healthy=pool[ld.index].index not in excluded) for ld in loads]
@@ -94,7 +94,7 @@ class Dispatcher:
         query = PredictRequest(candidate, self.objective)
         identity = all(st.index == j for j, st in enumerate(pool))
         cached = ({pool[ld.index].index: ld.prefix_hit_tokens for ld in loads if ld.prefix_hit_tokens}
-                  if prefix is not None else None)
+                  if block_hashes else None)
 
         async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
             if identity:

@@ -23,12 +23,13 @@ import json
 import logging
 import time
 
+from rps_astro_cli.dispatch.loads import status_fields_of
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
 from rps_astro_cli.services.scheduler.prompt_ids import engine_kind_of_version
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import InstanceLoad, InstanceStatus
+from rps_astro_cli.types import InstanceStatus
 
 log = logging.getLogger("astro.scheduler")
 
@@ -71,7 +72,8 @@ class HealthMonitor:
                     raise ValueError(f"/status answered {resp.status}")
                 d = json.loads(body)
                 status = InstanceStatus.from_dict(d)
-                st.load_fields = InstanceLoad.status_fields(status)
+                st.load_row = status_fields_of(status.limits, status.kv_blocks_free, status.kv_blocks_total,
+                                                  len(status.running), status.waiting)
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size

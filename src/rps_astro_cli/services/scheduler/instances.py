@@ -20,10 +20,12 @@ import logging
 import time
 from collections.abc import Iterator
 
+from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow
+from rps_astro_cli.protocol.service_wire import PendingRequest
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 from rps_astro_cli.sim.prefix_cache import PrefixMirror
-from rps_astro_cli.types import CandidateRequest, InstanceLoad, InstanceStatus, PendingRequest
+from rps_astro_cli.types import CandidateRequest, InstanceStatus
 
 log = logging.getLogger("astro.scheduler")
 
@@ -54,7 +56,7 @@ def pending_wire(pending: list[Pending], now_s: float, keep_s: float) -> tuple[P
 class InstanceState:
     """One instance's live state (mutable, event-loop only)."""
 
-    __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_fields",
+    __slots__ = ("index", "ep", "healthy", "dispatchable", "phase", "removed", "outstanding", "load_row",
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
                  "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind",
@@ -71,7 +73,8 @@ class InstanceState:
         self.removed = False  # gone from discovery; dropped once outstanding reaches 0
         self.outstanding = 0  # requests forwarded there that have not ended
         self.dispatched = 0  # requests forwarded there in all
-        self.load_fields: dict[str, int] = {}  # `InstanceLoad.status_fields` of its latest /status
+        # `dispatch.loads.status_fields_of` its latest /status (None before the first)
+        self.load_row: StatusRow | None = None
         self.status_s = 0.0  # time.monotonic() when that /status was asked for
         self.predictor_failures = 0  # consecutive late/failed predict RPCs
         self.predictor_skip_until = 0.0  # time.monotonic() until which its Predictor is not asked
@@ -96,27 +99,29 @@ class InstanceState:
             out.append(f"predictor: {self.predictor_error} (dispatch falls back to load for it)")
         return out
 
-    def load(self, position: int, excluded: frozenset[int] = frozenset(),
-             prefix: tuple[tuple[int, ...], int, int] | None = None,
-             request_prompt_tokens: int | None = None) -> InstanceLoad:
-        """Its `InstanceLoad` at `position` in the dispatch's list; unhealthy when
-        `excluded` holds its index (a retry's failed one). `prefix` = (the request's
-        block hashes, their block size, its prompt tokens in the hashed ids): the load
-        then carries the request's cached prefix here (`prefix_hit_tokens`, from
-        `self.prefix`) and those prompt tokens; `request_prompt_tokens` sets those
-        without a prefix (the KV headroom gate counts them)."""
-        fields: dict[str, int] = self.load_fields
-        bs = fields.get("kv_block_size")
-        if bs and self.pending:  # forwarded since that status was asked for: not in it yet
+    # -- dispatch.loads.InstanceView: what a dispatch reads of it ----------------------------
+    @property
+    def caches_prefixes(self) -> bool:
+        return self.prefix_caching
+
+    def status_row(self) -> StatusRow | None:
+        """Its latest `/status` row (`dispatch.loads.status_fields_of`; None before the
+        first), then the prompt blocks and count of the requests forwarded since that
+        status was asked for (not in it yet; None, None when there are none)."""
+        row = self.load_row
+        if row is None:
+            return None
+        if self.pending:
             unseen = [p for p in self.pending if p.sent_s >= self.status_s]
-            need = sum(-(-p.prompt_tokens // bs) for p in unseen)
-            fields = {**fields, "pending_blocks_needed": need, "pending_requests": len(unseen)}
-        healthy = self.healthy and self.index not in excluded
-        if prefix is None:
-            return InstanceLoad(position, healthy, self.outstanding, **fields,
-                                request_prompt_tokens=request_prompt_tokens)
-        return InstanceLoad(position, healthy, self.outstanding, **fields,
-                            prefix_hit_tokens=self.hit_tokens(*prefix), request_prompt_tokens=prefix[2])
+            bs = row[5]
+            return (*row[:7], sum(-(-p.prompt_tokens // bs) for p in unseen), len(unseen))
+        return row
+
+    def prefix_hit_tokens(self, req: DispatchRequest) -> int:
+        return self.hit_tokens(req.block_hashes, req.block_size, req.prompt_tokens)
+
+    def served_session(self, session_id: str | None) -> bool:
+        return False  # the live scheduler keeps no sessions (session_affinity is a virtual baseline)
 
     def hit_tokens(self, hashes: tuple[int, ...], block_size: int, prompt_tokens: int) -> int:
         """Tokens of a request's prompt (`hashes` of its full blocks of `block_size`)
