@@ -1,0 +1,269 @@
+"""Online calibration of an instance's step-time model from the steps it actually ran.
+
+A Predictor simulates its engine with an execution profile (`sim/profile.py`):
+
+    step_s = base_s + per_seq_s·B + linear_s(T) + decode_attn·C + prefill_attn·P + encoder_s
+
+(B requests in the step, T new tokens, C context tokens read by decodes, P attention pairs
+of prefill chunks). A real engine is never exactly the profile shipped for it — another
+GPU SKU, driver, kernel, quantization, a noisy neighbour — so each Predictor refits the
+coefficients from its engine's own steps (`StepSample`: the five features and the
+measured duration), keeping the profile's form. That form is linear in its coefficients
+(`linear_s` is piecewise linear over fixed token knots: a hat-function basis), so a fit
+is one weighted least-squares solve:
+
+1. **Scale** the prior (the named profile, or a generic one) by three factors — the
+   shape part (base + per-sequence + linear), decode attention and prefill attention
+   (a step's encoder seconds are the engine's own charge, not fitted) — fitted first,
+   so token counts the engine has not run yet move with the ones it has rather than
+   staying at the prior.
+2. **Refine** every coefficient (per-sequence, each knot's value, both attention terms)
+   by ridge regression toward that scaled prior: with few samples the prior holds, with
+   many the data; a bent curve (a faster GEMM at some sizes only) is followed knot by
+   knot.
+
+Residuals are relative (a 20 ms step 10 % off weighs as much as a 200 ms one) and
+down-weighted Huber-style beyond 2.5 robust standard deviations (outliers: a step that
+waited on the host, a noisy neighbour), over a bounded window of the latest samples
+(`window`): memory O(window), one refit every `refit_every` samples, each a few
+milliseconds of numpy.
+
+`recent_ape` is the model's own error on the latest steps, each measured against the
+model in force before that step was learned from (an honest out-of-sample error); the
+dispatch trusts a Predictor whose recent error is under `trust_ape` (ARCHITECTURE.md §2,
+"graceful degradation").
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.sim.profile import ExecutionProfile
+
+# a step's features: (batch size, new tokens, decode context tokens, prefill pairs, encoder s)
+StepShape = tuple[int, int, int, float, float]
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One engine step: its shape (`StepShape`) and how long it took (seconds)."""
+
+    batch_size: int
+    num_tokens: int
+    decode_ctx_tokens: int
+    prefill_pairs: float
+    encoder_s: float
+    duration_s: float
+
+    @classmethod
+    def of(cls, shape: StepShape, duration_s: float) -> StepSample:
+        return cls(shape[0], shape[1], shape[2], shape[3], shape[4], duration_s)
+
+
+@dataclass(frozen=True)
+class CalibrationState:
+    """What a calibrator knows now (for `/status`, `/metrics` and the decision record).
+
+    samples: steps learned from since the start. window: steps in the current fit.
+    refits: fits made. recent_ape: median absolute percentage error of the model on
+    its latest steps, out of sample (None before any). trusted: the dispatch may rely
+    on its predictions (`recent_ape` ≤ the trust bound, or no evidence against the
+    prior yet). scales: the fitted factors of the prior (shape, decode attention,
+    prefill attention).
+    """
+
+    samples: int
+    window: int
+    refits: int
+    recent_ape: float | None
+    trusted: bool
+    scales: tuple[float, float, float]
+
+    def to_dict(self) -> dict[str, object]:
+        return {"samples": self.samples, "window": self.window, "refits": self.refits,
+                "recent_ape": self.recent_ape, "trusted": self.trusted,
+                "scales": {"shape": self.scales[0], "decode_attn": self.scales[1],
+                           "prefill_attn": self.scales[2]}}
+
+
+class StepCalibrator:
+    """Refits a profile's coefficients from observed steps (module docstring).
+
+    prior: the profile to start from (its knots are kept). window: samples kept for a
+    fit. refit_every: samples between fits. min_samples: samples before the first fit.
+    ridge: the prior's weight in the refinement, in samples' worth (a coefficient the
+    data barely see stays near the scaled prior). error_window: latest steps over which
+    `recent_ape` is taken. trust_ape: the recent error above which the model is not
+    trusted. trust_min_errors: errors needed before distrust (fewer: trusted, on the
+    prior's word).
+    """
+
+    def __init__(self, prior: ExecutionProfile, *, window: int = 2048, refit_every: int = 64,
+                 min_samples: int = 32, ridge: float = 4.0, error_window: int = 256, trust_ape: float = 0.2,
+                 trust_min_errors: int = 16):
+        if window < 8 or refit_every < 1 or min_samples < 1:
+            raise ValueError("window ≥ 8, refit_every ≥ 1 and min_samples ≥ 1 are required")
+        self.prior = prior
+        self.profile = prior
+        self.latency = LatencyModel(prior)
+        self.window = window
+        self.refit_every = refit_every
+        self.min_samples = min_samples
+        self.ridge = ridge
+        self.trust_ape = trust_ape
+        self.trust_min_errors = trust_min_errors
+        self._rows: deque[StepSample] = deque(maxlen=window)
+        self._errors: deque[float] = deque(maxlen=error_window)
+        self.samples = 0
+        self.refits = 0
+        self._since_fit = 0
+        self.scales = (1.0, 1.0, 1.0)
+
+    # -- learning --------------------------------------------------------------------
+    def observe(self, sample: StepSample) -> bool:
+        """Learn from one step; True when this made a new fit (`profile` / `latency`
+        changed). A step with no request or a non-positive duration is ignored."""
+        if sample.batch_size <= 0 or not (sample.duration_s > 0 and math.isfinite(sample.duration_s)):
+            return False
+        pred = self.latency.step_s(sample.batch_size, sample.num_tokens, sample.decode_ctx_tokens,
+                                   sample.prefill_pairs, sample.encoder_s)
+        self._errors.append(abs(pred - sample.duration_s) / sample.duration_s)
+        self._rows.append(sample)
+        self.samples += 1
+        self._since_fit += 1
+        if len(self._rows) >= self.min_samples and (self.refits == 0 or self._since_fit >= self.refit_every):
+            self.refit()
+            return True
+        return False
+
+    def observe_many(self, samples: list[StepSample]) -> bool:
+        changed = False
+        for s in samples:
+            changed = self.observe(s) or changed
+        return changed
+
+    def refit(self) -> ExecutionProfile:
+        """Fit the window now (module docstring) and make the result the model in force."""
+        self._since_fit = 0
+        rows = list(self._rows)
+        if not rows:
+            return self.profile
+        self.profile, self.scales = fit_profile(self.prior, rows, self.ridge)
+        self.latency = LatencyModel(self.profile)
+        self.refits += 1
+        return self.profile
+
+    # -- what it knows ---------------------------------------------------------------
+    @property
+    def recent_ape(self) -> float | None:
+        if not self._errors:
+            return None
+        return float(np.median(np.fromiter(self._errors, float)))
+
+    @property
+    def trusted(self) -> bool:
+        ape = self.recent_ape
+        return ape is None or len(self._errors) < self.trust_min_errors or ape <= self.trust_ape
+
+    def state(self) -> CalibrationState:
+        return CalibrationState(self.samples, len(self._rows), self.refits, self.recent_ape, self.trusted,
+                                self.scales)
+
+
+# -- the fit ------------------------------------------------------------------------------
+def hat_weights(knots: tuple[int, ...], num_tokens: int) -> tuple[int, float]:
+    """(i, t): `linear_s(num_tokens)` = (1 − t)·token_s[i − 1] + t·token_s[i] (i ≥ 1), the
+    profile's interpolation (at or below the first knot: i = 1, t = 0; past the last:
+    linear extrapolation, t > 1)."""
+    if num_tokens <= knots[0]:
+        return 1, 0.0
+    i = bisect.bisect_left(knots, num_tokens)
+    if i >= len(knots):
+        i = len(knots) - 1
+    x0, x1 = knots[i - 1], knots[i]
+    return i, (num_tokens - x0) / (x1 - x0)
+
+
+def _design(prior: ExecutionProfile, rows: list[StepSample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(X, y, offset): columns per_seq·B, one per knot (hat weights), decode C, prefill P;
+    y the durations; offset what is not fitted: the prior's base_s (kept, folded into the
+    knots' values) and the step's encoder seconds (the engine's own charge)."""
+    knots = prior.token_knots
+    n, k = len(rows), len(knots)
+    X = np.zeros((n, 1 + k + 2))
+    y = np.empty(n)
+    off = np.empty(n)
+    for r, s in enumerate(rows):
+        X[r, 0] = s.batch_size
+        i, t = hat_weights(knots, s.num_tokens)
+        X[r, 1 + i - 1] += 1.0 - t
+        X[r, 1 + i] += t
+        X[r, 1 + k] = s.decode_ctx_tokens
+        X[r, 2 + k] = s.prefill_pairs
+        y[r] = s.duration_s
+        off[r] = prior.base_s + s.encoder_s
+    return X, y, off
+
+
+def _theta(p: ExecutionProfile) -> np.ndarray:
+    return np.array([p.per_seq_s, *p.token_s, p.decode_attn_s_per_ctx_token, p.prefill_attn_s_per_token_pair])
+
+
+def _robust_wls(A: np.ndarray, b: np.ndarray, w: np.ndarray, prior_rows: tuple[np.ndarray, np.ndarray] | None,
+                iters: int = 4) -> np.ndarray:
+    """Huber-weighted least squares of A·θ ≈ b with base weights `w` (relative
+    residuals), plus fixed prior rows (ridge); a few IRLS passes."""
+    hub = np.ones(len(b))
+    theta = np.zeros(A.shape[1])
+    for _ in range(iters):
+        sw = np.sqrt(w * hub)
+        M, v = A * sw[:, None], b * sw
+        if prior_rows is not None:
+            M, v = np.vstack([M, prior_rows[0]]), np.concatenate([v, prior_rows[1]])
+        theta = np.linalg.lstsq(M, v, rcond=None)[0]
+        rel = (A @ theta - b) * np.sqrt(w)
+        scale = 1.4826 * float(np.median(np.abs(rel))) + 1e-12
+        r = np.abs(rel) / (2.5 * scale)
+        hub = np.where(r <= 1.0, 1.0, 1.0 / np.maximum(r, 1e-12))
+    return theta
+
+
+def fit_profile(prior: ExecutionProfile, rows: list[StepSample],
+                ridge: float = 4.0) -> tuple[ExecutionProfile, tuple[float, float, float]]:
+    """The profile fitted to `rows` (module docstring: scale, then refine toward the
+    scaled prior), with the scale factors (shape, decode attention, prefill attention).
+    Coefficients stay ≥ 0; base_s, the knots and the limits are the prior's."""
+    X, y, off = _design(prior, rows)
+    w = 1.0 / np.maximum(y, 1e-9) ** 2  # relative residuals
+    th0 = _theta(prior)
+    k = len(prior.token_knots)
+    enc = off - prior.base_s
+    # 1. three scale factors of the prior's parts (the shape part with its base; decode; prefill)
+    shape = X[:, : 1 + k] @ th0[: 1 + k] + prior.base_s
+    parts = np.column_stack([shape, X[:, 1 + k] * th0[1 + k], X[:, 2 + k] * th0[2 + k]])
+    seen = np.abs(parts).sum(axis=0) > 0
+    sc = np.ones(3)
+    if seen.any():
+        sc[seen] = np.clip(_robust_wls(parts[:, seen], y - enc, w, None), 0.05, 20.0)
+    scaled = th0.copy()
+    scaled[: 1 + k] *= sc[0]
+    scaled[1 + k] *= sc[1]
+    scaled[2 + k] *= sc[2]
+    # base_s stays the prior's (an offset): its share of the shape scale goes into the knots
+    scaled[1: 1 + k] += (sc[0] - 1.0) * prior.base_s
+    # 2. refine toward the scaled prior: prior rows sqrt(ridge)·(θ_j − θ̂_j)/|θ̂_j|, each
+    # worth `ridge` steps' relative residuals
+    size = np.maximum(np.abs(scaled), 1e-15)
+    P = np.diag(math.sqrt(ridge) / size)
+    theta = np.maximum(_robust_wls(X, y - off, w, (P, P @ scaled)), 0.0)
+    fitted = replace(prior, per_seq_s=float(theta[0]), token_s=tuple(float(v) for v in theta[1: 1 + k]),
+                     decode_attn_s_per_ctx_token=float(theta[1 + k]),
+                     prefill_attn_s_per_token_pair=float(theta[2 + k]),
+                     fit={**prior.fit, "calibrated_from": prior.profile_id, "calibration_samples": len(rows)})
+    return fitted, (float(sc[0]), float(sc[1]), float(sc[2]))
