@@ -119,3 +119,64 @@ def test_bad_steps_are_ignored():
               StepSample(4, 4, 400, 0.0, 0.0, float("nan"))):
         assert not cal.observe(s)
     assert cal.samples == 0
+
+
+# -- in the virtual cluster -----------------------------------------------------------------
+def _requests(n: int, rate: float, seed: int):
+    from rps_astro_cli.cluster.virtual import TimedRequest
+
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1 / rate, n))
+    return [TimedRequest(f"r{i}", float(t[i]), int(rng.integers(50, 900)), int(rng.integers(20, 400)))
+            for i in range(n)]
+
+
+def _ape_after(res, warmup: int) -> float:
+    return float(np.median([abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s for r in res.records[warmup:]
+                            if r.predicted_ttft_s is not None]))
+
+
+def test_virtual_predictors_calibrate_to_engines_they_were_not_given():
+    """Engines 1.6× slower in every term than the profile their Predictors are given: the
+    fixed model's TTFT predictions are far off; online calibration brings them to within
+    a few percent after warm-up; `off` keeps the model but stops trusting it (those
+    candidates are compared by load), so its predictions are the ones still asked."""
+    from rps_astro_cli.cluster.virtual import simulate_cluster
+    from rps_astro_cli.dispatch import make_dispatch
+
+    slow = replace(true_engine(shape=1.6, per_seq=1.6, decode=1.6, prefill=1.6), base_s=1.6 * PRIOR.base_s)
+    reqs = _requests(600, 6.0, 0)
+    out = {}
+    for mode in (None, "off", "online"):
+        out[mode] = simulate_cluster(reqs, 3, make_dispatch("power_of_k"), slow, rng=np.random.default_rng(1),
+                                     predictor_latency=PRIOR, calibration=mode)
+    assert _ape_after(out[None], 200) > 0.2
+    assert _ape_after(out["online"], 200) < 0.05
+    assert sum(r.untrusted_predictors for r in out[None].records) == 0
+    assert sum(r.untrusted_predictors for r in out["off"].records) > 300  # most decisions lean on load
+    cal = out["online"].calibration
+    assert cal is not None and len(cal) == 3 and all(c["refits"] > 0 and c["trusted"] for c in cal)
+    assert out[None].calibration is None
+
+
+def test_virtual_fleet_of_mixed_profiles_runs_each_instance_on_its_own():
+    """2 × A100 + 1 × A30 (`latency` per instance): each instance's limits come from its
+    own profile (KV blocks 7609 vs 1056), and the A100s, about twice as fast, finish
+    more of the same work."""
+    from rps_astro_cli.cluster.virtual import simulate_cluster
+    from rps_astro_cli.dispatch import make_dispatch
+    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.sim.instance import InstanceConfig
+
+    a100 = load_profile("llama-2-7b-a100")
+    res = simulate_cluster(_requests(300, 12.0, 2), 3, make_dispatch("power_of_k"), [a100, a100, PRIOR],
+                           rng=np.random.default_rng(0))
+    per = res.requests_per_instance
+    assert per[0] > per[2] and per[1] > per[2], per
+    assert [InstanceConfig.from_profile(p).num_gpu_blocks for p in (a100, PRIOR)] == [7609, 1056]
+    with pytest.raises(AstroUserError, match="2 step models for 3 instances"):
+        simulate_cluster(_requests(5, 1.0, 0), 3, make_dispatch("round_robin"), [a100, PRIOR],
+                         rng=np.random.default_rng(0))
+    with pytest.raises(AstroUserError, match="calibration"):
+        simulate_cluster(_requests(5, 1.0, 0), 1, make_dispatch("round_robin"), PRIOR,
+                         rng=np.random.default_rng(0), calibration="sometimes")

@@ -128,13 +128,14 @@ def test_power_of_k_tie_break_is_random():
 
 def test_power_of_k_unanswered_candidate_competes_on_load():
     """A candidate whose Predictor did not answer is not starved (issue 11): it and the
-    best predicted candidate are compared by outstanding requests."""
+    best predicted candidate are compared by load — outstanding requests here, where no
+    status is known (`test_power_of_k_falls_back_to_llumnix_load_where_status_is_known`)."""
     rng = np.random.default_rng(0)
     p = make_dispatch("power_of_k", k="all", objective="e2e")
     preds = {0: est(0.1, 1.0), 2: est(0.1, 0.5)}  # 2 is the best predicted; 1 did not answer
     loads = [InstanceLoad(0, True, 0), InstanceLoad(1, True, 0), InstanceLoad(2, True, 9)]
     d = p.choose(loads, [0, 1, 2], preds, rng)
-    assert d.choice == 1 and d.reason == "fallback: a predictor did not answer; fewest outstanding"
+    assert d.choice == 1 and d.reason == "fallback: a predictor did not answer; lowest load"
     loads = [InstanceLoad(0, True, 0), InstanceLoad(1, True, 9), InstanceLoad(2, True, 3)]
     d = p.choose(loads, [0, 1, 2], preds, rng)
     assert d.choice == 2  # the busier unanswered one loses; 0 (predicted worse than 2) is out of the comparison
@@ -149,6 +150,27 @@ def test_power_of_k_no_prediction_falls_back_to_least_requests_over_all_healthy(
     d = make_dispatch("power_of_k", k=2).choose(loads, [0, 1], {}, np.random.default_rng(0))
     assert d.choice == 2  # fewest outstanding among healthy, not only among the 2 sampled
     assert d.reason.startswith("fallback: no predictor answered")
+
+
+def test_power_of_k_falls_back_to_llumnix_load_where_status_is_known():
+    """Issue 31's degradation: where a candidate has no usable prediction (late, down, or
+    an untrusted model) and every candidate has a status, the comparison is Llumnix- load
+    (−(free − waiting blocks needed) / running), not outstanding requests. By hand:
+    instance 0: free 100, needs 0, 4 running → −25; 1: free 20, needs 10, 1 running → −10;
+    2: free 90, 3 running → −30 (the lowest load), though it has the most outstanding."""
+    def ld(i, out, free, need, running):
+        return InstanceLoad(i, True, out, kv_blocks_free=free, kv_blocks_total=200, num_running=running,
+                            num_waiting=0, waiting_blocks_needed=need, kv_block_size=16, max_num_seqs=48)
+
+    loads = [ld(0, 1, 100, 0, 4), ld(1, 0, 20, 10, 1), ld(2, 9, 90, 0, 3)]
+    p = make_dispatch("power_of_k", k="all", objective="e2e", kv_reserve_frac=0)  # the tie-break reads status
+    d = p.choose(loads, [0, 1, 2], {}, np.random.default_rng(0))
+    assert d.choice == 2 and d.reason == "fallback: no predictor answered; lowest load"
+    d = p.choose(loads, [0, 1, 2], {0: est(0.1, 0.2)}, np.random.default_rng(0))  # 1 and 2 unanswered
+    assert d.choice == 2 and d.reason == "fallback: a predictor did not answer; lowest load"
+    # the paper's Po2 reads no status: outstanding requests decide
+    po2 = make_dispatch("power_of_k", k="all", objective="e2e", kv_reserve_frac=0, tie_tolerance_s=0)
+    assert po2.choose(loads, [0, 1, 2], {}, np.random.default_rng(0)).choice == 1
 
 
 @pytest.mark.parametrize("bad", [0, -1, "none", 1.5, True])

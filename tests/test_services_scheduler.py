@@ -170,7 +170,7 @@ def test_dead_and_slow_predictors_are_skipped_within_the_deadline(length_model, 
             assert not release.is_set()  # answered while the slow Predictor never did: not waited for
             decs = c.get("/decisions").json()[1:]
             # the unanswered candidates compete with engine-2 on load (not starved)
-            unanswered = "fallback: a predictor did not answer; fewest outstanding"
+            unanswered = "fallback: a predictor did not answer; lowest load"
             assert all(d["reason"] == unanswered and list(d["predictions"]) == ["2"] for d in decs), [
                 (d["reason"], list(d["predictions"]), d["decide_us"]) for d in decs]
             # the decision waited for the deadline, not for the slow one (before: < 0.5 s

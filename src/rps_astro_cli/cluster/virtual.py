@@ -69,6 +69,7 @@ import numpy as np
 from rps_astro_cli.dispatch.base import DispatchPolicy, decide
 from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, status_fields_of
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.fcfs import FCFSPolicy
 from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
@@ -133,6 +134,8 @@ class RequestRecord:
     session_id: its conversation, or None.
     preprocess_start_s: its own preprocessing started (the engine's arrival stamp, as
         vLLM's `arrival_time`): = dispatch_s unless it waited for a front-end slot.
+    untrusted_predictors: candidates whose Predictor was not asked because its model's
+        recent error was too high (`calibration`; the decision leaned on load for them).
     """
 
     request_id: str
@@ -155,6 +158,7 @@ class RequestRecord:
     cached_tokens: int = 0
     session_id: str | None = None
     preprocess_start_s: float | None = None
+    untrusted_predictors: int = 0
 
     @property
     def ttft_s(self) -> float:
@@ -194,6 +198,8 @@ class ClusterResult:
     prefix_cache_queries_tokens: int = 0
     prefix_cache_hits_tokens: int = 0
     herding: dict[str, Any] | None = None  # several schedulers / a stale status only (`_Herding.summary`)
+    # with `calibration`: each Predictor's calibrator at the end (`CalibrationState.to_dict`)
+    calibration: list[dict[str, Any]] | None = None
 
     @property
     def num_preemptions(self) -> int:
@@ -228,8 +234,8 @@ def simulate_cluster(
     requests: Sequence[TimedRequest],
     num_instances: int,
     dispatch: DispatchPolicy | Sequence[DispatchPolicy],
-    latency: LatencyModel | ExecutionProfile,
-    config: InstanceConfig | None = None,
+    latency: LatencyModel | ExecutionProfile | Sequence[LatencyModel | ExecutionProfile],
+    config: InstanceConfig | Sequence[InstanceConfig] | None = None,
     instance_policy_factory: Callable[[], InstancePolicy] | None = None,
     rng: np.random.Generator | None = None,
     *,
@@ -240,6 +246,8 @@ def simulate_cluster(
     count_pending: bool = True,
     waiting_hits: bool = True,
     preprocess_slots: int | None = None,
+    predictor_latency: LatencyModel | ExecutionProfile | Sequence[LatencyModel | ExecutionProfile] | None = None,
+    calibration: str | None = None,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -247,8 +255,11 @@ def simulate_cluster(
     dispatch: a `DispatchPolicy` (`dispatch.make_dispatch(name)`); it keeps its own
         state (round-robin's turn), so pass a fresh one per run. A list: one fresh
         policy per scheduler replica (module docstring).
-    latency: step-latency model, or a profile to build one from.
-    config: batching limits; default `InstanceConfig.from_profile(profile)`.
+    latency: step-latency model, or a profile to build one from; a sequence: one per
+        instance (a heterogeneous fleet).
+    config: batching limits (one, or one per instance); default each instance's
+        `InstanceConfig.from_profile(its profile)`. The instances must share one KV
+        block size (prefix hashes are per block).
     instance_policy_factory: makes each instance's local policy (default FCFS).
     rng: the run's only source of randomness (required).
     extension_tokens / default_output_tokens: the look-ahead's auto-extension rule.
@@ -263,6 +274,13 @@ def simulate_cluster(
     preprocess_slots: requests each instance's front end preprocesses at once, FIFO
         (module docstring); None = unlimited (each on its own). The look-ahead sees the
         candidate's wait for a slot as part of its preprocessing time.
+    predictor_latency: the step model(s) each instance's Predictor assumes (same forms
+        as `latency`); None = each Predictor's model is its engine's (no mismatch).
+    calibration: None = the Predictors' models are fixed and always trusted (as
+        before calibration existed); "off" = fixed, but each Predictor's recent step
+        error is tracked and an untrusted one (`sim.calibration`) is not asked, so the
+        dispatch leans on load for that instance; "online" = as "off", and each
+        Predictor also refits its model from its engine's steps (`StepCalibrator`).
 
     Returns a `ClusterResult` (records in input order).
 
@@ -282,13 +300,33 @@ def simulate_cluster(
     if rng is None:
         raise AstroUserError("simulate_cluster needs a numpy Generator", field="rng",
                              fix="pass rng=numpy.random.default_rng(seed)")
-    lat = latency if isinstance(latency, LatencyModel) else LatencyModel(latency)
-    cfg = config or InstanceConfig.from_profile(lat.profile)
+    if calibration not in (None, "off", "online"):
+        raise AstroUserError(f"unknown calibration {calibration!r}", field="calibration", fix="use online or off")
+    lats = _per_instance(latency, num_instances, "latency")
+    plats = None if predictor_latency is None else _per_instance(predictor_latency, num_instances,
+                                                                  "predictor_latency")
+    if config is None:
+        cfgs = [InstanceConfig.from_profile(lt.profile) for lt in lats]
+    elif isinstance(config, InstanceConfig):
+        cfgs = [config] * num_instances
+    else:
+        cfgs = list(config)
+        if len(cfgs) != num_instances:
+            raise AstroUserError(f"{len(cfgs)} instance configs for {num_instances} instances", field="config")
+    if len({c.block_size for c in cfgs}) > 1:
+        raise AstroUserError("the instances' KV block sizes differ", field="config",
+                             fix="give every instance the same block_size (prefix hashes are per block)")
+    cfg = min(cfgs, key=lambda c: c.max_model_len)  # every request must fit every instance
     _validate(requests, cfg)
     factory = instance_policy_factory or FCFSPolicy
-    sims = [InstanceSim(cfg, lat, factory()) for _ in range(num_instances)]
+    sims = [InstanceSim(cfgs[i], lats[i], factory()) for i in range(num_instances)]
     bs = cfg.block_size
     max_len = cfg.max_model_len
+    # each instance's Predictor: its step model (None: the engine's own) and, with
+    # `calibration`, its calibrator (which holds the model in force)
+    cals = None if calibration is None else [
+        StepCalibrator((plats[i] if plats is not None else lats[i]).profile, learn=calibration == "online")
+        for i in range(num_instances)]
     busy_until = [0.0] * num_instances
     stepping = [False] * num_instances
     pending_finished: list[list[SimRequest]] = [[] for _ in range(num_instances)]
@@ -317,7 +355,7 @@ def simulate_cluster(
     seq = n
     last_instance: dict[str, int] = {}  # session → instance of its latest turn
     # each instance as this process's scheduler sees it (dispatch.loads.InstanceView)
-    own_views = [_Seen(i, sim, outstanding, cfg, last_instance) for i, sim in enumerate(sims)]
+    own_views = [_Seen(i, sim, outstanding, cfgs[i], last_instance) for i, sim in enumerate(sims)]
     heapq.heapify(heap)
     index_of: dict[int, int] = {}
     makespan = 0.0
@@ -326,6 +364,8 @@ def simulate_cluster(
     def start_step(i: int, now: float) -> None:
         nonlocal seq
         res = sims[i].step(now)
+        if cals is not None and res.scheduled:  # the Predictor learns from its engine's step
+            cals[i].observe(StepSample.of(res.shape, res.duration_s))
         if res.scheduled:
             end = now + res.duration_s
             busy_until[i] = end
@@ -401,19 +441,26 @@ def simulate_cluster(
         seen_out, seen_busy, seen_stepping, seen_arriving = outstanding, busy_until, stepping, arriving
         if herd is not None:
             views, seen_out, seen_busy, seen_stepping, seen_arriving = herd.views(sched, now)
-        seen = own_views if herd is None else [_Seen(i, sim, seen_out, cfg, last_instance)
+        seen = own_views if herd is None else [_Seen(i, sim, seen_out, cfgs[i], last_instance)
                                                for i, sim in enumerate(views)]
         loads = loads_for(seen, DispatchRequest(req.prompt_tokens, hashes, bs, req.session_id), inputs)
         preds: dict[int, LatencyEstimate] = {}
+        untrusted: list[int] = []
 
         # called by `decide` at once, inside this iteration: binding the loop's values
         # as defaults only says so to the linter (B023)
         def predict(cands: list[int], req=req, pred_len=pred_len, now=now, preds=preds, hashes=hashes,
                     max_hit=max_hit, views=views, busy_until=seen_busy, stepping=seen_stepping,
-                    arriving=seen_arriving) -> dict[int, LatencyEstimate]:
+                    arriving=seen_arriving, untrusted=untrusted) -> dict[int, LatencyEstimate]:
             cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
                                     req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
             for i in cands:
+                plat = None if plats is None else plats[i]
+                if cals is not None:
+                    if not cals[i].trusted:  # its model is off: not asked, load decides for it
+                        untrusted.append(i)
+                        continue
+                    plat = cals[i].latency
                 t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
                 c = cand
                 pre_i = req.preprocess_s
@@ -429,7 +476,7 @@ def simulate_cluster(
                     c = replace(c, preprocess_s=max(0.0, now + pre_i - t_snap))
                 est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
                                        default_output_tokens=default_output_tokens, remaining=remaining,
-                                       waiting_hits=waiting_hits)
+                                       waiting_hits=waiting_hits, latency=plat)
                 shift = t_snap - now
                 preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                            est.steps_simulated, est.events)
@@ -454,7 +501,7 @@ def simulate_cluster(
             req.request_id, i, now, now, enqueue_s, None, None, None,
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
             chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
-            session_id=req.session_id, preprocess_start_s=pre_start,
+            session_id=req.session_id, preprocess_start_s=pre_start, untrusted_predictors=len(untrusted),
         )
         sr = SimRequest(
             request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
@@ -488,7 +535,28 @@ def simulate_cluster(
         prefix_cache_queries_tokens=sum(s.prefix_cache_queries_tokens for s in sims),
         prefix_cache_hits_tokens=sum(s.prefix_cache_hits_tokens for s in sims),
         herding=herd.summary() if herd is not None else None,
+        calibration=None if cals is None else [c.state().to_dict() for c in cals],
     )
+
+
+def _per_instance(models: Any, n: int, field_name: str) -> list[LatencyModel]:
+    """One `LatencyModel` per instance from a model or profile (every instance) or a
+    sequence of them (one each; a profile given twice shares one memo)."""
+    if isinstance(models, (LatencyModel, ExecutionProfile)):
+        one = models if isinstance(models, LatencyModel) else LatencyModel(models)
+        return [one] * n
+    items = list(models)
+    if len(items) != n:
+        raise AstroUserError(f"{len(items)} step models for {n} instances", field=field_name,
+                             fix="give one per instance, or one for all")
+    memo: dict[int, LatencyModel] = {}
+    out = []
+    for m in items:
+        if isinstance(m, LatencyModel):
+            out.append(m)
+        else:
+            out.append(memo.setdefault(id(m), LatencyModel(m)))
+    return out
 
 
 class _StatusView:

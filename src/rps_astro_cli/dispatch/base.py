@@ -110,7 +110,7 @@ class DispatchPolicy:
     picker: Picker = MinScorePicker()
     fallback: Fallback | None = None
     unanswered: Scorer | None = FEWEST_OUTSTANDING
-    unanswered_reason: ClassVar[str] = "fallback: a predictor did not answer; fewest outstanding"
+    unanswered_reason: str = "fallback: a predictor did not answer; fewest outstanding"
 
     @property
     def inputs(self) -> frozenset[str]:

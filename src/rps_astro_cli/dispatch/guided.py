@@ -31,6 +31,7 @@ from rps_astro_cli.dispatch.stages import (
     HealthFilter,
     KvHeadroomFilter,
     LlumnixLoadScorer,
+    LoadScorer,
     PowerOfKSampler,
     PredictedLatencyScorer,
 )
@@ -140,8 +141,11 @@ class PowerOfK(DispatchPolicy):
     Predictors decide where a prefill starts soonest — a timing question they answer
     well whatever the lengths — and the KV gate keeps requests off instances about to run
     out of blocks, where a look-ahead's view depends on the running requests' lengths.
-    Predictors that were late or failed are unscored; if none answered, the decision
-    falls back to least outstanding requests over every healthy instance.
+    Predictors that were late or failed, or whose model's recent error is too high
+    (`sim.calibration`), are unscored: the best predicted candidate and the unscored ones
+    are compared by load (`stages.LoadScorer`: Llumnix- load where the status is known),
+    and if none has a usable prediction, every healthy instance is. (The paper's Po2,
+    which reads no status, falls back to least outstanding requests.)
     Pipeline: health [→ KV headroom] → power-of-k [+ cache pin] → predicted latency → min
     [within the tie tolerance: Llumnix- load] (random ties). The paper's Po2:
     `k=2, objective="e2e", kv_reserve_frac=0, tie_tolerance_s=0`.
@@ -167,6 +171,12 @@ class PowerOfK(DispatchPolicy):
             self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
         self.sampler = PowerOfKSampler(self.k, self.pin_cached)
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
+        if self.kv_reserve_frac > 0 or self.tie_tolerance_s > 0:
+            # it reads the engines' status anyway: where predictions are missing or
+            # untrusted, compare by load (Llumnix-), not by outstanding requests
+            self.unanswered = LoadScorer()
+            self.unanswered_reason = "fallback: a predictor did not answer; lowest load"
+            self.fallback = Fallback(self.unanswered, "filtered", "fallback: no predictor answered; lowest load")
 
     @property
     def inputs(self) -> frozenset[str]:

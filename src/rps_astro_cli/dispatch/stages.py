@@ -278,6 +278,29 @@ class LlumnixLoadScorer(Scorer):
         return values
 
 
+class LoadScorer(Scorer):
+    """The load signal a prediction-guided policy falls back to where it has no usable
+    prediction (a Predictor late, down, or its model's recent error too high): Llumnix-
+    load (`LlumnixLoadScorer`, astrolabe variant) when every candidate has a status, else
+    fewest outstanding requests. Why not outstanding alone: on a fleet whose instances
+    differ in speed or queue shape it is the worst of the load signals measured
+    (BENCHMARKS.md, "Model mismatch")."""
+
+    name = "load"
+    reads = frozenset({STATUS})
+    reason = "lowest load"
+
+    def __init__(self) -> None:
+        self._llx = LlumnixLoadScorer("astrolabe", 0.0)
+
+    def score(self, by_index: Mapping[int, InstanceLoad], candidates: Sequence[int],
+              predictions: Mapping[int, LatencyEstimate]) -> dict[int, float]:
+        values = self._llx.score(by_index, candidates, predictions)
+        if len(values) == len(candidates):
+            return values
+        return {i: float(by_index[i].outstanding_requests) for i in candidates}
+
+
 class PredictedLatencyScorer(Scorer):
     """The Predictor's look-ahead estimate of `objective` (e2e or ttft) on that instance,
     in units of TIE_RESOLUTION_S (1 µs) so float noise from different engine clocks

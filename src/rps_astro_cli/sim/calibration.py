@@ -106,7 +106,7 @@ class StepCalibrator:
 
     def __init__(self, prior: ExecutionProfile, *, window: int = 2048, refit_every: int = 64,
                  min_samples: int = 32, ridge: float = 4.0, error_window: int = 256, trust_ape: float = 0.2,
-                 trust_min_errors: int = 16):
+                 trust_min_errors: int = 16, learn: bool = True):
         if window < 8 or refit_every < 1 or min_samples < 1:
             raise ValueError("window ≥ 8, refit_every ≥ 1 and min_samples ≥ 1 are required")
         self.prior = prior
@@ -118,6 +118,7 @@ class StepCalibrator:
         self.ridge = ridge
         self.trust_ape = trust_ape
         self.trust_min_errors = trust_min_errors
+        self.learn = learn
         self._rows: deque[StepSample] = deque(maxlen=window)
         self._errors: deque[float] = deque(maxlen=error_window)
         self.samples = 0
@@ -134,6 +135,9 @@ class StepCalibrator:
         pred = self.latency.step_s(sample.batch_size, sample.num_tokens, sample.decode_ctx_tokens,
                                    sample.prefill_pairs, sample.encoder_s)
         self._errors.append(abs(pred - sample.duration_s) / sample.duration_s)
+        if not self.learn:
+            self.samples += 1
+            return False
         self._rows.append(sample)
         self.samples += 1
         self._since_fit += 1

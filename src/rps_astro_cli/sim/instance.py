@@ -54,6 +54,7 @@ class StepResult:
     """What one engine step did.
 
     duration_s: step latency (seconds; 0 when nothing was scheduled).
+    shape: the step's latency features (see the field).
     scheduled: (request, new tokens computed) pairs, in batch order.
     sampled: requests that produced one output token at the step's end.
     finished: requests that completed in this step (blocks already freed).
@@ -61,6 +62,9 @@ class StepResult:
     """
 
     duration_s: float = 0.0
+    # (batch size, new tokens, decode context tokens, prefill pairs, encoder s): the
+    # features its latency was computed from (`sim.calibration.StepShape`)
+    shape: tuple[int, int, int, float, float] = (0, 0, 0, 0.0, 0.0)
     scheduled: list[tuple[SimRequest, int]] = field(default_factory=list)
     sampled: list[SimRequest] = field(default_factory=list)
     finished: list[SimRequest] = field(default_factory=list)
@@ -292,6 +296,7 @@ class InstanceSim:
                     enc += req.encoder_s
         dur = self.latency.step_s(len(out.scheduled), num_tokens, decode_ctx, pairs, enc)
         out.duration_s = dur
+        out.shape = (len(out.scheduled), num_tokens, decode_ctx, pairs, enc)
         end_s = now_s + dur
         self.num_steps_total += 1
         cache = self.cache

@@ -303,8 +303,9 @@ def predict_instance(
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
     waiting_hits: bool = True,
+    latency: LatencyModel | None = None,
 ) -> LatencyEstimate:
-    """`predict(snapshot("", now_s, inst), candidate, inst.latency, policy or inst.policy)`
+    """`predict(snapshot("", now_s, inst), candidate, latency or inst.latency, policy or inst.policy)`
     without building the snapshot: for the virtual cluster, which holds `InstanceSim`s.
 
     arriving: requests dispatched to the instance but still in preprocessing; each
@@ -318,6 +319,8 @@ def predict_instance(
     waiting_hits: a waiting or arriving request not yet admitted starts its prefill past
     its prefix-cache hit on the instance now (as the candidate does with
     `cached_tokens`); False = it prefills its whole prompt.
+    latency: the step model the Predictor assumes (None: the instance's own, i.e. a
+    Predictor whose model is exactly its engine).
     """
     cfg = inst.config
     _check_fits(candidate, cfg.max_model_len)
@@ -334,6 +337,7 @@ def predict_instance(
         if cache is not None:
             _credit_hits(arr, arriving, cache, cfg.block_size)
         pending = arrivals_order([max(r.arrival_s, now_s) for r in arriving], arr, cand)
-    lp = engine.FastLookahead(cfg, inst.latency, policy or inst.policy, running, waiting, inst.free_blocks).run(
+    lp = engine.FastLookahead(cfg, latency or inst.latency, policy or inst.policy, running, waiting,
+                              inst.free_blocks).run(
         cand, now_s, pending)
     return LatencyEstimate(lp.ttft_s, lp.e2e_s, lp.steps, lp.events)
