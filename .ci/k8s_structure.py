@@ -10,7 +10,11 @@ endpointslices; the Prometheus Operator monitors (no schema in kubernetes-valida
 select existing pods / Services and name ports they have. The GIE overlay (a Deployment
 astro-epp instead of the scheduler): the EPP, its Service, RBAC and probes, and the
 InferencePool (GIE's v1 schema facts: kubernetes-validate has none for it) and HTTPRoute
-wired to the engine pods and the EPP (`check_gie`). Exit 1 on any problem.
+wired to the engine pods and the EPP (`check_gie`). A heterogeneous fleet (overlay hetero:
+one engine Deployment per group, `check_engine_groups`): each group's pod holds the engine and
+its Predictor on the same profile, no Deployment selects another group's pods, the engine
+Service selects them all, and each group's pod is astro-engine's but for its profile and
+group label (a copy that drifted from the base is caught). Exit 1 on any problem.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ def check(docs: list[dict]) -> list[str]:
             errors.append("engine pod: no native sidecar 'predictor' (init container, restartPolicy Always)")
         elif "http://127.0.0.1:8000" not in p["args"]:
             errors.append("engine pod: the Predictor does not read its engine over localhost")
+    errors += check_engine_groups(docs, by)
     gie = ("Deployment", "astro-epp") in by  # GIE mode: the gateway + EPP replace the scheduler
     sched = by.get(("Deployment", "astro-scheduler"))
     if gie:
@@ -83,6 +88,60 @@ def check(docs: list[dict]) -> list[str]:
                         errors.append(f"ServiceMonitor {name}: Service {s['metadata']['name']} has no port "
                                       f"{ep['port']!r}")
     return errors
+
+
+GROUP_LABEL = "astro.io/engine-group"
+
+
+def _profile_env(container: dict) -> str | None:
+    return next((e.get("value") for e in container.get("env") or [] if e["name"] == "ASTRO_PROFILE"), None)
+
+
+def _without_group(pod: dict) -> dict:
+    """An engine pod template with its group label and ASTRO_PROFILE values taken out."""
+    import copy
+
+    pod = copy.deepcopy(pod)
+    pod["metadata"]["labels"].pop(GROUP_LABEL, None)
+    for c in [*pod["spec"].get("containers", []), *pod["spec"].get("initContainers", [])]:
+        c["env"] = [e for e in c.get("env") or [] if e["name"] != "ASTRO_PROFILE"]
+    return pod
+
+
+def check_engine_groups(docs: list[dict], by: dict) -> list[str]:
+    """Every engine Deployment (pods labelled component=engine) beside astro-engine is a
+    group of a heterogeneous fleet: see the module docstring."""
+    groups = [d for d in docs if d["kind"] == "Deployment"
+              and d["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component") == "engine"]
+    if len(groups) < 2:
+        return []
+    errs = []
+    base = by.get(("Deployment", "astro-engine"))
+    svc = by.get(("Service", "astro-engine"))
+    for d in groups:
+        name = d["metadata"]["name"]
+        tmpl = d["spec"]["template"]
+        labels = tmpl["metadata"]["labels"]
+        if GROUP_LABEL not in labels or d["spec"]["selector"]["matchLabels"].get(GROUP_LABEL) != labels[GROUP_LABEL]:
+            errs.append(f"engine group {name}: its selector and pods need their own {GROUP_LABEL} label")
+        for other in groups:
+            if other is not d and sel_matches(d["spec"]["selector"], other["spec"]["template"]["metadata"]["labels"]):
+                errs.append(f"engine group {name}: its selector also selects the pods of {other['metadata']['name']}")
+        pod = tmpl["spec"]
+        main = {c["name"]: c for c in pod.get("containers", [])}
+        side = {c["name"]: c for c in pod.get("initContainers", [])}
+        if "engine" not in main or "predictor" not in side:
+            errs.append(f"engine group {name}: no engine container with its Predictor sidecar")
+            continue
+        prof = _profile_env(main["engine"])
+        if not prof or _profile_env(side["predictor"]) != prof:
+            errs.append(f"engine group {name}: the engine and its Predictor must name the same ASTRO_PROFILE")
+        if svc is not None and not sel_matches({"matchLabels": svc["spec"]["selector"]}, labels):
+            errs.append(f"Service astro-engine does not select the pods of engine group {name}")
+        if base is not None and d is not base and _without_group(tmpl) != _without_group(base["spec"]["template"]):
+            errs.append(f"engine group {name}: its pod differs from astro-engine's in more than its profile and "
+                        f"{GROUP_LABEL} (a copy that drifted from the base)")
+    return errs
 
 
 # InferencePool inference.networking.k8s.io/v1 (GIE v1.x), as its published CRD defines

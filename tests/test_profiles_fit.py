@@ -283,3 +283,42 @@ def test_cli_bad_input_exits_2(tmp_path):
     assert r.exit_code == 2 and "no-such-profile" in r.output
     r = CliRunner().invoke(app, ["profiles", "fit", "--data-dir", str(tmp_path / "nope"), "--out", str(tmp_path)])
     assert r.exit_code == 2 and "--data-dir" in r.output
+
+
+# -- astro profiles scale (issue 31: hardware astro never profiled) -----------------------
+def test_scale_writes_a_bent_copy_checked_by_hand(tmp_path):
+    out = tmp_path / "a30-odd.json"
+    res = CliRunner().invoke(app, ["profiles", "scale", "llama-2-7b-a30", "--prefill", "1.3", "--decode", "0.8",
+                                   "--per-seq", "1.1", "--shape", "1.2", "--bend", "0.25", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    p = load_profile(str(out))
+    base = json.loads((PROFILES_DIR / "llama-2-7b-a30.json").read_text())["coefficients"]
+    # the 64-token knot: log2(64) / log2(4096) = 6 / 12, so × 1.2 × (1 + 0.25 · 0.5) = × 1.35
+    i = base["token_knots"].index(64)
+    assert p.token_knots[i] == 64 and p.token_knots[-1] == 4096
+    assert p.token_s[i] == pytest.approx(base["token_s"][i] * 1.35, rel=1e-12)
+    assert p.token_s[0] == pytest.approx(base["token_s"][0] * 1.2, rel=1e-12)  # knot 1: log2 = 0, no bend
+    assert p.token_s[-1] == pytest.approx(base["token_s"][-1] * 1.2 * 1.25, rel=1e-12)
+    assert p.prefill_attn_s_per_token_pair == pytest.approx(base["prefill_attn_s_per_token_pair"] * 1.3, rel=1e-12)
+    assert p.decode_attn_s_per_ctx_token == pytest.approx(base["decode_attn_s_per_ctx_token"] * 0.8, rel=1e-12)
+    assert p.per_seq_s == pytest.approx(base["per_seq_s"] * 1.1, rel=1e-12)
+    assert p.base_s == pytest.approx(base["base_s"] * 1.2, rel=1e-12)
+    assert p.profile_id.startswith("llama-2-7b-a30-scaled-") and "." not in p.profile_id
+    assert p.fit["scaled_from"] == {"profile_id": "llama-2-7b-a30", "prefill": 1.3, "decode": 0.8, "per_seq": 1.1,
+                                    "shape": 1.2, "bend": 0.25}
+    assert p.num_gpu_blocks == 1056 and "scaled" in p.sources
+    # the file is a profile `--profile PATH` takes
+    trace = tmp_path / "t.csv"
+    trace.write_text("prompt_tokens,output_tokens\n100,20\n")
+    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "-n", "3", "--instances", "1",
+                                   "--profile", str(out), "--out", str(tmp_path / "r.jsonl")])
+    assert res.exit_code == 0 and p.profile_id in res.output.replace("\n", ""), res.output
+
+
+@pytest.mark.parametrize("args,needle", [(["--bend", "-1"], "--bend"), (["--per-seq", "0"], "--per-seq"),
+                                         (["--prefill", "nan"], "--prefill"), ([], ".json")])
+def test_scale_bad_factors_exit_2(tmp_path, args, needle):
+    out = tmp_path / ("x.json" if args else "x.txt")
+    res = CliRunner().invoke(app, ["profiles", "scale", "llama-2-7b-a30", *args, "--out", str(out)])
+    assert res.exit_code == 2 and needle in res.output and "Traceback" not in res.output, res.output
+    assert not out.exists()

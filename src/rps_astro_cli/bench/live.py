@@ -195,6 +195,13 @@ class LiveTarget:
                      time_scale=self.time_scale)
             if self.cfg.cluster.instance_policies:
                 d["instance_policies"] = list(self.cfg.cluster.instance_policies)
+            insts = [i for i in self.cluster.get("instances") or [] if isinstance(i, dict)]
+            own = {i.get("name"): i.get("profile") for i in insts}
+            told = {i.get("name"): i.get("assumed_profile") for i in insts if i.get("assumed_profile")}
+            if len(set(own.values())) > 1 or any(told.get(n, p) != p for n, p in own.items()):
+                d["instance_profiles"] = own  # a heterogeneous fleet (cluster.json per instance)
+                if any(told.get(n, p) != p for n, p in own.items()):
+                    d["predictor_profiles"] = told
         d["time_unit"] = ("engine seconds (wall ÷ time_scale)" if self.time_scale != 1.0 else "seconds")
         return d
 
@@ -458,7 +465,15 @@ class LiveTarget:
             raise AstroUserError("--slo-scale needs an execution profile for isolated E2E", field="--slo-scale",
                                  fix="pass --profile ID (the served model's profile) or use --cluster")
         prof = load_profile(prof_id)
-        isolated_for(records, prof)  # engine seconds, like the records (see `run`)
+        # a heterogeneous fleet: each record on the profile of the engine that served it
+        # (cluster.json's per-instance "profile", by the x-astro-instance name)
+        own = {i.get("name"): i.get("profile") for i in (self.cluster or {}).get("instances") or []
+               if isinstance(i, dict) and i.get("profile")}
+        by: dict[str, list[RequestRecord]] = {}
+        for r in records:
+            by.setdefault(own.get(r.instance) or prof_id, []).append(r)
+        for ref, recs in by.items():  # engine seconds, like the records (see `run`)
+            isolated_for(recs, prof if ref == prof_id else load_profile(ref))
 
 
 def to_engine_seconds(rec: RequestRecord, time_scale: float) -> None:

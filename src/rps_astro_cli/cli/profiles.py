@@ -1,5 +1,6 @@
-"""`astro profiles`: list, show and re-fit the execution-time profiles
-(`artifacts/profiles/*.json`, fitted by `rps_astro_cli.profiling.fit_profiles`)."""
+"""`astro profiles`: list, show, re-fit and scale the execution-time profiles
+(`artifacts/profiles/*.json`, fitted by `rps_astro_cli.profiling.fit_profiles`; scaled
+copies by `rps_astro_cli.sim.profile.scaled_profile`)."""
 
 from __future__ import annotations
 
@@ -125,3 +126,45 @@ def register(app: typer.Typer) -> None:
             s = sanity_report(p)
             typer.echo(f"wrote {path}: decode b1 {s['decode_b1_ctx500_ms']:.1f} ms, "
                        f"prefill 512 {s['prefill_512_ms']:.1f} ms")
+
+    @grp.command("scale")
+    @user_errors
+    def scale_cmd(
+        base: Annotated[str, typer.Argument(help="Profile to copy: id (artifacts/profiles/<id>.json) or a JSON path.")],
+        out: Annotated[Path, typer.Option("--out", help="Where to write the copy (a .json path; `--profile PATH` "
+                                          "then loads it).")],
+        prefill: Annotated[float, typer.Option("--prefill", help="Factor on prefill attention (s per token pair).")] = 1.0,
+        decode: Annotated[float, typer.Option("--decode", help="Factor on decode attention (s per context token).")] = 1.0,
+        per_seq: Annotated[float, typer.Option("--per-seq", help="Factor on the per-sequence term (s per request "
+                                               "in the batch).")] = 1.0,
+        shape: Annotated[float, typer.Option("--shape", help="Factor on base_s and the linear-layer curve.")] = 1.0,
+        bend: Annotated[float, typer.Option("--bend", help="Bend of the linear-layer curve: each knot's time × (1 + "
+                                            "BEND·log2(tokens)/log2(last knot)); > 0: big steps slower than small "
+                                            "ones (> -1).")] = 0.0,
+        profile_id: Annotated[str | None, typer.Option("--id", help="The copy's profile_id (default: "
+                                                       "BASE-scaled-<factors>).")] = None,
+    ) -> None:
+        """Write a scaled copy of a profile: hardware astro never profiled, for
+        model-mismatch experiments (each step-model term scaled on its own, the linear curve
+        bent; `sim.profile.scaled_profile`)."""
+        from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.profiling.fit_profiles import sanity_report
+        from rps_astro_cli.sim.profile import load_profile, scaled_profile
+
+        if out.suffix != ".json":
+            raise AstroUserError(f"{out} does not end in .json", field="--out",
+                                 fix="name the file PATH.json (a profile path is told from an id by its suffix)")
+        src = load_profile(base)
+        try:
+            p = scaled_profile(src, prefill=prefill, decode=decode, per_seq=per_seq, shape=shape, bend=bend,
+                               profile_id=profile_id)
+        except AstroUserError as exc:  # name the flag, not the keyword
+            flag = f"--{(exc.field or '').replace('_', '-')}"
+            raise AstroUserError(str(exc).removeprefix(f"{exc.field}: "), field=flag) from None
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(p.to_dict(), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        a, b = sanity_report(src), sanity_report(p)
+        typer.echo(f"wrote {out} ({p.profile_id}): decode b1 {b['decode_b1_ctx500_ms']:.1f} ms (base "
+                   f"{a['decode_b1_ctx500_ms']:.1f}), decode b48 {b['decode_b48_ctx500_ms']:.1f} ms (base "
+                   f"{a['decode_b48_ctx500_ms']:.1f}), prefill 512 {b['prefill_512_ms']:.1f} ms (base "
+                   f"{a['prefill_512_ms']:.1f}); use it with --profile {out}")

@@ -1,6 +1,12 @@
 """`astro simulate`: run a length trace through the virtual-time cluster simulation
 (library: `rps_astro_cli.cluster.simulate_cluster`) and write one JSON record per
-request. `astro bench --virtual` builds richer workloads on the same library."""
+request. `astro bench --virtual` builds richer workloads on the same library.
+
+The fleet: `--recipe` (an `astro serve` recipe: instances or instance groups, each
+group's profile and limits, the instance and dispatch policies as defaults) or
+`--instances` × `--profile`; `--profile P1,P2,…` gives one profile per instance and
+`--predictor-profile P[,…]` what the Predictors are told (`services.config.with_fleet`,
+the rules `astro serve` and `astro bench --virtual` apply)."""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, ProfileOpt, SeedOpt, console, user_errors
+from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, SeedOpt, console, user_errors
 
 _DATASETS = {
     "astrolabe-sharegpt": "traces/astrolabe_sharegpt_val_10k_llama2.csv",
@@ -25,15 +31,17 @@ def register(app: typer.Typer) -> None:
     def simulate(
         trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
         dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
-        instances: Annotated[int, typer.Option("--instances", help="Number of simulated instances (≥ 1).")] = 12,
+        recipe: Annotated[str | None, typer.Option("--recipe", help="An astro serve recipe (name under recipes/ or YAML path): its instances (or instance groups, each with its profile and limits), instance policy and dispatch policy; flags given win.")] = None,
+        instances: Annotated[int | None, typer.Option("--instances", help="Number of simulated instances (≥ 1; default: the recipe's, else one per --profile listed, else 12).")] = None,
         rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
-        policy: Annotated[str, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`).")] = "round_robin",
+        policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`; default: the recipe's with its parameters, else round_robin).")] = None,
         k: Annotated[str | None, typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
         param: ParamOpt = None,
-        instance_policy: Annotated[str, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...).")] = "fcfs",
+        instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...; default: the recipe's, else fcfs).")] = None,
         instance_param: InstanceParamOpt = None,
-        profile: ProfileOpt = "llama-2-7b-a30",
+        profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON path of every instance, or P1,P2,... one per instance (default: the recipe's, else llama-2-7b-a30).")] = None,
+        predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="The profile the Predictors' look-ahead is told: one for all, or P1,P2,... one per instance (default: each its instance's own).")] = None,
         seed: SeedOpt = 0,
         out: Annotated[Path, typer.Option("--out", help="Records file (JSON lines, one per request).")] = Path("records.jsonl"),
     ) -> None:
@@ -41,17 +49,19 @@ def register(app: typer.Typer) -> None:
         policy; writes per-request records (arrival, dispatch, first token, finish,
         tokens, instance, preemptions) and prints a summary."""
         import json
+        from collections import Counter
 
         import numpy as np
 
+        from rps_astro_cli.bench.virtual import load_bench_recipe, load_fleet
         from rps_astro_cli.cluster import poisson_workload, read_length_trace, simulate_cluster
         from rps_astro_cli.data_paths import data_dir
         from rps_astro_cli.dispatch import make_dispatch
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.params import parse_assignments
         from rps_astro_cli.policies import build_instance_policy
+        from rps_astro_cli.services.config import parse_config, split_profiles, with_fleet
         from rps_astro_cli.sim.instance import InstanceConfig
-        from rps_astro_cli.sim.profile import load_profile
 
         if (trace is None) == (dataset is None):
             raise AstroUserError("give exactly one of --trace FILE or --dataset NAME", field="--trace")
@@ -68,29 +78,53 @@ def register(app: typer.Typer) -> None:
             if not trace.is_file():
                 raise AstroUserError(f"--dataset {dataset}: {trace} is missing from the sample-data folder {root}",
                                      fix="point ASTRO_DATA_DIR at a folder holding it, or pass --trace FILE")
-        if instances < 1:
+        if instances is not None and instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {instances}", field="--instances")
-        prof = load_profile(profile)
-        cfg = InstanceConfig.from_profile(prof)
-        iparams = parse_assignments(instance_param, "--instance-param")
+        rc = load_bench_recipe(recipe) if recipe else None
+        listed = split_profiles(profile) or []
+        if instances is None and rc is None and len(listed) < 2:
+            instances = 12
+        fleet_cfg = with_fleet(rc or parse_config({"engine": {"profile": "llama-2-7b-a30"}}, "defaults"),
+                               instances=instances, profile=profile, predictor_profile=predictor_profile,
+                               source=f"recipe {recipe}" if recipe else "defaults")
+        fleet = load_fleet(fleet_cfg)
+        prof = fleet.profiles[0]  # instance-policy defaults (edf, rps): the first instance's profile
+        eng = fleet_cfg.engine
+        configs = [InstanceConfig.from_profile(p, chunked_prefill=eng.chunked_prefill) for p in fleet.profiles]
+        ipol = instance_policy or (rc.engine.instance_policy if rc else "fcfs")
+        iparams = dict(rc.engine.instance_policy_params) if rc and instance_policy is None else {}
+        iparams.update(parse_assignments(instance_param, "--instance-param"))
         ifields = {n: f"--instance-param {n}" for n in iparams}
-        build_instance_policy(instance_policy, iparams, prof, fields=ifields)  # bad name/parameter -> one line naming it
-        params = parse_assignments(param)
-        fields = {n: f"--param {n}" for n in params}
+        build_instance_policy(ipol, iparams, prof, fields=ifields)  # bad name/parameter -> one line naming it
+        params: dict = dict(rc.scheduler.policy_params()) if rc and policy is None else {}
+        fields = {n: f"recipe scheduler.{n}" for n in params}
+        given = parse_assignments(param)
+        params.update(given)
+        fields.update({n: f"--param {n}" for n in given})
         if k is not None:
             params["k"], fields["k"] = k, "--k"
+        policy = policy or (rc.scheduler.policy if rc else "round_robin")
         dispatch = make_dispatch(policy, fields=fields, **params)
         rng = np.random.default_rng(seed)
-        reqs = poisson_workload(read_length_trace(trace), num_requests, rate, cfg.max_model_len, rng)
-        res = simulate_cluster(reqs, instances, dispatch, prof, cfg, lambda: build_instance_policy(instance_policy, iparams, prof), rng)
+        max_len = min(c.max_model_len for c in configs)
+        reqs = poisson_workload(read_length_trace(trace), num_requests, rate, max_len, rng)
+        hetero = fleet.heterogeneous
+        extra = {} if fleet.assumed is None else {"predictor_latency": list(fleet.assumed)}
+        res = simulate_cluster(reqs, len(configs), dispatch, list(fleet.profiles) if hetero else prof,
+                               configs if hetero else configs[0], lambda: build_instance_policy(ipol, iparams, prof),
+                               rng, preprocess_slots=eng.preprocess_slots, **extra)
         out.parent.mkdir(parents=True, exist_ok=True)
         with out.open("w") as f:
             for r in res.records:
                 f.write(json.dumps(r.to_dict()) + "\n")
         ttft = np.array([r.ttft_s for r in res.records])
         e2e = np.array([r.e2e_s for r in res.records])
+        runs = Counter(p.profile_id for p in fleet.profiles)
+        told = "" if fleet.assumed is None else \
+            f" (Predictors told {' + '.join(f'{n} × {p}' for p, n in Counter(a.profile_id for a in fleet.assumed).items())})"
         console.print(
-            f"{len(res.records)} requests on {instances} × {prof.profile_id}, {policy} at {rate:g} req/s: "
+            f"{len(res.records)} requests on {' + '.join(f'{n} × {p}' for p, n in runs.items())}{told}, "
+            f"{policy} at {rate:g} req/s: "
             f"TTFT mean {ttft.mean():.3f} s / P99 {np.percentile(ttft, 99):.3f} s, "
             f"E2E mean {e2e.mean():.3f} s / P99 {np.percentile(e2e, 99):.3f} s, "
             f"preemptions {res.num_preemptions}; simulated in {res.wall_s:.2f} s -> {out}",

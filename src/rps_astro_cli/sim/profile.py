@@ -23,7 +23,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -277,9 +277,68 @@ class ExecutionProfile:
         return d
 
 
+def _factor_tag(x: float) -> str:
+    """A factor in a profile id without dots (a dot would make the id read as a file path)."""
+    return f"{x:g}".replace(".", "p").replace("-", "m")
+
+
+def scaled_profile(base: ExecutionProfile, *, prefill: float = 1.0, decode: float = 1.0, per_seq: float = 1.0,
+                   shape: float = 1.0, bend: float = 0.0, profile_id: str | None = None) -> ExecutionProfile:
+    """A copy of `base` for hardware it was not fitted on ("hardware astro never
+    profiled", issue 31): each term of the step model scaled on its own, and the
+    linear-layer curve bent rather than only scaled —
+
+        prefill_attn_s_per_token_pair × prefill
+        decode_attn_s_per_ctx_token   × decode
+        per_seq_s                     × per_seq
+        base_s                        × shape
+        token_s[i] × shape × (1 + bend · log2(knot_i) / log2(last knot))
+
+    (bend > 0: big steps slower relative to small ones; the first knot, 1 token, keeps
+    `shape`, the last gets shape × (1 + bend)). Limits, vision costs and the output-length
+    distribution stay the base's. The copy's `profile_id` is `profile_id`, else
+    BASE-scaled-pf…-dc…-ps…-sh…-bd… (the factors, "." written "p"); its `fit` holds only
+    `scaled_from` (the base id and the factors: the base's held-out errors are not this
+    profile's), its `sources` the base's plus a `scaled` note.
+
+    Raises:
+        AstroUserError: a factor that is not finite and > 0, or bend ≤ -1 (a knot's time
+            would not be positive); field named by the factor.
+    """
+    for name, v in (("prefill", prefill), ("decode", decode), ("per_seq", per_seq), ("shape", shape)):
+        if not (math.isfinite(v) and v > 0):
+            raise AstroUserError(f"must be a finite number > 0, got {v}", field=name,
+                                 fix="pass a factor such as 1.3 for 30 % slower, or 0.7")
+    if not (math.isfinite(bend) and bend > -1):
+        raise AstroUserError(f"must be a finite number > -1, got {bend}", field="bend",
+                             fix="pass e.g. 0.2 for the largest steps 20 % slower than small ones, or 0 for none")
+    last = math.log2(max(base.token_knots[-1], 1))
+    token_s = tuple(v * shape * (1.0 + (bend * math.log2(max(k, 1)) / last if last > 0 else 0.0))
+                    for k, v in zip(base.token_knots, base.token_s))
+    factors = {"prefill": prefill, "decode": decode, "per_seq": per_seq, "shape": shape, "bend": bend}
+    pid = profile_id or (f"{base.profile_id}-scaled-pf{_factor_tag(prefill)}-dc{_factor_tag(decode)}"
+                         f"-ps{_factor_tag(per_seq)}-sh{_factor_tag(shape)}-bd{_factor_tag(bend)}")
+    note = (f"scaled copy of {base.profile_id} (astro profiles scale): prefill attention x{prefill:g}, decode "
+            f"attention x{decode:g}, per-sequence x{per_seq:g}, base and linear curve x{shape:g}, linear curve "
+            f"bent by (1 + {bend:g} log2(tokens)/log2({base.token_knots[-1]})); not measured on any hardware")
+    return replace(
+        base, profile_id=pid, base_s=base.base_s * shape, per_seq_s=base.per_seq_s * per_seq, token_s=token_s,
+        decode_attn_s_per_ctx_token=base.decode_attn_s_per_ctx_token * decode,
+        prefill_attn_s_per_token_pair=base.prefill_attn_s_per_token_pair * prefill,
+        sources={**base.sources, "scaled": note},
+        fit={"scaled_from": {"profile_id": base.profile_id, **factors}})
+
+
 def list_profiles() -> list[str]:
     """Profile ids shipped in `artifacts/profiles/`."""
     return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def profile_path(name_or_path: str | Path) -> Path:
+    """The file a profile reference names: a path with a suffix as given, else the
+    shipped `artifacts/profiles/<id>.json` (which may not exist)."""
+    path = Path(name_or_path)
+    return path if path.suffix else PROFILES_DIR / f"{name_or_path}.json"
 
 
 def load_profile(name_or_path: str | Path | None = None) -> ExecutionProfile:
@@ -289,9 +348,7 @@ def load_profile(name_or_path: str | Path | None = None) -> ExecutionProfile:
         AstroUserError: no such profile, or the file is not valid JSON / schema.
     """
     name = str(name_or_path or DEFAULT_PROFILE_ID)
-    path = Path(name)
-    if not path.suffix:
-        path = PROFILES_DIR / f"{name}.json"
+    path = profile_path(name)
     if not path.is_file():
         raise AstroUserError(
             f"no profile {name!r}", field="profile",

@@ -25,6 +25,9 @@ class InstanceEndpoint:
     engine_url: str
     # its Predictor sidecar, or None (no predictions for it)
     predictor_url: str | None = None
+    # the profile its in-process look-ahead simulates (`predict_in_process`); None: the
+    # scheduler's `profile`, else the one its engine reports
+    profile: str | None = None
 
 
 @dataclass(frozen=True)
