@@ -406,9 +406,12 @@ class DispatchDecision:
     # time per pipeline stage (filter, sample, predict, score, pick; µs), when
     # `dispatch.decide` ran it
     stage_us: Mapping[str, float] = field(default_factory=dict)
+    # candidates whose Predictor answered but whose step model was not trusted (its
+    # recent error too high, `sim.calibration`): compared by load instead
+    untrusted: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "policy": self.policy,
             "candidates": list(self.candidates),
             "predictions": {str(k): {"ttft_s": v[0], "e2e_s": v[1]} for k, v in self.predictions.items()},
@@ -417,6 +420,9 @@ class DispatchDecision:
             "decide_us": self.decide_us,
             "stage_us": dict(self.stage_us),
         }
+        if self.untrusted:
+            out["untrusted"] = list(self.untrusted)
+        return out
 
 
 @dataclass

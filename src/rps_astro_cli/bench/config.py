@@ -156,7 +156,12 @@ class ClusterSection:
 
     virtual: bool = False               # run the virtual-time cluster instead of a live target
     instances: int = 4                  # virtual instances
-    profile: str | None = None          # execution profile id or file; None: chosen by the workload's media
+    profile: str | None = None          # execution profile id or file, or P1,P2,… one per instance (virtual);
+                                        # None: the recipe's, else chosen by the workload's media
+    predictor_profile: str | None = None  # virtual: the profile(s) the Predictors are told (P or P1,P2,…);
+                                          # None: each its own engine's
+    calibration: str | None = None      # virtual: online | off | none (the Predictors' step-model calibration,
+                                        # `cluster.virtual`); None: online when --predictor-profile differs, else none
     instance_policy: str = "fcfs"       # in-instance policy of every virtual instance
     instance_policies: list[str] | None = None  # --instance-policies: a run each (live: a fresh cluster each)
     recipe: str | None = None           # --recipe NAME|PATH: engine limits, profile, instance policy (virtual)
@@ -185,6 +190,8 @@ class ClusterSection:
                                  "status_max_age_s), or 0 for the live state")
         if self.instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {self.instances}", field="--instances")
+        if self.calibration is not None and self.calibration not in ("online", "off", "none"):
+            raise AstroUserError(f"got {self.calibration!r}", field="--calibration", fix="use online, off or none")
         if self.prediction_noise < 0:
             raise AstroUserError("must be ≥ 0", field="--prediction-noise")
         if self.objective is not None:  # checked by the parameter that declares it (power_of_k's)
@@ -315,6 +322,8 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     # policy parameters (issue 12): written to report.json only when given, so the flat
     # schema of runs without them is unchanged
     "policy_params": ("cluster", "policy_params"), "instance_policy_params": ("cluster", "instance_policy_params"),
+    # heterogeneous fleets (issue 31): only when given
+    "predictor_profile": ("cluster", "predictor_profile"), "calibration": ("cluster", "calibration"),
     # multi-turn sessions (issue 14): likewise only when given
     "multi_turn": ("workload", "multi_turn"), "think_time": ("workload", "think_time_s"),
     # parallel sweeps (issue 16): likewise only when not the default
@@ -327,7 +336,7 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "warmup": ("arrivals", "warmup_requests"), "max_seconds": ("arrivals", "max_seconds"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
-                 "think_time", "ray_address", "workers", "max_seconds")
+                 "think_time", "ray_address", "workers", "max_seconds", "predictor_profile", "calibration")
 DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0}
 """Flat names left out of report.json while they hold these defaults (the schema of a
 serial run is unchanged)."""
@@ -366,12 +375,16 @@ class BenchConfig:
                                      ("--objective", c.objective is not None),
                                      ("--instance-param", bool(c.instance_policy_params)),
                                      ("--recipe", c.recipe is not None),
+                                     ("--predictor-profile", c.predictor_profile is not None),
+                                     ("--calibration (live: each Predictor's own; `astro serve --calibration`)",
+                                      c.calibration is not None),
+                                     ("--profile P1,P2,…", "," in (c.profile or "")),
                                      ("--length-model", c.length_model is not None),
                                      ("--max-num-seqs", c.max_num_seqs is not None),
                                      ("--schedulers", c.schedulers != 1),
                                      ("--status-interval", c.status_interval_s != 0)) if on]
             if flags:
-                raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0],
+                raise AstroUserError(f"{', '.join(flags)} only apply to --virtual runs", field=flags[0].split()[0],
                                      fix="add --virtual, or set them in the cluster's recipe for astro serve")
             if c.instance_policies and not tgt.cluster:
                 raise AstroUserError("live --instance-policies restarts the cluster once per policy from the recipe "

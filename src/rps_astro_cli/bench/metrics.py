@@ -118,6 +118,13 @@ class GroupMetrics:
     # harness TTFT (module docstring): from the engine's arrival stamp; None when no
     # request of the group has one (live runs)
     ttft_harness_s: Dist | None = None
+    # the Predictor's TTFT error (issue 31): |predicted − served| / served TTFT of the
+    # chosen instance, median and P90 over the requests with a prediction, and over those
+    # after the first PREDICTOR_WARMUP requests (in send order); None without predictions
+    predictor_ttft_ape_p50: float | None = None
+    predictor_ttft_ape_p90: float | None = None
+    predictor_ttft_ape_p50_after_warmup: float | None = None
+    predictor_ttft_ape_p90_after_warmup: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -172,6 +179,22 @@ def _slo(records: Sequence[RequestRecord], slo: SloSpec, duration_s: float) -> S
     return res
 
 
+PREDICTOR_WARMUP = 200  # requests before the Predictor-error "after warm-up" figures start
+
+
+def predictor_ttft_ape(records: Sequence[RequestRecord]) -> dict[str, float | None]:
+    """`predictor_ttft_ape_p50` / `_p90` (and `_after_warmup`) of `records`: the chosen
+    instance's predicted TTFT against the TTFT it served, as |p − a| / a."""
+    ordered = sorted(records, key=lambda r: r.sent_s)
+    ape = [(k, abs(r.predicted_ttft_s - r.ttft_s) / r.ttft_s) for k, r in enumerate(ordered)
+           if r.success and r.predicted_ttft_s is not None and r.ttft_s is not None and r.ttft_s > 0]
+    out: dict[str, float | None] = {}
+    for suffix, vals in (("", [v for _, v in ape]), ("_after_warmup", [v for k, v in ape if k >= PREDICTOR_WARMUP])):
+        out[f"predictor_ttft_ape_p50{suffix}"] = float(np.percentile(vals, 50)) if vals else None
+        out[f"predictor_ttft_ape_p90{suffix}"] = float(np.percentile(vals, 90)) if vals else None
+    return out
+
+
 def _mae_mape(pairs: list[tuple[float, float]]) -> tuple[float | None, float | None]:
     """(mean |p − a|, mean |p − a| / a over a > 0) of (prediction, actual) pairs."""
     if not pairs:
@@ -219,6 +242,7 @@ def group_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
         errors=errors,
         ttft_harness_s=(Dist.of(r.ttft_harness_s for r in done)
                         if any(r.engine_arrival_s is not None for r in done) else None),
+        **predictor_ttft_ape(records),
     )
 
 

@@ -43,7 +43,13 @@ import numpy as np
 from rps_astro_cli.bench import capacity as cap
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
 from rps_astro_cli.bench.config import BenchConfig
-from rps_astro_cli.bench.metrics import GroupMetrics, all_metrics, slo_percentile_value, top_errors
+from rps_astro_cli.bench.metrics import (
+    GroupMetrics,
+    all_metrics,
+    predictor_ttft_ape,
+    slo_percentile_value,
+    top_errors,
+)
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloSpec, parse_slo
 from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_workload
@@ -151,13 +157,13 @@ def _check(cfg: BenchConfig) -> None:
         for ipol in cfg.cluster.instance_policies:
             INSTANCE_POLICIES.get(ipol)  # unknown name: lists the valid ones
     if cfg.cluster.virtual:
+        from rps_astro_cli.bench.virtual import bench_fleet, load_bench_recipe
         from rps_astro_cli.policies import INSTANCE_POLICIES, make_policy
+        from rps_astro_cli.services.config import split_profiles
         from rps_astro_cli.sim.profile import load_profile
 
-        if cfg.cluster.recipe:
-            from rps_astro_cli.bench.virtual import load_bench_recipe
-
-            load_bench_recipe(cfg.cluster.recipe)
+        # the recipe, the fleet flags against it (profiles exist, one per instance): one line naming the field
+        bench_fleet(cfg, recipe=load_bench_recipe(cfg.cluster.recipe) if cfg.cluster.recipe else None)
         ip = cfg.cluster.instance_policy_params or {}
         ipols = cfg.cluster.instance_policies or [cfg.cluster.instance_policy]
         for ipol in ipols:
@@ -169,11 +175,12 @@ def _check(cfg: BenchConfig) -> None:
         for ipol in ipols:
             own = {n: v for n, v in ip.items() if n in {p.name for p in INSTANCE_POLICIES.get(ipol).params}}
             make_policy(ipol, fields={n: f"--instance-param {n}" for n in own}, **own)  # names a bad value
-        if cfg.cluster.profile:
-            try:
-                load_profile(cfg.cluster.profile)
-            except AstroUserError as exc:
-                raise AstroUserError(str(exc), field="--profile") from None
+        for flag, refs in (("--profile", cfg.cluster.profile), ("--predictor-profile", cfg.cluster.predictor_profile)):
+            for ref in dict.fromkeys(split_profiles(refs) or ()):
+                try:
+                    load_profile(ref)
+                except AstroUserError as exc:
+                    raise AstroUserError(str(exc), field=flag) from None
     if cfg.output.out_dir:
         from rps_astro_cli.bench.report import check_out_dir
 
@@ -472,6 +479,13 @@ class _Sweep:
         if self.slo.e2e_scale is not None:
             self.target.fill_isolated(records)
         mets = all_metrics(records, self.slo, extras.get("preemptions_total"))
+        by_instance: dict[str, list[RequestRecord]] = {}
+        for r in records:
+            if r.instance is not None:
+                by_instance.setdefault(r.instance, []).append(r)
+        if any(r.predicted_ttft_s is not None for r in records):  # the Predictor's error per instance (issue 31)
+            extras["predictor_ttft_ape_per_instance"] = {name: predictor_ttft_ape(rs)
+                                                         for name, rs in sorted(by_instance.items())}
         q = extras.get("prefix_cache_queries_tokens")
         if q:  # vLLM's hit rate, hit tokens / queried tokens (virtual, or scraped from live engines)
             mets["overall"].prefix_cache_hit_rate = extras["prefix_cache_hits_tokens"] / q

@@ -1,15 +1,25 @@
 """Virtual target: the workload on the virtual-time cluster simulation
-(`rps_astro_cli.cluster.virtual.simulate_cluster`), N instances of one execution profile
-and a dispatch policy, in simulated seconds.
+(`rps_astro_cli.cluster.virtual.simulate_cluster`), N instances and a dispatch policy, in
+simulated seconds.
+
+The fleet is a recipe's (`--recipe`; `instances:` a count or groups, each with its own
+profile and limits) or N instances of one profile, with the flags applied
+(`bench_fleet`: `--instances`, `--profile P` or `P1,P2,…` one per instance,
+`--predictor-profile P[,…]`), expanded per instance by `services.config.instance_specs`:
+each instance runs its own profile with its engine limits (`InstanceConfig` from that
+profile), and its Predictor's look-ahead simulates its `assumed_profile` (default: its
+own). The report's target names each instance's profile when they differ.
 
 Per request the simulation gets: arrival (s), prompt tokens = text tokens + vision tokens
 (images × `vision.tokens_per_image` + frames × `vision.tokens_per_frame` of the
-profile), the true output length, the dispatcher's predicted output length (the length
+profile; the first instance's in a heterogeneous fleet, which serves one model), the true
+output length, the dispatcher's predicted output length (the length
 model's, or the true one with `--oracle-lengths`), modality, and the
 vision encoder / preprocessing seconds of the profile; no class, so the instance policy
 classifies it (RPS's smart classifier, or by modality) and the bench reports the class the
-policy used (`class_source = "engine"`). A request longer than the
-profile's `max_model_len` fails (as a live engine would answer 400).
+policy used (`class_source = "engine"`). A request longer than the smallest
+`max_model_len` of the fleet fails (as a live engine would answer 400). Instance
+policies that take defaults from a profile (edf, rps) take the first instance's.
 
 `--prediction-noise σ`: the dispatch policy is wrapped (`NoisyDispatch`) so that each
 latency prediction it sees is multiplied by max(0, 1 + σ·z), z ~ N(0, 1) drawn
@@ -29,6 +39,7 @@ from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest, Workload
 from rps_astro_cli.dispatch.base import PREDICTIONS, DispatchDecision, DispatchPolicy, InstanceLoad
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.tokens import TokenCounter
 
 
@@ -96,6 +107,87 @@ class VirtualRequest:
     turn: int = 0  # multi-turn: 0-based turn
 
 
+@dataclass(frozen=True)
+class VirtualFleet:
+    """The virtual cluster's instances, one entry each, in instance order."""
+
+    # the profile each instance's engine runs, its engine limits (recipe) applied
+    profiles: tuple[ExecutionProfile, ...]
+    # the profile each instance's Predictor is told; None: each its own engine's
+    assumed: tuple[ExecutionProfile, ...] | None = None
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Some instance runs another profile (or other limits) than the first."""
+        return any(p != self.profiles[0] for p in self.profiles)
+
+    def describe(self) -> dict[str, Any]:
+        """Per instance ("instance-i"): its profile id and KV blocks, and the Predictor's
+        profile where it differs from the engine's; {} for a homogeneous fleet told its own."""
+        if not self.heterogeneous and self.assumed is None:
+            return {}
+        names = [f"instance-{i}" for i in range(len(self.profiles))]
+        out: dict[str, Any] = {
+            "instance_profiles": {n: p.profile_id for n, p in zip(names, self.profiles)},
+            "instance_kv_blocks": {n: p.num_gpu_blocks for n, p in zip(names, self.profiles)},
+            "instance_max_num_seqs": {n: p.max_num_seqs for n, p in zip(names, self.profiles)}}
+        if self.assumed is not None:
+            out["predictor_profiles"] = {n: a.profile_id for n, a in zip(names, self.assumed)}
+        return out
+
+
+def _fleet_value(profiles: Sequence[ExecutionProfile], name: str) -> Any:
+    """A limit every instance shares, or "per instance" (see the target's instance_* keys)."""
+    vals = {getattr(p, name) for p in profiles}
+    return vals.pop() if len(vals) == 1 else "per instance"
+
+
+def bench_fleet(cfg, media: bool = False, recipe=None):
+    """The virtual cluster's fleet as an `astro serve` config: the recipe's (`recipe`, else
+    `cfg.cluster.recipe`'s) or N instances of the default profile (a multimodal one when
+    the workload has `media`), with `--instances`, `--profile` and `--predictor-profile`
+    applied (`services.config.with_fleet`); expand it with `instance_specs`.
+
+    Raises:
+        AstroUserError: one line naming the flag or recipe field (an unknown profile, a
+            profile count that is not the instance count).
+    """
+    from rps_astro_cli.services.config import parse_config, with_fleet
+
+    c = cfg.cluster
+    rc = recipe if recipe is not None else (load_bench_recipe(c.recipe) if c.recipe else None)
+    if rc is None:
+        rc = parse_config({"engine": {"profile": "llava-onevision-7b-a100" if media else "llama-2-7b-a30"}}, "defaults")
+    return with_fleet(rc, instances=c.instances, profile=c.profile, predictor_profile=c.predictor_profile,
+                      source=f"recipe {c.recipe}" if c.recipe else "defaults")
+
+
+def load_fleet(fleet_cfg) -> VirtualFleet:
+    """Load every instance's profile (each file once), its engine limits from the
+    config applied, as `astro serve` gives them to its engines; and the Predictors' when
+    some is told another than its engine's."""
+    from rps_astro_cli.services.config import instance_specs
+    from rps_astro_cli.sim.profile import load_profile
+
+    loaded: dict[str, ExecutionProfile] = {}
+
+    def load(ref: str) -> ExecutionProfile:
+        if ref not in loaded:
+            loaded[ref] = load_profile(ref)
+        return loaded[ref]
+
+    specs = instance_specs(fleet_cfg)
+    profiles = []
+    for s in specs:
+        lim = {k: getattr(s.engine, k) for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
+                                                 "max_model_len") if getattr(s.engine, k) is not None}
+        profiles.append(replace(load(s.profile), **lim) if lim else load(s.profile))
+    assumed = None
+    if any(s.assumed_profile != s.profile for s in specs):
+        assumed = tuple(load(s.assumed_profile) for s in specs)
+    return VirtualFleet(tuple(profiles), assumed)
+
+
 def load_bench_length_model(spec: str | None) -> tuple[str, Callable[..., int]]:
     """`length.resolve.resolve_length_model(spec)` (the tagger's loader), its user errors
     re-worded to name `--length-model` (the loader names the tagger's own `--model`).
@@ -123,28 +215,25 @@ class VirtualTarget:
                  length_model: tuple[str, Callable[..., int]] | None = None):
         """length_model: (name, predict) already loaded by `load_bench_length_model`
         (else it is loaded here unless `cfg.cluster.oracle_lengths`)."""
-        from rps_astro_cli.sim.profile import load_profile
-
         self.cfg = cfg
         self.wl = wl
         self.counter = counter
         media = any(r.media for r in wl.requests)
         self.recipe = load_bench_recipe(cfg.cluster.recipe) if cfg.cluster.recipe else None
         eng = self.recipe.engine if self.recipe is not None else None
-        prof_id = (cfg.cluster.profile or (eng.profile if eng is not None else None)
-                   or ("llava-onevision-7b-a100" if media else "llama-2-7b-a30"))
-        self.profile = load_profile(prof_id)
+        # the recipe's engine limits (per group) override the profiles', as `astro serve` does
+        self.fleet = load_fleet(bench_fleet(cfg, media, self.recipe))
+        self.profile = self.fleet.profiles[0]  # vision costs, instance-policy defaults (one model per fleet)
+        self.max_model_len = min(p.max_model_len for p in self.fleet.profiles)
         self.chunked_prefill = True
         self.preprocess_slots: int | None = None
-        if eng is not None:  # the recipe's engine limits override the profile's, as `astro serve` does
-            lim = {k: getattr(eng, k) for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens",
-                                                "max_model_len") if getattr(eng, k) is not None}
-            self.profile = replace(self.profile, **lim)
+        if eng is not None:
             self.chunked_prefill = bool(eng.chunked_prefill)
             self.preprocess_slots = eng.preprocess_slots
         self.instance_policy: str = cfg.cluster.instance_policy
-        if media and self.profile.vision is None:
-            raise AstroUserError(f"profile {self.profile.profile_id} is text-only but the workload has media",
+        text_only = next((p for p in self.fleet.profiles if p.vision is None), None)
+        if media and text_only is not None:
+            raise AstroUserError(f"profile {text_only.profile_id} is text-only but the workload has media",
                                  field="--profile", fix="use a multimodal profile, e.g. llava-onevision-7b-a100")
         self.policy: str = "round_robin"
         self.k: str | None = None
@@ -191,15 +280,15 @@ class VirtualTarget:
         pass
 
     def describe(self) -> dict[str, Any]:
-        return {"mode": "virtual", "instances": self.cfg.cluster.instances, "profile": self.profile.profile_id,
+        return {"mode": "virtual", "instances": len(self.fleet.profiles), "profile": self.profile.profile_id,
+                **self.fleet.describe(),
                 "instance_policy": self.cfg.cluster.instance_policy, "length_model": self.length_model_name,
                 **({"instance_policies": list(self.cfg.cluster.instance_policies)}
                    if self.cfg.cluster.instance_policies else {}),
                 **({"recipe": self.recipe.name, "engine_limits": {
-                    "num_gpu_blocks": self.profile.num_gpu_blocks, "max_num_seqs": self.profile.max_num_seqs,
-                    "max_num_batched_tokens": self.profile.max_num_batched_tokens,
-                    "max_model_len": self.profile.max_model_len, "chunked_prefill": self.chunked_prefill,
-                    "preprocess_slots": self.preprocess_slots}}
+                    **{k: _fleet_value(self.fleet.profiles, k)
+                       for k in ("num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens", "max_model_len")},
+                    "chunked_prefill": self.chunked_prefill, "preprocess_slots": self.preprocess_slots}}
                    if self.recipe is not None else {}),
                 "remaining_length": None if self.cfg.cluster.oracle_lengths else self.cfg.cluster.remaining_length,
                 "prediction_noise_sigma": self.cfg.cluster.prediction_noise,
@@ -277,12 +366,12 @@ class VirtualTarget:
                 enc = r.num_images * v.encoder_s_per_image + r.num_frames * v.encoder_s_per_frame
                 pre = r.num_images * v.preprocess_s_per_image + r.num_frames * v.preprocess_s_per_frame
             p = r.prompt_tokens + int(vt)
-            if p + r.output_tokens > self.profile.max_model_len:
+            if p + r.output_tokens > self.max_model_len:
                 failed.append(RequestRecord(r.request_id, r.modality, MODALITY_CLASS.get(r.modality, "sand"),
                                             prompt_tokens=p, expected_output_tokens=r.output_tokens, scheduled_s=t,
                                             sent_s=t, finish_s=t, success=False,
                                             error=f"too long: prompt + output = {p + r.output_tokens} > "
-                                                  f"max_model_len {self.profile.max_model_len}"))
+                                                  f"max_model_len {self.max_model_len}"))
                 continue
             ids = None
             if r.prompt and not r.media:
@@ -310,7 +399,7 @@ class VirtualTarget:
         dispatch: Any = self.make_dispatch(rng)
         if cfg.cluster.schedulers > 1:  # one fresh policy per scheduler replica
             dispatch = [dispatch] + [self.make_dispatch(rng) for _ in range(cfg.cluster.schedulers - 1)]
-        recs, extras = sim(vreqs, cfg, self.profile, dispatch, rng)
+        recs, extras = sim(vreqs, cfg, self.fleet, dispatch, rng)
         extras = {**extras, "instance_policy": ipol}
         by_id = {r.request_id: r for r in recs + failed}
         out = [by_id[r.request_id] for r in requests if r.request_id in by_id]  # --max-seconds: unsent dropped
@@ -319,9 +408,15 @@ class VirtualTarget:
         return out, extras
 
     def fill_isolated(self, records: list[RequestRecord]) -> None:
+        """Isolated E2E of each record on the profile of the instance that served it."""
         from rps_astro_cli.bench.slo import isolated_for
 
-        isolated_for(records, self.profile)
+        by_inst: dict[str, list[RequestRecord]] = {}
+        for r in records:
+            by_inst.setdefault(r.instance or "", []).append(r)
+        for name, recs in by_inst.items():
+            i = int(name.removeprefix("instance-")) if name.removeprefix("instance-").isdigit() else 0
+            isolated_for(recs, self.fleet.profiles[i] if i < len(self.fleet.profiles) else self.profile)
 
 
 def bench_remaining(cfg, dispatch: DispatchPolicy):
@@ -374,7 +469,7 @@ def recipe_flag_defaults(spec: str | None) -> dict[str, Any]:
         return {}
     rc = load_bench_recipe(spec)
     sc = rc.scheduler
-    return {"instances": rc.instances, "instance_policy": rc.engine.instance_policy,
+    return {"instances": rc.num_instances, "instance_policy": rc.engine.instance_policy,
             "policies": [sc.policy], "ks": [str(sc.k)], "objective": sc.objective,
             "policy_params": {k: str(v) for k, v in sc.params.items()} or None}
 
@@ -395,28 +490,39 @@ def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile
     return lambda: build_instance_policy(name, ip, profile, fields=fields)
 
 
-def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: DispatchPolicy | list[DispatchPolicy],
+def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
+                      dispatch: DispatchPolicy | list[DispatchPolicy],
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
     (times: virtual seconds; sent = arrival at the dispatcher). A list of policies: one
     per scheduler replica, on a status copied every `--status-interval` s (extras
-    "herding": `ClusterResult.herding`)."""
+    "herding": `ClusterResult.herding`). A heterogeneous `fleet`: one profile and one
+    `InstanceConfig` (from that profile) per instance; Predictors told other profiles:
+    `predictor_latency`, one per instance."""
     from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
     from rps_astro_cli.sim.instance import InstanceConfig
 
+    profile = fleet.profiles[0]
     make_policy = instance_policy_factory(cfg.cluster.instance_policy, cfg.cluster.instance_policy_params, profile)
-    icfg = InstanceConfig.from_profile(profile, max_num_seqs=cfg.cluster.max_num_seqs,
-                                       chunked_prefill=cfg.cluster.chunked_prefill)
+    configs = [InstanceConfig.from_profile(p, max_num_seqs=cfg.cluster.max_num_seqs,
+                                           chunked_prefill=cfg.cluster.chunked_prefill) for p in fleet.profiles]
+    latency: Any = list(fleet.profiles) if fleet.heterogeneous else profile
+    icfg: Any = configs if fleet.heterogeneous else configs[0]
+    extra: dict[str, Any] = {} if fleet.assumed is None else {"predictor_latency": list(fleet.assumed)}
+    # the Predictors' calibration (issue 31): online by default where their profile is not their engine's
+    cal = cfg.cluster.calibration or ("online" if fleet.assumed is not None else "none")
+    if cal != "none":
+        extra["calibration"] = cal
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
                           follows=v.follows, think_s=v.think_s) for v in vreqs]
     first = dispatch[0] if isinstance(dispatch, list) else dispatch
-    res = simulate_cluster(timed, cfg.cluster.instances, dispatch, profile, icfg,
+    res = simulate_cluster(timed, len(fleet.profiles), dispatch, latency, icfg,
                            make_policy, rng,
                            remaining=bench_remaining(cfg, first), status_interval_s=cfg.cluster.status_interval_s,
-                           preprocess_slots=cfg.cluster.preprocess_slots)
+                           preprocess_slots=cfg.cluster.preprocess_slots, **extra)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None
@@ -432,7 +538,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
             error=None if ok else "did not finish", instance=f"instance-{r.instance}",
             preemptions=r.num_preemptions, predicted_ttft_s=r.predicted_ttft_s, predicted_e2e_s=r.predicted_e2e_s))
     dec = [r.decide_us for r in res.records]
-    extras = {"preemptions_total": res.num_preemptions, "preemptions_per_instance": res.preemptions_per_instance,
+    extras: dict[str, Any] = {
+              "preemptions_total": res.num_preemptions, "preemptions_per_instance": res.preemptions_per_instance,
               "requests_per_instance": res.requests_per_instance, "makespan_s": res.makespan_s,
               "sim_wall_s": res.wall_s, "dispatch_policy": res.dispatch,
               "decide_us": {"mean": float(np.mean(dec)) if dec else None,
@@ -442,6 +549,9 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, profile, dispatch: Dispa
               "prefix_cache_hits_tokens": res.prefix_cache_hits_tokens}
     if res.herding is not None:
         extras["herding"] = res.herding
+    if res.calibration is not None:  # each Predictor's calibrator at the end, and how often load decided for it
+        extras["calibration"] = res.calibration
+        extras["decisions_with_untrusted_predictors"] = sum(r.untrusted_predictors > 0 for r in res.records)
     if any(v.session_id for v in vreqs):
         extras["per_turn"] = per_turn_metrics(vreqs, res.records)
     return out, extras

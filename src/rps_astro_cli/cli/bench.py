@@ -60,7 +60,9 @@ def bench(
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Virtual: an astro serve recipe (name under recipes/ or YAML path): profile, engine limits, instance policy, instances, dispatch policy; flags given win.")] = None,
     instances: Annotated[int | None, typer.Option("--instances", help="Virtual: number of instances (default: the recipe's, else 4).")] = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url).")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Execution profile id or JSON (virtual; live --slo-scale with --base-url). Virtual: P1,P2,... gives one per instance (a heterogeneous fleet; sets --instances when neither it nor --recipe does).")] = None,
+    calibration: Annotated[str | None, typer.Option("--calibration", help="Virtual: the Predictors' step-model calibration: online (refit from their engines' steps), off (keep the profile, lean on load while its error is high) or none (fixed, always trusted). Default: online with --predictor-profile, else none.")] = None,
+    predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="Virtual: the profile the Predictors' look-ahead is told, one for all or P1,P2,... one per instance (default: each its engine's own; another = a model-mismatch run).")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...; default: the recipe's, else fcfs).")] = None,
     instance_policies: Annotated[str | None, typer.Option("--instance-policies", help="Compare in-instance policies, one run each, e.g. fcfs,rps (live: a fresh cluster from cluster.json's recipe per policy).")] = None,
     instance_param: InstanceParamOpt = None,
@@ -148,7 +150,8 @@ def bench(
         cluster=cluster, base_url=base_url, model=model, endpoint=endpoint, send_true_lengths=send_true_lengths,
         max_tokens=max_tokens, ignore_eos=ignore_eos, timeout_s=request_timeout, api_key=api_key, virtual=virtual,
         profile=profile, instance_policy=instance_policy or rdef.get("instance_policy", "fcfs"),
-        instances=instances if instances is not None else rdef.get("instances", 4),
+        instances=instances if instances is not None else rdef.get("instances", _profile_count(profile) or 4),
+        predictor_profile=predictor_profile, calibration=calibration,
         instance_policies=_split(instance_policies), recipe=recipe,
         policies=_split(policies) or rdef.get("policies"), ks=_split(k) or rdef.get("ks"),
         objective=objective or rdef.get("objective"),
@@ -182,6 +185,14 @@ def bench(
         err_console.print(f"[bold red]fail:[/] {reason}", highlight=False, soft_wrap=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def _profile_count(profile: str | None) -> int | None:
+    """Instances a `--profile P1,P2,…` list gives (None: not a list)."""
+    from rps_astro_cli.services.config import split_profiles
+
+    profs = split_profiles(profile)
+    return len(profs) if profs and len(profs) > 1 else None
 
 
 def _run_with_progress(cfg, run_bench):

@@ -34,7 +34,9 @@ def cluster(
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, or 'all' (full fanout).")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.")] = None,
     param: ParamOpt = None,
-    profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path.")] = None,
+    profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path: one for every engine, or P1,P2,... one per engine (a heterogeneous fleet; as many as --instances).")] = None,
+    predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="The profile the Predictors simulate: one for all, or P1,P2,... one per engine (default: each its engine's; another one = a model-mismatch experiment).")] = None,
+    calibration: Annotated[str | None, typer.Option("--calibration", help="online (default): each Predictor refits its step model from its engine's steps; off: keep the profile, only track its error.")] = None,
     time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.")] = None,
     instance_param: InstanceParamOpt = None,
@@ -56,33 +58,37 @@ def cluster(
     from rps_astro_cli.cli.common import console
     from rps_astro_cli.params import parse_assignments
     from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
-    from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_overrides
+    from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_fleet, with_overrides
 
     cfg = load_recipe(recipe) if recipe else ClusterConfig()
+    source = f"recipe {recipe}" if recipe else "defaults"
+    cfg = with_fleet(cfg, instances=instances, profile=profile, predictor_profile=predictor_profile, source=source)
     params = {f"scheduler.params.{n}": v for n, v in parse_assignments(param).items()}
     params.update({f"engine.instance_policy_params.{n}": v
                    for n, v in parse_assignments(instance_param, "--instance-param").items()})
     flags = {"instances": "--instances", "scheduler.policy": "--policy", "scheduler.k": "--k",
-             "scheduler.objective": "--objective", "engine.profile": "--profile", "engine.time_scale": "--time-scale",
+             "scheduler.objective": "--objective", "engine.time_scale": "--time-scale",
              "engine.instance_policy": "--instance-policy", "host": "--host", "scheduler.port": "--port",
              "api_key": "--api-key", "restart_crashed": "--restart-crashed",
              "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend",
+             "predictor.calibration": "--calibration",
              **{path: f"--{'instance-' if path.startswith('engine.') else ''}param {path.rsplit('.', 1)[1]}"
                 for path in params}}
     cfg = with_overrides(cfg, {
-        "instances": instances, "scheduler.policy": policy, "scheduler.k": k, "scheduler.objective": objective,
-        "engine.profile": profile, "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
+        "instances": instances if isinstance(cfg.instances, int) else None, "scheduler.policy": policy,
+        "scheduler.k": k, "scheduler.objective": objective,
+        "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
-        "scheduler.oracle_lengths": oracle_lengths,
+        "scheduler.oracle_lengths": oracle_lengths, "predictor.calibration": calibration,
         "engine.backend": backend, **params,
-    }, flags, source=f"recipe {recipe}" if recipe else "defaults")
+    }, flags, source=source)
     if model or engine_arg:
         extra = list(cfg.engine.extra_args) + (["--model", model] if model else []) + list(engine_arg or [])
         cfg = with_overrides(cfg, {"engine.extra_args": extra})
     sup = ClusterSupervisor(cfg, run_dir or default_run_dir(), cluster_json,
                             report=lambda line: console.print(line, highlight=False, markup=False))
-    console.print(f"starting {cfg.instances} engines + predictors + tagger + scheduler "
-                  f"(policy {cfg.scheduler.policy}, profile {cfg.engine.profile}) ...")
+    console.print(f"starting {cfg.num_instances} engines + predictors + tagger + scheduler "
+                  f"(policy {cfg.scheduler.policy}, {_fleet_text(sup)}) ...")
     try:
         info = sup.start()
     except ClusterError as exc:
@@ -94,6 +100,17 @@ def cluster(
     raise typer.Exit(sup.supervise())
 
 
+def _fleet_text(sup) -> str:
+    """"profile P", or each profile with its count (and what the Predictors assume when it differs)."""
+    from collections import Counter
+
+    runs = Counter((s.profile, s.assumed_profile) for s in sup.specs)
+    if len(runs) == 1 and sup.specs[0].profile == sup.specs[0].assumed_profile:
+        return f"profile {sup.specs[0].profile}"
+    return "profiles " + ", ".join(f"{n} × {p}" + (f" (Predictors told {a})" if a != p else "")
+                                   for (p, a), n in runs.items())
+
+
 def _print_table(info: dict, cluster_json: str) -> None:
     from rich.table import Table
 
@@ -102,16 +119,17 @@ def _print_table(info: dict, cluster_json: str) -> None:
     t = Table(title=f"astro cluster '{info['name']}' — policy {info['policy']}")
     t.add_column("role")
     t.add_column("name")
-    t.add_column("url")
+    t.add_column("url", no_wrap=True)  # copied by users: never cut
     t.add_column("pid", justify="right")
-    t.add_row("scheduler", "scheduler", info["scheduler"]["openai_base_url"], str(info["scheduler"]["pid"]))
+    t.add_column("profile", overflow="fold")
+    t.add_row("scheduler", "scheduler", info["scheduler"]["openai_base_url"], str(info["scheduler"]["pid"]), "")
     if info["tagger"]:
-        t.add_row("tagger", "tagger", info["tagger"]["url"], str(info["tagger"]["pid"]))
+        t.add_row("tagger", "tagger", info["tagger"]["url"], str(info["tagger"]["pid"]), "")
     for inst in info["instances"]:
-        t.add_row("engine", inst["name"], inst["engine_url"], str(inst["engine_pid"]))
+        t.add_row("engine", inst["name"], inst["engine_url"], str(inst["engine_pid"]), inst.get("profile") or "")
         if inst["predictor_url"]:
             t.add_row("predictor", inst["name"].replace("engine", "predictor"), inst["predictor_url"],
-                      str(inst["predictor_pid"]))
+                      str(inst["predictor_pid"]), inst.get("assumed_profile") or "")
     console.print(t)
     console.print(f"endpoints written to {cluster_json}; model {info['model']}; Ctrl-C stops every child")
 
@@ -125,6 +143,7 @@ def predictor(
     status_max_age_ms: Annotated[float, typer.Option("--status-max-age-ms", help="Use a stale status up to this age while refreshing it in the background (ms).")] = 250.0,
     extension_tokens: Annotated[int, typer.Option("--extension-tokens", help="Auto-extension (tokens).")] = 10,
     default_output_tokens: Annotated[int, typer.Option("--default-output-tokens", help="Length assumed when unknown.")] = 256,
+    calibration: Annotated[str, typer.Option("--calibration", help="online: refit the step model from the engine's steps (starting from --profile); off: keep the profile, only track its error.")] = "online",
     host: HostOpt = "127.0.0.1",
     port: PortOpt = 0,
     ready_file: ReadyOpt = None,
@@ -144,7 +163,7 @@ def predictor(
     settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000,
                                  status_max_age_s=status_max_age_ms / 1000, profile=profile,
                                  extension_tokens=extension_tokens, default_output_tokens=default_output_tokens,
-                                 api_key=api_key or None, internal_token=internal_token())
+                                 api_key=api_key or None, internal_token=internal_token(), calibration=calibration)
     run_predictor(settings, host, port, log_level, ready_file)
 
 
@@ -237,6 +256,7 @@ def scheduler(
     tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
     health_timeout_ms: HealthTimeoutOpt = 1000.0,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
+    predictor_profile: Annotated[list[str] | None, typer.Option("--predictor-profile", help="--predict-in-process: the profile each engine's look-ahead simulates, same order as --engine (default: --profile, else the engine's own).")] = None,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
     max_body_bytes: BodyOpt = 1 << 20,
@@ -262,6 +282,17 @@ def scheduler(
         predict_in_process=predict_in_process, prefix_tokenizer=prefix_tokenizer,
         tokenize_deadline_ms=tokenize_deadline_ms, health_timeout_ms=health_timeout_ms)
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
+    if predictor_profile:
+        from rps_astro_cli.errors import AstroUserError
+        from rps_astro_cli.services.config import check_profile_ref
+
+        if len(predictor_profile) != len(settings.instances):
+            raise AstroUserError(f"{len(predictor_profile)} --predictor-profile for {len(settings.instances)} --engine",
+                                 field="--predictor-profile", fix="give one per engine, in the same order, or none")
+        for ref in predictor_profile:
+            check_profile_ref(ref, "--predictor-profile")
+        settings = replace(settings, instances=tuple(replace(ep, profile=ref) for ep, ref
+                                                     in zip(settings.instances, predictor_profile)))
     run_scheduler(settings, host, port, log_level, ready_file)
 
 

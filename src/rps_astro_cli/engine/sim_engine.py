@@ -29,6 +29,7 @@ output earlier (`engine.synthetic`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 import math
@@ -125,6 +126,7 @@ class EngineCounters:
 
 
 LATE_WALL_S = 0.005
+STEP_LOG = 4096  # steps a sim engine keeps for its Predictor's calibration (`steps_since`)
 
 
 class SimEngine:
@@ -161,6 +163,9 @@ class SimEngine:
         if self.inst.cache is not None:  # `/status?prefix_since=N`: the cached set's changes
             self.inst.cache.track_events(4 * self.config.num_gpu_blocks)
         self.rng = np.random.default_rng(seed)
+        # the latest steps' shapes and durations (`steps_since`), for the Predictor's calibration
+        self.step_log: collections.deque[tuple[int, int, int, float, float, float]] = collections.deque(maxlen=STEP_LOG)
+        self.steps_logged = 0
         self.time_scale = float(time_scale)
         self.instance_id = instance_id
         self.max_lag_s = max_lag_s
@@ -402,8 +407,22 @@ class SimEngine:
                 c.steps_late_total += 1
                 if lag > c.lag_wall_s_max:
                     c.lag_wall_s_max = lag
+            self._log_step(res.shape, res.duration_s)
             self._deliver(res, end)
             next_start_s = end
+
+    def _log_step(self, shape: tuple[int, int, int, float, float], duration_s: float) -> None:
+        self.step_log.append((*shape, duration_s))
+        self.steps_logged += 1
+
+    def steps_since(self, seq: int) -> dict[str, object]:
+        """The steps logged after step number `seq` still in the log (`STEP_LOG` most):
+        {"seq": steps logged in all, "rows": [[batch size, new tokens, decode context
+        tokens, prefill pairs, encoder s, duration s (engine seconds)], ...]} — what a
+        Predictor calibrates its step model from (`sim.calibration`)."""
+        n = self.steps_logged - max(0, seq)
+        rows = list(self.step_log)[-n:] if 0 < n else []
+        return {"seq": self.steps_logged, "rows": [list(r) for r in rows]}
 
     def _deliver(self, res, end_s: float) -> None:
         live = self._live

@@ -289,13 +289,15 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         return JSONResponse({"prompt": text})
 
     @app.get("/status")
-    async def status(prefix_since: int | None = None) -> JSONResponse:
+    async def status(prefix_since: int | None = None, steps_since: int | None = None) -> JSONResponse:
         # the codec's dict rendered directly (the same bytes as returning the dict, without
         # FastAPI's response-model validation and jsonable_encoder pass over every request)
         body = engine.status().to_dict()
         cache = engine.inst.cache
         if prefix_since is not None and cache is not None:
             body["prefix_cache"] = cache.delta(prefix_since)
+        if steps_since is not None:  # the steps run since, for the Predictor's calibration
+            body["steps"] = engine.steps_since(steps_since)
         return JSONResponse(body)
 
     @app.post("/reset_prefix_cache")

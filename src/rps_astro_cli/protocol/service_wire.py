@@ -166,7 +166,7 @@ class PredictReply:
     """A `POST /predict` answer.
 
     JSON: {"ttft_s", "e2e_s", "objective_s", "snapshot_age_s", "lookahead_us",
-    "instance_id"}.
+    "instance_id", "trusted", "model_ape"}.
     """
 
     # predicted TTFT from the snapshot time (s)
@@ -181,6 +181,11 @@ class PredictReply:
     lookahead_us: float
     # the instance the Predictor predicts for
     instance_id: str
+    # the Predictor's step model is trusted (`sim.calibration`: its recent error is under
+    # the bound); False: the dispatch compares this instance by load instead
+    trusted: bool = True
+    # the model's recent median step error (fraction; None: not measured)
+    model_ape: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +195,8 @@ class PredictReply:
             "snapshot_age_s": self.snapshot_age_s,
             "lookahead_us": self.lookahead_us,
             "instance_id": self.instance_id,
+            "trusted": self.trusted,
+            "model_ape": self.model_ape,
         }
 
     @classmethod
@@ -200,8 +207,10 @@ class PredictReply:
             KeyError / TypeError / ValueError: `ttft_s` or `e2e_s` missing or not a number.
         """
         ttft, e2e = float(d["ttft_s"]), float(d["e2e_s"])
+        ape = d.get("model_ape")
         return cls(ttft, e2e, float(d.get("objective_s", e2e)), float(d.get("snapshot_age_s", 0.0)),
-                   float(d.get("lookahead_us", 0.0)), str(d.get("instance_id", "")))
+                   float(d.get("lookahead_us", 0.0)), str(d.get("instance_id", "")),
+                   d.get("trusted", True) is not False, None if ape is None else float(ape))
 
     def estimate(self) -> LatencyEstimate:
         """The TTFT/E2E as a `LatencyEstimate` (step counts are not on the wire: 0)."""

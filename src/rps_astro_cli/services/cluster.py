@@ -2,7 +2,9 @@
 
 `ClusterSupervisor(cfg).start()` launches, as child processes of this one,
 N engines (`astro serve engine`), N Predictors (one per engine), the tagger and the
-scheduler, each on a free port the OS picks (`--port 0 --ready-file F`: the child writes
+scheduler (the fleet as `services.config.instance_specs` expands the recipe: each engine
+runs its own profile and limits, each Predictor is told its `assumed_profile`, by
+default its engine's), each on a free port the OS picks (`--port 0 --ready-file F`: the child writes
 its URL once listening). Order: engines + tagger, then predictors, then the scheduler;
 each phase waits until every child answers `GET /health`. Internal services bind
 127.0.0.1; only the scheduler binds `cfg.host`. Logs go to `<run_dir>/<child>.log`.
@@ -37,11 +39,16 @@ and (on Linux) get SIGTERM if the supervisor itself dies, so no orphan outlives 
      "instances": [{"name": "engine-0", "engine_url": str, "status_url": str,
                     "metrics_url": str, "predictor_url": str | null,
                     "predictor_metrics_url": str | null,
-                    "engine_pid": int, "predictor_pid": int | null}, ...],
+                    "engine_pid": int, "predictor_pid": int | null,
+                    "profile": str,             # the execution profile this engine runs
+                    "assumed_profile": str | null,  # the one its Predictor simulates (null: no Predictor)
+                    "time_scale": float}, ...],
      "policy": {"name": str, ...params},     # e.g. {"name": "power_of_k", "k": 2, "objective": "e2e"}
-     "profile": str,                    # engine execution profile id/path
+     "profile": str,                    # engine-0's execution profile id/path (every engine's
+                                        # when the fleet is homogeneous; per engine: "instances")
      "model": str | null,               # served model name (from the engines' /v1/models)
-     "time_scale": float,               # wall s per engine s
+     "time_scale": float,               # wall s per engine s (the engines' common one, else
+                                        # engine.time_scale)
      "instance_policy": str,            # in-instance policy of every engine
      "api_key_required": bool,          # the key itself is never written
      "internal_token_file": str | null, # the internal token's file (mode 0600; engines,
@@ -65,7 +72,7 @@ from typing import Any
 
 import httpx
 
-from rps_astro_cli.services.config import ClusterConfig
+from rps_astro_cli.services.config import ClusterConfig, instance_specs
 
 CLUSTER_SCHEMA = "astro.cluster/1"
 START_TIMEOUT_S = 60.0
@@ -164,6 +171,10 @@ class ClusterSupervisor:
                  report: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True),
                  restart_window_s: float = RESTART_WINDOW_S, clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
+        self.specs = instance_specs(cfg)  # per engine: its profile, engine settings, the Predictor's profile
+        scales = {spec.engine.time_scale for spec in self.specs}
+        # wall s per engine s of the fleet: the scheduler and `astro bench` convert observed times by it
+        self.time_scale: float = scales.pop() if len(scales) == 1 else cfg.engine.time_scale
         self.restart_window_s = restart_window_s  # the restart budget's window (s)
         self.clock = clock  # monotonic seconds (a test's fake clock)
         self.created_unix_s: float | None = None  # when cluster.json was first written
@@ -204,7 +215,7 @@ class ClusterSupervisor:
         return out
 
     def _engine_argv(self, i: int) -> list[str]:
-        e = self.cfg.engine
+        e = self.specs[i].engine
         argv = ["--backend", e.backend, "--profile", e.profile, "--instance-policy", e.instance_policy,
                 "--seed", str(e.seed + i), "--time-scale", repr(e.time_scale), "--instance-id", f"engine-{i}"]
         for flag, val in (("--num-gpu-blocks", e.num_gpu_blocks), ("--max-num-seqs", e.max_num_seqs),
@@ -219,6 +230,14 @@ class ClusterSupervisor:
         for name, value in e.instance_policy_params.items():  # declared by the policy, checked by the recipe
             argv += ["--instance-param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
         return argv + list(e.extra_args)
+
+    def _predictor_argv(self, i: int, engine_url: str) -> list[str]:
+        """Predictor i's flags: its engine, and the profile it simulates (its `assumed_profile`)."""
+        p = self.cfg.predictor
+        return ["--engine-url", engine_url, "--profile", self.specs[i].assumed_profile,
+                "--status-cache-ms", repr(p.status_cache_ms), "--status-max-age-ms", repr(p.status_max_age_ms),
+                "--extension-tokens", str(p.extension_tokens), "--default-output-tokens", str(p.default_output_tokens),
+                "--calibration", p.calibration]
 
     def start(self, timeout_s: float | None = None) -> dict[str, Any]:
         """Launch every child, wait until all are healthy, write cluster.json.
@@ -242,6 +261,9 @@ class ClusterSupervisor:
         if cfg.host and not _loopback(cfg.host) and not cfg.api_key:
             self.report(f"warning: the scheduler will listen on {cfg.host} without an API key: anyone who can "
                         "reach it can send requests; pass --api-key or set ASTRO_API_KEY (or bind 127.0.0.1)")
+        if len({spec.engine.time_scale for spec in self.specs}) > 1:
+            self.report(f"warning: the instance groups run at different time scales; the scheduler's prediction-error "
+                        f"metrics and `astro bench` convert wall seconds by engine.time_scale {self.time_scale:g}")
         if timeout_s is None:
             timeout_s = START_TIMEOUT_S if cfg.engine.backend == "sim" else REAL_ENGINE_START_TIMEOUT_S
         import threading
@@ -250,9 +272,9 @@ class ClusterSupervisor:
         if threading.current_thread() is threading.main_thread():  # SIGTERM while starting: stop all
             old_term = signal.signal(signal.SIGTERM, _interrupt)
         try:
-            self.engines = [self._child(f"engine-{i}", "engine", self._engine_argv(i)) for i in range(cfg.instances)]
+            self.engines = [self._child(f"engine-{i}", "engine", self._engine_argv(i)) for i in range(len(self.specs))]
             if cfg.tagger.enabled:
-                argv = ["--profile", cfg.engine.profile]
+                argv = ["--profile", self.specs[0].profile]  # prices media tokens: the fleet serves one model
                 if cfg.tagger.length_model:
                     argv += ["--length-model", cfg.tagger.length_model]
                 self.tagger = self._child("tagger", "tagger", argv)
@@ -262,14 +284,8 @@ class ClusterSupervisor:
             self._wait_ready(phase1, timeout_s)
             self.model = self._served_model(self.engines[0])
             if cfg.predictor.enabled and not cfg.predictor.in_process:
-                p = cfg.predictor
-                self.predictors = [
-                    self._child(f"predictor-{i}", "predictor", [
-                        "--engine-url", e.url or "", "--profile", cfg.engine.profile,
-                        "--status-cache-ms", repr(p.status_cache_ms), "--status-max-age-ms", repr(p.status_max_age_ms),
-                        "--extension-tokens", str(p.extension_tokens),
-                        "--default-output-tokens", str(p.default_output_tokens)])
-                    for i, e in enumerate(self.engines)]
+                self.predictors = [self._child(f"predictor-{i}", "predictor", self._predictor_argv(i, e.url or ""))
+                                   for i, e in enumerate(self.engines)]
                 for c in self.predictors:
                     c.launch()
                 self._wait_ready(self.predictors, timeout_s)
@@ -287,14 +303,17 @@ class ClusterSupervisor:
                      "--llumnix-variant", s.llumnix_variant, "--predict-deadline-ms", repr(s.predict_deadline_ms),
                      "--tag-deadline-ms", repr(s.tag_deadline_ms), "--health-interval-ms", repr(s.health_interval_ms),
                      "--status-interval-ms", repr(s.status_interval_ms), "--max-body-bytes", str(s.max_body_bytes),
-                     "--seed", str(s.seed), "--profile", cfg.engine.profile,
+                     "--seed", str(s.seed), "--profile", self.specs[0].profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             argv += [] if s.early_dispatch else ["--no-early-dispatch"]
             argv += ["--prefix-tokenizer", s.prefix_tokenizer, "--tokenize-deadline-ms", repr(s.tokenize_deadline_ms),
                      "--health-timeout-ms", repr(s.health_timeout_ms)]
-            argv += ["--predict-in-process"] if cfg.predictor.enabled and cfg.predictor.in_process else []
-            if cfg.engine.backend == "sim" and cfg.engine.time_scale != 1.0:  # observed wall s → engine s
-                argv += ["--time-scale", repr(cfg.engine.time_scale)]
+            if cfg.predictor.enabled and cfg.predictor.in_process:  # the look-ahead per engine: its own profile
+                argv += ["--predict-in-process"]
+                for spec in self.specs:
+                    argv += ["--predictor-profile", spec.assumed_profile]
+            if cfg.engine.backend == "sim" and self.time_scale != 1.0:  # observed wall s → engine s
+                argv += ["--time-scale", repr(self.time_scale)]
             for name, value in s.params.items():  # the policy's declared parameters (checked by the recipe)
                 argv += ["--param", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
             env = {"ASTRO_API_KEY": cfg.api_key} if cfg.api_key else {}
@@ -420,12 +439,15 @@ class ClusterSupervisor:
                  "metrics_url": f"{e.url}/metrics",
                  "predictor_url": self.predictors[i].url if self.predictors else None,
                  "predictor_metrics_url": f"{self.predictors[i].url}/metrics" if self.predictors else None,
-                 "engine_pid": e.pid, "predictor_pid": self.predictors[i].pid if self.predictors else None}
+                 "engine_pid": e.pid, "predictor_pid": self.predictors[i].pid if self.predictors else None,
+                 "profile": self.specs[i].profile,
+                 "assumed_profile": self.specs[i].assumed_profile if cfg.predictor.enabled else None,
+                 "time_scale": self.specs[i].engine.time_scale}
                 for i, e in enumerate(self.engines)],
             "policy": {"name": s.policy, **s.policy_params()},
-            "profile": cfg.engine.profile,
+            "profile": self.specs[0].profile,
             "model": self.model,
-            "time_scale": cfg.engine.time_scale,
+            "time_scale": self.time_scale,
             "instance_policy": cfg.engine.instance_policy,
             "api_key_required": bool(cfg.api_key),
             "internal_token_file": str(self.token_file) if self.internal_token else None,

@@ -70,6 +70,7 @@ from rps_astro_cli.services.http_common import (
 )
 from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.sim import lookahead as _lookahead
+from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
@@ -102,6 +103,11 @@ class PredictorSettings:
     api_key: required bearer token when set. max_body_bytes: body limit (bytes).
     internal_token: the cluster's internal token: sent to the engine, and required on
     every route but /health and /ready (`protocol.internal_auth`); None = neither.
+    calibration: "online" (default): the step model is refitted from the steps the
+        engine reports (`/status?steps_since=`, `sim.calibration`), starting from the
+        profile; "off": the profile stays, but its recent error is still tracked and the
+        replies say whether it is trusted (the dispatch leans on load while it is not).
+        An engine that reports no steps leaves the profile in force, trusted.
     """
 
     engine_url: str
@@ -114,6 +120,15 @@ class PredictorSettings:
     api_key: str | None = None
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     internal_token: str | None = None
+    calibration: str = "online"
+
+    def __post_init__(self) -> None:
+        if self.calibration not in CALIBRATION_MODES:
+            raise AstroUserError(f"unknown calibration {self.calibration!r}", field="calibration",
+                                 fix="use online or off")
+
+
+CALIBRATION_MODES = ("online", "off")
 
 
 def parse_predict(body: dict[str, Any]) -> PredictRequest:
@@ -177,6 +192,9 @@ class Predictor:
         # many predicts, so they are resolved once per fetched status, not per predict
         self._resolved: tuple[InstanceStatus, LatencyModel, InstancePolicy] | None = None
         self.last_error: str | None = None  # why the last engine /status fetch failed (None: it did not)
+        # the step model's calibrator (made with the first status: the engine may name the profile)
+        self.calibrator: StepCalibrator | None = None
+        self._steps_seq = 0  # engine steps learned up to (its `steps.seq`)
 
     async def ready(self) -> str | None:
         """None when the engine's `/status` answers (a cached one counts), else why not."""
@@ -235,11 +253,14 @@ class Predictor:
 
     async def _fetch(self) -> InstanceStatus:
         try:
-            resp = await asyncio.wait_for(self.pool.request("GET", "/status"), self.settings.status_timeout_s)
+            path = f"/status?steps_since={self._steps_seq}"
+            resp = await asyncio.wait_for(self.pool.request("GET", path), self.settings.status_timeout_s)
             body = await asyncio.wait_for(resp.read(), self.settings.status_timeout_s)
             if resp.status != 200:
                 raise RpcError(f"engine /status answered {resp.status}")
-            st = InstanceStatus.from_dict(json.loads(body))
+            d = json.loads(body)
+            st = InstanceStatus.from_dict(d)
+            self.learn(st, d.get("steps"))
         except BaseException as exc:
             self.last_error = f"engine {self.settings.engine_url} /status failed: {type(exc).__name__}: {exc}"[:200]
             self.on_fetch("error")
@@ -252,7 +273,35 @@ class Predictor:
         return st
 
     # -- model -------------------------------------------------------------------------
+    def learn(self, status: InstanceStatus, steps: Any) -> None:
+        """Feed the engine's steps since the last fetch (`/status`'s `steps`: {"seq",
+        "rows"}) to the calibrator; an engine that sends none leaves it as it is."""
+        if self.calibrator is None:
+            prior = self._fixed_profile or load_profile(status.profile_id or None)
+            self.calibrator = StepCalibrator(prior, learn=self.settings.calibration == "online")
+        if not isinstance(steps, dict):
+            return
+        try:
+            seq, rows = int(steps["seq"]), steps["rows"]
+            samples = [StepSample(int(r[0]), int(r[1]), int(r[2]), float(r[3]), float(r[4]), float(r[5]))
+                       for r in rows]
+        except (KeyError, TypeError, ValueError, IndexError):
+            log.warning("engine %s sent malformed steps; calibration skips them", self.settings.engine_url)
+            return
+        if seq < self._steps_seq:  # the engine restarted: its count began again
+            samples = samples[-seq:] if seq > 0 else []
+        self._steps_seq = seq
+        if self.calibrator.observe_many(samples):
+            self._resolved = None  # a new fit: the next predict uses it
+
+    @property
+    def trusted(self) -> bool:
+        """The step model may be relied on (`sim.calibration.StepCalibrator.trusted`)."""
+        return self.calibrator is None or self.calibrator.trusted
+
     def latency_model(self, status: InstanceStatus) -> LatencyModel:
+        if self.calibrator is not None:
+            return self.calibrator.latency
         key = self._fixed_profile.profile_id if self._fixed_profile else status.profile_id
         lm = self._latency.get(key)
         if lm is None:
@@ -306,7 +355,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
     is its `Predictor`."""
     from contextlib import asynccontextmanager
 
-    from prometheus_client import Counter, Histogram
+    from prometheus_client import Counter, Gauge, Histogram
 
     reg = new_registry()
     buckets = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -361,10 +410,43 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         m_look.observe(look_s)
         m_age.observe(age_s)
         m_req.labels("ok").inc()
+        cal = pred.calibrator
         out = PredictReply(est.ttft_s, est.e2e_s, est.ttft_s if objective == "ttft" else est.e2e_s,
-                           age_s, look_s * 1e6, status.instance_id)
+                           age_s, look_s * 1e6, status.instance_id, pred.trusted,
+                           None if cal is None else cal.recent_ape)
         m_predict.observe(time.perf_counter() - t0)
         return JSONResponse(out.to_dict())
+
+    def calibration_view() -> dict[str, Any]:
+        pred: Predictor = app.state.predictor
+        cal = pred.calibrator
+        if cal is None:
+            return {"calibration": settings.calibration, "state": None, "profile": None}
+        return {"calibration": settings.calibration, "state": cal.state().to_dict(),
+                "profile": cal.profile.to_dict()}
+
+    @app.get("/status")
+    async def predictor_status(request: Request) -> JSONResponse:
+        """The step model in force: the calibration mode, its state (samples, refits,
+        recent error, trusted) and the fitted profile (`astro profiles export` reads it;
+        the profile JSON loads with `--profile`)."""
+        check_api_key(request, settings.api_key)
+        return JSONResponse(calibration_view())
+
+    def _cal_value(name: str) -> float:
+        cal = app.state.predictor.calibrator
+        if cal is None:
+            return float("nan")
+        v = {"samples": cal.samples, "refits": cal.refits, "trusted": float(cal.trusted),
+             "recent_ape": cal.recent_ape}[name]
+        return float("nan") if v is None else float(v)
+
+    for name, doc in (("samples", "engine steps the step model learned from"),
+                      ("refits", "fits of the step model"),
+                      ("recent_ape", "median absolute percentage error of the step model on the latest steps"),
+                      ("trusted", "1 while the dispatch may rely on this Predictor's model")):
+        Gauge(f"astro:predictor_calibration_{name}", doc, registry=reg).set_function(
+            lambda name=name: _cal_value(name))
 
     app.add_api_route("/predict", predict, methods=["POST"])
     return FastRoutes(app, {("POST", "/predict"): predict})

@@ -96,14 +96,18 @@ class Dispatcher:
         cached = ({pool[ld.index].index: ld.prefix_hit_tokens for ld in loads if ld.prefix_hit_tokens}
                   if block_hashes else None)
 
+        untrusted: list[int] = []  # instance indices whose Predictor's model is not trusted now
+
         async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
             if identity:
-                return await self.predict.predict_many(cands, query, cached)
-            got = await self.predict.predict_many([pool[j].index for j in cands], query, cached)
+                return await self.predict.predict_many(cands, query, cached, untrusted)
+            got = await self.predict.predict_many([pool[j].index for j in cands], query, cached, untrusted)
             position = {pool[j].index: j for j in cands}
             return {position[i]: est for i, est in got.items()}
 
         dec = await decide_async(self.policy, loads, self.rng, predict)
+        if untrusted:
+            dec = replace(dec, untrusted=tuple(untrusted))
         dt = time.perf_counter() - t0
         if identity:
             dec = replace(dec, decide_us=dt * 1e6)

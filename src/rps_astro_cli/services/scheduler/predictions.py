@@ -49,32 +49,39 @@ class PredictClient:
             cache_s = self.s.status_interval_s + 0.05
             pred = self._local[st.ep.engine_url] = Predictor(PredictorSettings(
                 st.ep.engine_url, status_cache_s=cache_s, status_max_age_s=max(0.25, 2 * cache_s),
-                profile=self.s.profile, default_output_tokens=self.s.default_output_tokens,
+                profile=st.ep.profile or self.s.profile, default_output_tokens=self.s.default_output_tokens,
                 internal_token=self.s.internal_token))
         if st.status is not None:
             pred.adopt(st.status, st.status_s)
         return pred
 
-    async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate:
+    async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate | None:
         pred = self.local_predictor(st)
         status, age_s = await pred.status()
+        if not pred.trusted:
+            return None
         return pred.predict(status, q.candidate, with_pending(status, q.pending, age_s))
 
-    async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate:
+    async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate | None:
+        """The Predictor's estimate; None when it says its model is not trusted now."""
         status, body = await self.clients.post_json(url, "/predict", payload)
         if status != 200:
             raise ValueError(f"predictor answered {status}")
-        return PredictReply.from_dict(json.loads(body)).estimate()
+        reply = PredictReply.from_dict(json.loads(body))
+        return reply.estimate() if reply.trusted else None
 
     async def predict_many(self, candidates: list[int], query: PredictRequest,
-                           cached: dict[int, int] | None = None) -> dict[int, LatencyEstimate]:
+                           cached: dict[int, int] | None = None,
+                           untrusted: list[int] | None = None) -> dict[int, LatencyEstimate]:
         """Predictions of `query`'s candidate on each instance whose Predictor answers
         within `predict_deadline_s` (`cached`: instance index → the candidate's prefix-cache
         hit there, tokens, sent as its `cached_tokens` to that Predictor); late ones are
         left to finish in the background, failed ones skipped. A Predictor that missed
         `predictor_breaker_failures` RPCs in a row is not asked for `predictor_breaker_s`
         (outcome "skipped"), so a hung sidecar does not cost every request the full
-        deadline; then it is probed again."""
+        deadline; then it is probed again. A Predictor whose step model is not trusted
+        (`sim.calibration`) answers, but its estimate is left out (outcome "untrusted",
+        its index appended to `untrusted`): the policy compares that instance by load."""
         payload = json.dumps(query.to_dict()).encode()
         tasks: dict[asyncio.Task, int] = {}
         states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
@@ -106,7 +113,9 @@ class PredictClient:
                                                           self.s.predict_deadline_s) for i, q in local),
                                        return_exceptions=True)
             for (i, _), est in zip(local, got):
-                if isinstance(est, LatencyEstimate):
+                if est is None:
+                    self._untrusted(i, states[i], untrusted)
+                elif isinstance(est, LatencyEstimate):
                     out[i] = est
                     self.m.predict_rpcs.labels(self.policy_name, "in_process").inc()
                     states[i].predictor_failures = 0
@@ -127,7 +136,11 @@ class PredictClient:
         for t in done:
             exc = t.exception()
             if exc is None:
-                out[tasks[t]] = t.result()
+                est = t.result()
+                if est is None:
+                    self._untrusted(tasks[t], states[tasks[t]], untrusted)
+                    continue
+                out[tasks[t]] = est
                 self.m.predict_rpcs.labels(self.policy_name, "ok").inc()
                 states[tasks[t]].predictor_failures = 0
                 states[tasks[t]].predictor_error = None
@@ -136,6 +149,13 @@ class PredictClient:
                 self.m.predict_rpcs.labels(self.policy_name, outcome).inc()
                 self._failed(states[tasks[t]], f"{outcome}: {type(exc).__name__}: {exc}"[:200])
         return out
+
+    def _untrusted(self, i: int, st: InstanceState, untrusted: list[int] | None) -> None:
+        self.m.predict_rpcs.labels(self.policy_name, "untrusted").inc()
+        st.predictor_failures = 0
+        st.predictor_error = None
+        if untrusted is not None:
+            untrusted.append(i)
 
     def _failed(self, st: InstanceState, why: str) -> None:
         st.predictor_error = why

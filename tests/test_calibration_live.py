@@ -1,0 +1,106 @@
+"""Online calibration live (issue 31): a sim engine running a profile 1.6× slower in every
+term than the one its Predictor is given reports its steps (`/status?steps_since=`); the
+Predictor refits from them (`calibration: online`) or only tracks its error (`off`), says
+so on its `/status`, `/metrics` and in every `/predict` reply, and the scheduler compares
+an untrusted Predictor's instance by load, naming it in the decision record."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import replace
+
+import httpx
+import pytest
+
+from conftest import prom_sum, write_profile
+from rps_astro_cli.engine import sim_server
+from rps_astro_cli.engine.sim_engine import SimEngine
+from rps_astro_cli.protocol.http_server import ServerThread
+from rps_astro_cli.services import predictor as pred_mod
+from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+from rps_astro_cli.sim.profile import load_profile
+
+NOMINAL = load_profile("llama-2-7b-a30")
+SLOW = replace(NOMINAL, profile_id="a30-slow", base_s=1.6 * NOMINAL.base_s, per_seq_s=1.6 * NOMINAL.per_seq_s,
+               token_s=tuple(1.6 * v for v in NOMINAL.token_s),
+               decode_attn_s_per_ctx_token=1.6 * NOMINAL.decode_attn_s_per_ctx_token,
+               prefill_attn_s_per_token_pair=1.6 * NOMINAL.prefill_attn_s_per_token_pair)
+
+
+def _traffic(url: str, n: int = 24) -> None:
+    """`n` concurrent completions of 40 tokens each straight to the engine."""
+    def one(i: int) -> int:
+        body = {"model": NOMINAL.model, "prompt": "tell me " * (20 + 7 * i), "max_tokens": 40, "ignore_eos": True}
+        return httpx.post(url + "/v1/completions", json=body, timeout=60).status_code
+
+    with ThreadPoolExecutor(8) as ex:
+        assert set(ex.map(one, range(n))) == {200}
+
+
+def _predict(url: str) -> dict:
+    r = httpx.post(url + "/predict", json={"prompt_tokens": 100, "predicted_output_tokens": 20}, timeout=10)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("mode", ["online", "off"])
+def test_predictor_calibrates_from_its_engines_steps(tmp_path, mode):
+    nominal_path = write_profile(tmp_path, NOMINAL, "nominal.json")
+    with ExitStack() as st:
+        eng = st.enter_context(ServerThread(sim_server.create_app(SimEngine(SLOW, time_scale=0.02))))
+        steps = httpx.get(eng.url + "/status?steps_since=0").json()["steps"]
+        assert steps == {"seq": 0, "rows": []}
+        pred = st.enter_context(ServerThread(pred_mod.create_app(pred_mod.PredictorSettings(
+            eng.url, profile=nominal_path, calibration=mode, status_cache_s=0.0))))
+        first = _predict(pred.url)
+        assert first["trusted"] is True and first["model_ape"] is None  # no step seen yet: the profile's word
+        _traffic(eng.url)
+        logged = httpx.get(eng.url + "/status?steps_since=0").json()["steps"]
+        assert logged["seq"] >= 40 and len(logged["rows"]) == logged["seq"]
+        b, t, ctx, pairs, enc, dur = logged["rows"][-1]
+        # an engine step's duration is its profile's step time for that shape
+        from rps_astro_cli.sim.latency import LatencyModel
+
+        assert dur == pytest.approx(LatencyModel(SLOW).step_s(b, t, ctx, pairs, enc), rel=1e-9)
+        reply = _predict(pred.url)
+        state = httpx.get(pred.url + "/status").json()
+        assert state["calibration"] == mode and state["state"]["samples"] == logged["seq"]
+        metrics = httpx.get(pred.url + "/metrics").text
+        assert prom_sum(metrics, "astro:predictor_calibration_samples") == logged["seq"]
+        if mode == "online":
+            assert state["state"]["refits"] >= 1 and state["state"]["trusted"]
+            assert reply["trusted"] is True
+            # the fitted profile is the engine's, not the one the Predictor was given
+            fitted = state["profile"]["coefficients"]
+            assert fitted["decode_attn_s_per_ctx_token"] == pytest.approx(SLOW.decode_attn_s_per_ctx_token, rel=0.15)
+            assert state["profile"]["fit"]["calibrated_from"] == NOMINAL.profile_id
+            (tmp_path / "exported.json").write_text(json.dumps(state["profile"]))
+            assert load_profile(str(tmp_path / "exported.json")).profile_id == NOMINAL.profile_id
+        else:
+            # every step took 1.6× the model's time: error 1 − 1/1.6 = 37.5 %, not trusted
+            assert state["state"]["refits"] == 0 and not state["state"]["trusted"]
+            assert state["state"]["recent_ape"] == pytest.approx(0.375, rel=1e-6)
+            assert reply["trusted"] is False and reply["model_ape"] == pytest.approx(0.375, rel=1e-6)
+            assert prom_sum(metrics, "astro:predictor_calibration_trusted") == 0
+
+
+def test_scheduler_leans_on_load_for_an_untrusted_predictor(tmp_path):
+    nominal_path = write_profile(tmp_path, NOMINAL, "nominal.json")
+    with ExitStack() as st:
+        eng = st.enter_context(ServerThread(sim_server.create_app(SimEngine(SLOW, time_scale=0.02))))
+        pred = st.enter_context(ServerThread(pred_mod.create_app(pred_mod.PredictorSettings(
+            eng.url, profile=nominal_path, calibration="off", status_cache_s=0.0))))
+        _traffic(eng.url, 12)
+        _predict(pred.url)  # the Predictor learns its error from the steps so far
+        sched = st.enter_context(ServerThread(create_app(SchedulerSettings(
+            instances=(InstanceEndpoint("engine-0", eng.url, pred.url),), policy="power_of_k",
+            served_models=(NOMINAL.model,), predict_deadline_s=2.0, status_interval_s=0.05))))
+        body = {"model": NOMINAL.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert httpx.post(sched.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        d = httpx.get(sched.url + "/decisions").json()[-1]
+        assert d["untrusted"] == [0] and d["predictions"] == {}
+        assert d["reason"].startswith("fallback: no predictor answered")
+        m = httpx.get(sched.url + "/metrics").text
+        assert prom_sum(m, "astro:predict_rpcs_total", outcome="untrusted") == 1
