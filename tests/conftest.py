@@ -91,13 +91,15 @@ def load_script(relpath: str, name: str) -> ModuleType:
 
 
 def scheduler_flag_kwargs(**over) -> dict:
-    """The keyword arguments of `cli.serve._scheduler_settings` as `astro serve scheduler`
-    passes them with its flags' defaults and one engine (the tests override a few)."""
-    kw = dict(engine=["http://127.0.0.1:1"], predictor=None, discover=None, discover_service=None,
-              discover_namespace=None, tagger=None, policy="power_of_k", k=None, objective="ttft",
-              llumnix_variant="astrolabe", param=None, predict_deadline_ms=50.0, tag_deadline_ms=50.0,
-              health_interval_ms=500.0, status_interval_ms=100.0, served_model_name=None, profile=None,
-              length_model=None, seed=None, decisions_kept=10, oracle_lengths=False, max_body_bytes=1 << 20,
-              api_key=None)
-    kw.update(over)
-    return kw
+    """The arguments of `cli.serve._scheduler_settings` as `astro serve scheduler` passes
+    them with its flags' defaults and one engine; `over` overrides any flag by its
+    parameter name (a shared one goes into `flags`, a `DispatchFlags`)."""
+    import dataclasses
+
+    from rps_astro_cli.cli.serve import DispatchFlags
+
+    shared = {f.name for f in dataclasses.fields(DispatchFlags)}
+    kw = dict(decisions_kept=10, max_body_bytes=1 << 20, api_key=None)
+    kw.update({n: v for n, v in over.items() if n not in shared})
+    flags = {"engine": ["http://127.0.0.1:1"], **{n: v for n, v in over.items() if n in shared}}
+    return {"flags": DispatchFlags(**flags), **kw}

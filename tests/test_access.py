@@ -99,7 +99,7 @@ def test_internal_services_refuse_callers_without_the_token(tmp_path, length_mod
             r = c.post("/v1/chat/completions", json=chat())
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
             dec = c.get("/decisions").json()[-1]
-            assert dec["reason"] != "fallback: a predictor did not answer; fewest outstanding", dec
+            assert not dec["reason"].startswith("fallback"), dec  # the Predictor answered through the token
             assert c.get("/health").json()["status"] == "ok"
         m = httpx.get(tag.url + "/metrics", headers={ia.TOKEN_HEADER: TOKEN}, timeout=5).text
         assert prom_sum(m, "astro:tagger_requests_total", outcome="ok") == 2  # ours above + the scheduler's

@@ -399,11 +399,13 @@ def test_health_check_deadline_is_a_setting():
 
     assert healthy_after(0.2) is False
     assert healthy_after(2.0) is True
-    kw = scheduler_flag_kwargs(policy="round_robin")
-    assert _scheduler_settings(**kw, health_timeout_ms=2500.0).health_timeout_s == 2.5
-    assert _scheduler_settings(**kw).health_timeout_s == 1.0
+    def kw(**over):
+        return scheduler_flag_kwargs(policy="round_robin", **over)
+
+    assert _scheduler_settings(**kw(health_timeout_ms=2500.0)).health_timeout_s == 2.5
+    assert _scheduler_settings(**kw()).health_timeout_s == 1.0
     with pytest.raises(AstroUserError) as exc:
-        _scheduler_settings(**kw, health_timeout_ms=-5.0)
+        _scheduler_settings(**kw(health_timeout_ms=-5.0))
     assert exc.value.field == "--health-timeout-ms"
     with pytest.raises(AstroUserError) as exc:
         parse_config({"scheduler": {"health_timeout_ms": 0}})

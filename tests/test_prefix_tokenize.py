@@ -197,12 +197,14 @@ def test_engine_kind_from_version_and_settings_name_the_field():
 def test_cli_flag_is_checked_and_reaches_the_settings():
     from rps_astro_cli.cli.serve import _scheduler_settings
 
-    kw = scheduler_flag_kwargs(policy="cache_aware")
-    s = _scheduler_settings(**kw, prefix_tokenizer="engine", tokenize_deadline_ms=30.0)
+    def kw(**over):
+        return scheduler_flag_kwargs(policy="cache_aware", **over)
+
+    s = _scheduler_settings(**kw(prefix_tokenizer="engine", tokenize_deadline_ms=30.0))
     assert (s.prefix_tokenizer, s.tokenize_deadline_s) == ("engine", 0.03)
-    assert _scheduler_settings(**kw).prefix_tokenizer == "auto"
+    assert _scheduler_settings(**kw()).prefix_tokenizer == "auto"
     with pytest.raises(AstroUserError) as exc:
-        _scheduler_settings(**kw, prefix_tokenizer="hf")
+        _scheduler_settings(**kw(prefix_tokenizer="hf"))
     assert exc.value.field == "--prefix-tokenizer"
 
 

@@ -20,7 +20,7 @@ from rps_astro_cli.services import tagger as tag_mod
 from rps_astro_cli.services.http_common import free_port
 from test_services_scheduler import MODEL, chat, engine_app, hand_profile, scheduler, start
 
-UNANSWERED = "fallback: a predictor did not answer; fewest outstanding"
+UNANSWERED = "fallback: a predictor did not answer; lowest load"
 
 
 @pytest.fixture()

@@ -280,7 +280,7 @@ def load_llava_instruct(opts: WorkloadOptions, rng: np.random.Generator) -> Work
 LLAVA_SYNTHETIC_STATS = {"prompt_log_mu": 2.584, "prompt_log_sigma": 0.178,
                          "output_log_mu": 3.059, "output_log_sigma": 0.503}
 """Lognormal fits (mean and std of ln tokens, fallback counter) to the first (question,
-answer) pair of the 100 LLaVA-Instruct-150K records in `../shared/data/llava/`
+answer) pair of the 100 LLaVA-Instruct-150K records in the data folder's `llava/`
 (hiyouga/LLaMA-Factory @ 175b56bc data/llava_instruct_100.json): questions 9–23 tokens
 (median 13), answers 8–63 tokens (median 19.5)."""
 
@@ -381,7 +381,7 @@ def _mix(name: str) -> Loader:
     return load
 
 
-# -- the mixes' media footprint (RPS-Serve authors' harness; ../shared/research/rps-serve-testbed.md) --
+# -- the mixes' media footprint (the RPS-Serve authors' harness: github.com/muse-research-lab/rps-serve, llmperf/) --
 
 COMPLEX_REASONING_FILES = ("llava/complex_reasoning_77k.json", "complex_reasoning_77k.json")
 LLAVA_BENCH_QA = "llava/llava_bench_coco_gpt4_qa_30x3.jsonl"
@@ -416,7 +416,7 @@ def _complex_reasoning_lengths(opts: WorkloadOptions) -> tuple[list[int], str]:
     """Reply lengths (tokens, `opts.counter`) of LLaVA-Instruct's complex-reasoning split:
     the first answers of `complex_reasoning_77k.json` when found in the data folder, else the
     30 "complex" GPT-4 answers of LLaVA-Bench (COCO) (the same question type and generator,
-    on COCO images; `../shared/data/llava/`). ([], reason) when neither is here."""
+    on COCO images; the data folder's `llava/`). ([], reason) when neither is here."""
     d = data_dir()
     if d is not None:
         for rel in COMPLEX_REASONING_FILES:
@@ -521,7 +521,7 @@ def _video_for_mix(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
                     ["NO LLaVA-Video records found: video requests are LLaVA-Instruct prompts with DRAWN videos "
                      "(duration bucket 0–30 s … 2–3 min in equal shares, 8–32 frames by duration, caption "
                      "replies lognormal with mean 700 tokens in [153, 2726]: the RPS-Serve authors' footprint, "
-                     "../shared/research/rps-serve-testbed.md) and STAND-IN MJPEG videos for live runs"])
+                     "github.com/muse-research-lab/rps-serve) and STAND-IN MJPEG videos for live runs"])
 
 
 for _name in MIXES:

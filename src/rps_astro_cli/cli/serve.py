@@ -3,11 +3,19 @@ role, the whole cluster on one machine."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import dataclasses
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors, warn_key_on_command_line
+
+if TYPE_CHECKING:
+    from rps_astro_cli.services.scheduler import SchedulerSettings
 
 serve_app = typer.Typer(help="Run astro services (engine, predictor, tagger, scheduler, epp), or with no role the "
                         "whole cluster: `astro serve --instances 4`.",
@@ -228,33 +236,66 @@ OracleOpt = Annotated[bool, typer.Option(
     "--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")]
 
 
+@dataclasses.dataclass(frozen=True)
+class DispatchFlags:
+    """The option group `astro serve scheduler` and `astro serve epp` share: each field is
+    one option (its flag, help and default here, in --help order; units in the names), given
+    to a command that takes `flags: DispatchFlags` under `@_dispatch_flags`."""
+
+    engine: EngineOpt = None                        # engine base URLs (static fleet)
+    predictor: PredictorOpt = None                  # their Predictor URLs, same order (or none)
+    discover: DiscoverOpt = None                    # engine discovery source instead of --engine
+    discover_service: DiscoverServiceOpt = None     # --discover kubernetes: the engines' Service
+    discover_namespace: DiscoverNamespaceOpt = None  # ... and its namespace
+    tagger: TaggerOpt = None                        # tagger URL (None: tag in-process)
+    policy: PolicyOpt = "power_of_k"                # dispatch policy name
+    k: KOpt = None                                  # power_of_k sample size or 'all'
+    objective: ObjectiveOpt = "ttft"                # power_of_k objective
+    llumnix_variant: LlumnixVariantOpt = "astrolabe"  # llumnix load formula
+    param: ParamOpt = None                          # dispatch-policy NAME=VALUE assignments
+    predict_deadline_ms: PredictDeadlineOpt = 50.0  # Predict RPC deadline
+    tag_deadline_ms: TagDeadlineOpt = 50.0          # Tag RPC deadline
+    health_interval_ms: HealthIntervalOpt = 500.0   # health-check period
+    status_interval_ms: StatusIntervalOpt = 100.0   # /status poll period
+    served_model_name: ServedModelOpt = None        # accepted model names (None: the engines')
+    profile: TagProfileOpt = None                   # profile for in-process tagging
+    length_model: TagModelOpt = None                # length model for in-process tagging
+    seed: DispatchSeedOpt = None                    # dispatch Generator seed (None: 0, or the pod's)
+    oracle_lengths: OracleOpt = False               # use the true lengths the client sends
+    prefix_tokenizer: PrefixTokenizerOpt = "auto"   # where prefix-aware policies get token ids
+    tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0  # /tokenize RPC deadline
+    health_timeout_ms: HealthTimeoutOpt = 1000.0    # one health check's / status poll's deadline
+
+
+def _dispatch_flags(fn: Callable[..., None]) -> Callable[..., None]:
+    """Decorator of a command function: its `flags: DispatchFlags` parameter becomes the
+    group's options, in its place (typer reads the signature), and the function is called
+    with them gathered back into one `DispatchFlags`."""
+    hints = typing.get_type_hints(DispatchFlags, include_extras=True)
+    shared = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+              for f in dataclasses.fields(DispatchFlags)]
+    names = [p.name for p in shared]
+    sig = inspect.signature(fn, eval_str=True)
+    params: list[inspect.Parameter] = []
+    for p in sig.parameters.values():
+        params.extend(shared if p.name == "flags" else [p.replace(kind=inspect.Parameter.KEYWORD_ONLY)])
+    assert len(params) == len(sig.parameters) - 1 + len(shared), f"{fn.__name__} takes no `flags`"
+
+    @functools.wraps(fn)
+    def wrapper(**kwargs: Any) -> None:
+        fn(flags=DispatchFlags(**{n: kwargs.pop(n) for n in names if n in kwargs}), **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params} | {"return": None}
+    return wrapper
+
+
 @serve_app.command("scheduler")
 @user_errors
+@_dispatch_flags
 def scheduler(
-    engine: EngineOpt = None,
-    predictor: PredictorOpt = None,
-    discover: DiscoverOpt = None,
-    discover_service: DiscoverServiceOpt = None,
-    discover_namespace: DiscoverNamespaceOpt = None,
-    tagger: TaggerOpt = None,
-    policy: PolicyOpt = "power_of_k",
-    k: KOpt = None,
-    objective: ObjectiveOpt = "ttft",
-    llumnix_variant: LlumnixVariantOpt = "astrolabe",
-    param: ParamOpt = None,
-    predict_deadline_ms: PredictDeadlineOpt = 50.0,
-    tag_deadline_ms: TagDeadlineOpt = 50.0,
-    health_interval_ms: HealthIntervalOpt = 500.0,
-    status_interval_ms: StatusIntervalOpt = 100.0,
-    served_model_name: ServedModelOpt = None,
-    profile: TagProfileOpt = None,
-    length_model: TagModelOpt = None,
-    seed: DispatchSeedOpt = None,
+    flags: DispatchFlags,
     decisions_kept: Annotated[int, typer.Option("--decisions-kept", help="Decisions kept for GET /decisions.")] = 1000,
-    oracle_lengths: OracleOpt = False,
-    prefix_tokenizer: PrefixTokenizerOpt = "auto",
-    tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
-    health_timeout_ms: HealthTimeoutOpt = 1000.0,
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     predictor_profile: Annotated[list[str] | None, typer.Option("--predictor-profile", help="--predict-in-process: the profile each engine's look-ahead simulates, same order as --engine (default: --profile, else the engine's own).")] = None,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
@@ -271,16 +312,9 @@ def scheduler(
 
     from rps_astro_cli.services.scheduler import run_scheduler
 
-    settings = _scheduler_settings(
-        engine=engine, predictor=predictor, discover=discover, discover_service=discover_service,
-        discover_namespace=discover_namespace, tagger=tagger, policy=policy, k=k, objective=objective,
-        llumnix_variant=llumnix_variant, param=param, predict_deadline_ms=predict_deadline_ms,
-        tag_deadline_ms=tag_deadline_ms, health_interval_ms=health_interval_ms,
-        status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
-        length_model=length_model, seed=seed, decisions_kept=decisions_kept, oracle_lengths=oracle_lengths,
-        max_body_bytes=max_body_bytes, api_key=api_key, early_dispatch=early_dispatch,
-        predict_in_process=predict_in_process, prefix_tokenizer=prefix_tokenizer,
-        tokenize_deadline_ms=tokenize_deadline_ms, health_timeout_ms=health_timeout_ms)
+    settings = _scheduler_settings(flags, decisions_kept=decisions_kept, max_body_bytes=max_body_bytes,
+                                   api_key=api_key, early_dispatch=early_dispatch,
+                                   predict_in_process=predict_in_process)
     settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
     if predictor_profile:
         from rps_astro_cli.errors import AstroUserError
@@ -298,30 +332,9 @@ def scheduler(
 
 @serve_app.command("epp")
 @user_errors
+@_dispatch_flags
 def epp(
-    engine: EngineOpt = None,
-    predictor: PredictorOpt = None,
-    discover: DiscoverOpt = None,
-    discover_service: DiscoverServiceOpt = None,
-    discover_namespace: DiscoverNamespaceOpt = None,
-    tagger: TaggerOpt = None,
-    policy: PolicyOpt = "power_of_k",
-    k: KOpt = None,
-    objective: ObjectiveOpt = "ttft",
-    llumnix_variant: LlumnixVariantOpt = "astrolabe",
-    param: ParamOpt = None,
-    predict_deadline_ms: PredictDeadlineOpt = 50.0,
-    tag_deadline_ms: TagDeadlineOpt = 50.0,
-    health_interval_ms: HealthIntervalOpt = 500.0,
-    status_interval_ms: StatusIntervalOpt = 100.0,
-    served_model_name: ServedModelOpt = None,
-    profile: TagProfileOpt = None,
-    length_model: TagModelOpt = None,
-    seed: DispatchSeedOpt = None,
-    oracle_lengths: OracleOpt = False,
-    prefix_tokenizer: PrefixTokenizerOpt = "auto",
-    tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0,
-    health_timeout_ms: HealthTimeoutOpt = 1000.0,
+    flags: DispatchFlags,
     destination_header: Annotated[str, typer.Option("--destination-header", help="Header (and metadata key) carrying the picked IP:PORT to the gateway.")] = "x-gateway-destination-endpoint",
     metadata_namespace: Annotated[str, typer.Option("--metadata-namespace", help="Dynamic-metadata namespace of the picked endpoint ('' = none).")] = "envoy.lb",
     body_mode: Annotated[str, typer.Option("--body-mode", help="Envoy's body mode when it sends no protocol_config: full_duplex_streamed (GIE's) | buffered.")] = "full_duplex_streamed",
@@ -349,34 +362,25 @@ def epp(
                              field="--body-mode")
     if not destination_header.strip():
         raise AstroUserError("must not be empty", field="--destination-header")
-    settings = _scheduler_settings(
-        engine=engine, predictor=predictor, discover=discover, discover_service=discover_service,
-        discover_namespace=discover_namespace, tagger=tagger, policy=policy, k=k, objective=objective,
-        llumnix_variant=llumnix_variant, param=param, predict_deadline_ms=predict_deadline_ms,
-        tag_deadline_ms=tag_deadline_ms, health_interval_ms=health_interval_ms,
-        status_interval_ms=status_interval_ms, served_model_name=served_model_name, profile=profile,
-        length_model=length_model, seed=seed, decisions_kept=1000, oracle_lengths=oracle_lengths,
-        max_body_bytes=max_body_bytes, api_key=api_key, prefix_tokenizer=prefix_tokenizer,
-        tokenize_deadline_ms=tokenize_deadline_ms, health_timeout_ms=health_timeout_ms)
+    settings = _scheduler_settings(flags, decisions_kept=1000, max_body_bytes=max_body_bytes, api_key=api_key)
     run_epp(EppSettings(settings, destination_header.strip().lower(), metadata_namespace, body_mode,
                         metrics_port=metrics_port), host, port, log_level, ready_file)
 
 
-def _scheduler_settings(*, engine, predictor, discover, discover_service, discover_namespace, tagger, policy, k,
-                        objective, llumnix_variant, param, predict_deadline_ms, tag_deadline_ms, health_interval_ms,
-                        status_interval_ms, served_model_name, profile, length_model, seed, decisions_kept,
-                        oracle_lengths, max_body_bytes, api_key, early_dispatch=True, predict_in_process=False,
-                        prefix_tokenizer="auto", tokenize_deadline_ms=20.0, health_timeout_ms=1000.0):
+def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_bytes: int, api_key: str | None,
+                        early_dispatch: bool = True, predict_in_process: bool = False) -> SchedulerSettings:
     """The `SchedulerSettings` of `astro serve scheduler`'s flags (`astro serve epp` shares
-    them); raises AstroUserError naming the flag."""
+    `flags`); raises AstroUserError naming the flag."""
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.protocol.internal_auth import internal_token
     from rps_astro_cli.services.config import parse_config
     from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings
 
-    engine = engine or []
-    preds = predictor or []
-    discovery = _discovery_settings(discover, discover_service, discover_namespace, bool(engine or preds))
+    engine = flags.engine or []
+    preds = flags.predictor or []
+    discovery = _discovery_settings(flags.discover, flags.discover_service, flags.discover_namespace,
+                                    bool(engine or preds))
+    seed = flags.seed
     if discovery is not None and seed is None:
         import os
 
@@ -388,12 +392,12 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
                              field="--predictor")
     from rps_astro_cli.params import parse_assignments
 
-    params = parse_assignments(param)
-    sched: dict = {"policy": policy, "objective": objective, "llumnix_variant": llumnix_variant, "params": params,
-                   "prefix_tokenizer": prefix_tokenizer, "tokenize_deadline_ms": tokenize_deadline_ms,
-                   "health_timeout_ms": health_timeout_ms}
-    if k is not None:
-        sched["k"] = k
+    params = parse_assignments(flags.param)
+    sched: dict = {"policy": flags.policy, "objective": flags.objective, "llumnix_variant": flags.llumnix_variant,
+                   "params": params, "prefix_tokenizer": flags.prefix_tokenizer,
+                   "tokenize_deadline_ms": flags.tokenize_deadline_ms, "health_timeout_ms": flags.health_timeout_ms}
+    if flags.k is not None:
+        sched["k"] = flags.k
     # with discovery the fleet size is unknown: k is checked against the largest fleet
     # (power-of-k takes the whole pool when k ≥ the instances discovered)
     n_instances = 256 if discovery is not None else len(engine)
@@ -407,13 +411,13 @@ def _scheduler_settings(*, engine, predictor, discover, discover_service, discov
                         **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     return SchedulerSettings(
-        instances=eps, policy=policy, policy_params=sec.policy_params(), tagger_url=tagger,
-        length_model=length_model, profile=profile, predict_deadline_s=predict_deadline_ms / 1000,
-        tag_deadline_s=tag_deadline_ms / 1000, health_interval_s=health_interval_ms / 1000,
-        status_interval_s=status_interval_ms / 1000, max_body_bytes=max_body_bytes,
-        served_models=tuple(served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
+        instances=eps, policy=flags.policy, policy_params=sec.policy_params(), tagger_url=flags.tagger,
+        length_model=flags.length_model, profile=flags.profile, predict_deadline_s=flags.predict_deadline_ms / 1000,
+        tag_deadline_s=flags.tag_deadline_ms / 1000, health_interval_s=flags.health_interval_ms / 1000,
+        status_interval_s=flags.status_interval_ms / 1000, max_body_bytes=max_body_bytes,
+        served_models=tuple(flags.served_model_name or ()), api_key=api_key or None, internal_token=internal_token(),
         seed=seed or 0,
-        decisions_kept=max(1, decisions_kept), oracle_lengths=oracle_lengths, early_dispatch=early_dispatch,
+        decisions_kept=max(1, decisions_kept), oracle_lengths=flags.oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
         tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000)
 

@@ -71,8 +71,14 @@ class InstanceView(Protocol):
 
 
 class _Waiting(Protocol):
-    prompt_tokens: int
-    kv_blocks: int
+    """A waiting request as `status_fields_of` reads it (read-only: an engine's frozen
+    `RequestStatus` and the simulator's mutable requests both fit)."""
+
+    @property
+    def prompt_tokens(self) -> int: ...
+
+    @property
+    def kv_blocks(self) -> int: ...
 
 
 # a status row: the `InstanceLoad` fields an instance's state gives, in this order, then

@@ -29,8 +29,8 @@ Waiting-side preemption (`rps` with `preempt_waiting=true`): the RPS-Serve autho
 scheduler keeps running and waiting requests in one list sorted by priority (age counted
 from arrival for both), and a waiting request whose KV blocks do not fit preempts the
 lowest-priority running request while that one's priority is lower
-(muse-research-lab/rps-serve, rps-serve-changes.patch: scheduler.py's waiting loop;
-../shared/research/rps-serve-testbed.md, "The authors' scheduler"). With the flag off
+(github.com/muse-research-lab/rps-serve, rps-serve-changes.patch: scheduler.py's waiting
+loop). With the flag off
 (the default, as before) a waiting request never preempts: preemption happens only when
 a running request cannot grow (vLLM V1's own rule). The Predictor's look-ahead predicts
 with it as the engine runs it.

@@ -1,7 +1,7 @@
 """Fit execution-time profiles (`sim/profile.py` step model) from Vidur-schema GPU
 profiling CSVs.
 
-Inputs (see `../shared/data/PROVENANCE.md`; schema of microsoft/vidur's profiler):
+Inputs (origins in the data folder's `PROVENANCE.md`, `$ASTRO_DATA_DIR`; schema of microsoft/vidur's profiler):
 - compute `mlp.csv`: one row per (num_tokens, num_tensor_parallel_workers) with per-layer,
   per-GPU operator times `time_stats.<op>.median` in milliseconds for the ops
   `attn_pre_proj, attn_post_proj, attn_rope, input_layernorm, post_attention_layernorm,

@@ -14,12 +14,15 @@ import logging
 import secrets
 import socket
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("astro.services")
 
@@ -209,7 +212,7 @@ def add_health_and_metrics(app: FastAPI, registry, fields: dict[str, Any],
         return metrics_response(registry)
 
 
-def new_registry():
+def new_registry() -> CollectorRegistry:
     """A fresh Prometheus registry with this process's CPU/memory collector."""
     from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
 

@@ -1,4 +1,4 @@
-"""Global scheduler: the OpenAI-compatible front door (Astrolabe §3, DESIGN.md §2).
+"""Global scheduler: the OpenAI-compatible front door (Astrolabe §3, ARCHITECTURE.md §2).
 
 Per request to `/v1/chat/completions` or `/v1/completions`:
 1. read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from rps_astro_cli.discovery import InstanceEvent, InstanceSet
 from rps_astro_cli.discovery.kubernetes import EndpointSliceWatcher
@@ -107,7 +109,7 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     door = sched.front_door
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await sched.start()
         try:
             yield
@@ -119,23 +121,23 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     app.state.scheduler = sched
     install_error_handlers(app)
 
-    async def chat(request: Request):
+    async def chat(request: Request) -> Response:
         return await door.handle(request, "chat")
 
-    async def completions(request: Request):
+    async def completions(request: Request) -> Response:
         return await door.handle(request, "completions")
 
     app.add_api_route("/v1/chat/completions", chat, methods=["POST"])  # reached via FastRoutes only
     app.add_api_route("/v1/completions", completions, methods=["POST"])
 
-    @app.get("/v1/models")
-    async def models(request: Request):
+    @app.get("/v1/models", response_model=None)
+    async def models(request: Request) -> dict[str, Any]:
         check_api_key(request, settings.api_key)
         return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "astro"}
                                            for m in sorted(sched.models)]}
 
-    @app.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, request: Request):
+    @app.get("/v1/models/{model_id:path}", response_model=None)
+    async def model(model_id: str, request: Request) -> dict[str, Any]:
         """One served model (OpenAI's retrieve); 404 naming the served ones otherwise."""
         check_api_key(request, settings.api_key)
         if model_id not in sched.models:
@@ -144,7 +146,7 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         return {"id": model_id, "object": "model", "owned_by": "astro"}
 
     @app.get("/health")
-    async def health():
+    async def health() -> JSONResponse:
         """Liveness (always 200 while the process serves): `status` ok | degraded (some
         engine breaker open, some Predictor or the tagger failing: `problems` says which
         and why) |
@@ -164,7 +166,7 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         return JSONResponse(body)
 
     @app.get("/ready")
-    async def ready():
+    async def ready() -> JSONResponse:
         """Readiness: 200 once some dispatchable instance's engine answers its health
         check (a request would reach an engine), else 503 naming why."""
         n = sum(st.healthy and st.dispatchable for st in sched.instances)
@@ -177,8 +179,8 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
         return JSONResponse({"ready": False, "reason": why,
                              "problems": {st.ep.name: st.problems() for st in sched.instances}}, status_code=503)
 
-    @app.get("/instances")
-    async def instances(request: Request):
+    @app.get("/instances", response_model=None)
+    async def instances(request: Request) -> list[dict[str, Any]]:
         check_api_key(request, settings.api_key)
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
                  "healthy": st.healthy, "dispatchable": st.dispatchable, "phase": st.phase,
@@ -187,15 +189,15 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
                  "prefix_cached_blocks": len(st.prefix.hashes)}
                 for st in sched.instances]
 
-    @app.get("/decisions")
-    async def decisions(request: Request, n: int = 100):
+    @app.get("/decisions", response_model=None)
+    async def decisions(request: Request, n: int = 100) -> list[dict[str, Any]]:
         check_api_key(request, settings.api_key)
         kept = door.decisions
         n = max(0, min(n, len(kept)))
         return [r.to_dict() for r in list(kept)[len(kept) - n:]] if n else []
 
     @app.get("/metrics")
-    async def metrics():
+    async def metrics() -> Response:
         return metrics_response(sched.m.registry)
 
     return FastRoutes(app, {("POST", "/v1/chat/completions"): chat, ("POST", "/v1/completions"): completions})

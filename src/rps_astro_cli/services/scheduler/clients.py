@@ -9,6 +9,7 @@ scheduler's CPU.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from rps_astro_cli.services.rpc import HostPool
 
@@ -65,7 +66,7 @@ class Clients:
         self._pools.clear()
 
 
-def swallow(t: asyncio.Future) -> None:
+def swallow(t: asyncio.Future[Any]) -> None:
     """Done-callback of a task left to finish in the background: retrieve its exception
     so asyncio does not log it."""
     if not t.cancelled():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Dispatcher:
         fleet the RPC — would be waste)."""
         return prefix_hits_wanted(self.policy.inputs, any(st.prefix_caching for st in self.instances))
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         return self.policy.describe()
 
     async def choose(self, candidate: CandidateRequest, excluded: frozenset[int],

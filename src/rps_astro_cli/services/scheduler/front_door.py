@@ -52,6 +52,7 @@ import functools
 import json
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -62,6 +63,7 @@ from rps_astro_cli.protocol.limits import check_request_cost
 from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits, ParsedRequest, bad
 from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services.http_common import HTTPUserError, check_api_key, error_response, read_body
+from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
@@ -133,13 +135,13 @@ class Route:
     its prompt blocks, the body to forward (`payload`), the time spent waiting for the
     tag (µs), and the decision started before the tag arrived (`early`; None: none)."""
 
-    body: dict
+    body: dict[str, Any]
     parsed: ParsedRequest
     cand: CandidateRequest
     blocks: PromptBlocks
     payload: bytes
     tag_wait_us: float
-    early: asyncio.Future | None = None
+    early: asyncio.Future[DispatchDecision | None] | None = None
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -179,7 +181,7 @@ class FrontDoor:
             raise HTTPUserError(404, f"model {parsed.model!r} is not served here; use one of: "
                                 f"{', '.join(sorted(self.models))}", "model", "NotFoundError")
 
-    def parse(self, raw: bytes, endpoint: str) -> tuple[dict, ParsedRequest]:
+    def parse(self, raw: bytes, endpoint: str) -> tuple[dict[str, Any], ParsedRequest]:
         """The body as JSON and as the engine's parser reads it (`endpoint` chat |
         completions); raises `ApiError` (400 / 413, naming the field) or
         `HTTPUserError` (404: a model no engine serves). The EPP mode uses it too."""
@@ -193,21 +195,22 @@ class FrontDoor:
         check_request_cost(parsed, parsed.text_tokens, parsed.max_tokens, self.cost)
         return body, parsed
 
-    def start_prompt_ids(self, body: dict, endpoint: str, parsed: ParsedRequest,
+    def start_prompt_ids(self, body: dict[str, Any], endpoint: str, parsed: ParsedRequest,
                          wanted: bool | None = None) -> Tokenize | None:
-        """Send the `/tokenize` RPC of a validated body's prompt when a policy that
-        `needs_prefix` wants the engine's ids of it (`prompt_ids.PromptIds.start`); None
-        otherwise (no RPC). `wanted`: the request's `Dispatcher.prefix_wanted()`, asked
-        once by the caller so both halves agree (None: ask now)."""
+        """Send the `/tokenize` RPC of a validated body's prompt when a policy that reads
+        prefix hits (`Dispatcher.needs_prefix`) wants the engine's ids of it
+        (`prompt_ids.PromptIds.start`); None otherwise (no RPC). `wanted`: the request's
+        `Dispatcher.prefix_wanted()`, asked once by the caller so both halves agree (None:
+        ask now)."""
         if not (self.dispatcher.prefix_wanted() if wanted is None else wanted):
             return None
         return self.prompt_ids.start(body, endpoint, parsed)
 
-    async def prompt_blocks(self, body: dict, endpoint: str, tok: Tokenize | None = None,
+    async def prompt_blocks(self, body: dict[str, Any], endpoint: str, tok: Tokenize | None = None,
                             wanted: bool | None = None, heavy: bool = False) -> PromptBlocks:
         """The prompt's block hashes, their block size (the instances' KV block size) and
         the engine's token count of the prompt (None: fallback ids) for a policy that
-        `needs_prefix`; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
+        reads prefix hits; `((), 16, None)` otherwise. Waits for `tok`'s answer up to its
         deadline; without `tok` it does not suspend. `wanted` as in `start_prompt_ids`;
         `heavy`: a big body, whose ids and hashes are computed off the event loop."""
         if not (self.dispatcher.prefix_wanted() if wanted is None else wanted):
@@ -481,7 +484,7 @@ def _refused(instance: str, data: bytes) -> bytes:
         "type": "engine_unavailable", "param": None, "code": 502}}).encode()
 
 
-def _relay_headers(resp, instance: str, status: int) -> dict[str, str]:
+def _relay_headers(resp: RawResponse, instance: str, status: int) -> dict[str, str]:
     """`relay_headers`, minus the engine's content-length and auth challenge when the body
     was replaced (a refused request's 502)."""
     h = relay_headers(resp, instance)

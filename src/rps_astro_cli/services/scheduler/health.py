@@ -29,6 +29,7 @@ from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
 from rps_astro_cli.services.scheduler.prompt_ids import engine_kind_of_version
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
+from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.types import InstanceStatus
 
 log = logging.getLogger("astro.scheduler")
@@ -45,7 +46,7 @@ class HealthMonitor:
     engine's `/v1/models` when the settings name none."""
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
-                 needs_status: bool, models: set[str], tags=None, needs_prefix: bool = False,
+                 needs_status: bool, models: set[str], tags: TagClient | None = None, needs_prefix: bool = False,
                  probe_version: bool = False):
         self.s = settings
         self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
@@ -56,7 +57,7 @@ class HealthMonitor:
         self.models = models
         # learn each engine's kind from its GET /version, once (prefix_tokenizer auto)
         self.probe_version = probe_version
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     async def check(self, st: InstanceState, with_predictor: bool = True) -> None:
         """One health check of `st` (status poll for status-based policies), and of its
@@ -113,9 +114,11 @@ class HealthMonitor:
         "ok" (its engine's /status fails), is recorded as its `predictor_error` (shown by
         `/health` and `/instances`); a pass clears only an error a health check set (a
         failed predict RPC is cleared by the next one that succeeds)."""
+        url = st.ep.predictor_url
+        assert url is not None  # the callers ask only instances with a Predictor
         why = None
         try:
-            code, raw = await self.clients.get(st.ep.predictor_url, "/health")
+            code, raw = await self.clients.get(url, "/health")
             if code != 200:
                 why = f"/health answered {code}"
             else:

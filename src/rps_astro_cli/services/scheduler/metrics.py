@@ -34,6 +34,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rps_astro_cli.services.http_common import new_registry
 
 _FAST_BUCKETS_S = (2.5e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
@@ -76,7 +78,7 @@ class SchedulerMetrics:
         self.fallbacks = Counter("astro:dispatch_fallbacks", "Decisions made without the policy's signal",
                                  ["policy", "reason"], registry=r)
 
-    def record_decision(self, policy: str, reason: str, stage_us: dict[str, float]) -> None:
+    def record_decision(self, policy: str, reason: str, stage_us: Mapping[str, float]) -> None:
         """A decision's stage times and, when it fell back, its reason."""
         for stage, us in stage_us.items():
             self.stage.labels(policy, stage).observe(us / 1e6)

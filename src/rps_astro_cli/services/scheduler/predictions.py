@@ -83,7 +83,7 @@ class PredictClient:
         (`sim.calibration`) answers, but its estimate is left out (outcome "untrusted",
         its index appended to `untrusted`): the policy compares that instance by load."""
         payload = json.dumps(query.to_dict()).encode()
-        tasks: dict[asyncio.Task, int] = {}
+        tasks: dict[asyncio.Task[LatencyEstimate | None], int] = {}
         states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
         now = time.monotonic()
         local: list[tuple[int, PredictRequest]] = []

@@ -1,8 +1,8 @@
 """A prompt's token ids as the engine tokenizes them, for prefix-aware dispatch.
 
-A policy that `needs_prefix` compares each request's prompt block hashes
-(`sim.prefix_cache.block_hashes` of its token ids) with the blocks each engine reports
-cached (`/status?prefix_since=N`). The two agree only when both hash the same ids:
+A policy that reads prefix hits (`Dispatcher.needs_prefix`) compares each request's
+prompt block hashes (`sim.prefix_cache.block_hashes` of its token ids) with the blocks
+each engine reports cached (`/status?prefix_since=N`). The two agree only when both hash the same ids:
 
 - the sim engine hashes `protocol.openai.prompt_token_ids` with the fallback tokenizer
   (role and text ids per message; no chat formatting tokens): `engine/sim_server.py`
@@ -34,7 +34,7 @@ Where the ids come from (`SchedulerSettings.prefix_tokenizer`):
 
 No RPC either for a token-id completions prompt (its ids are given), a prompt with
 image / video parts (vLLM keys such blocks by their media too: no text-only id list
-names them), or a policy that does not `needs_prefix`. No prompt text is kept: the ids
+names them), or a policy that reads no prefix hits. No prompt text is kept: the ids
 are hashed into blocks and dropped.
 
 The RPC starts once the body has been validated (nothing reaches an engine for a bad
@@ -129,7 +129,7 @@ class Tokenize:
 
     __slots__ = ("task", "started_s")
 
-    def __init__(self, task: asyncio.Future, started_s: float):
+    def __init__(self, task: asyncio.Future[tuple[int, bytes]], started_s: float):
         self.task = task
         self.started_s = started_s  # time.perf_counter()
 

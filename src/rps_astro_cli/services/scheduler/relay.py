@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from rps_astro_cli.services.http_common import error_body
 from rps_astro_cli.services.rpc import Response as RawResponse
@@ -55,7 +56,7 @@ class _RelayResponse(StreamingResponse):
         super().__init__(content, **kw)
         self._cleanup = cleanup
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await super().__call__(scope, receive, send)
         except* ResponseCut:

@@ -30,20 +30,20 @@ class TagClient:
 
             self._tagger = Tagger(TaggerSettings(settings.length_model, settings.profile))
 
-    def start(self, raw: bytes) -> asyncio.Future | None:
+    def start(self, raw: bytes) -> asyncio.Future[tuple[int, bytes]] | None:
         """Send the tag RPC for `raw` now (None when tagging in-process)."""
         if self._tagger is not None:
             return None
         assert self.s.tagger_url is not None
         return asyncio.ensure_future(self.clients.post_json(self.s.tagger_url, "/tag", raw))
 
-    def abandon(self, task: asyncio.Future | None) -> None:
+    def abandon(self, task: asyncio.Future[tuple[int, bytes]] | None) -> None:
         """Leave a started tag RPC to finish in the background (not cancelled: that
         keeps its keep-alive connection)."""
         if task is not None:
             task.add_done_callback(swallow)
 
-    async def finish(self, task: asyncio.Future | None, raw: bytes) -> TagResult | None:
+    async def finish(self, task: asyncio.Future[tuple[int, bytes]] | None, raw: bytes) -> TagResult | None:
         """The tag, or None if it failed or missed `tag_deadline_s` (a late RPC is left to
         finish in the background)."""
         if task is None:  # in-process tagger
