@@ -119,7 +119,13 @@ class StepCalibrator:
         self.trust_ape = trust_ape
         self.trust_min_errors = trust_min_errors
         self.learn = learn
-        self._rows: deque[StepSample] = deque(maxlen=window)
+        k = len(prior.token_knots)
+        # the window as arrays (a ring): feature rows, durations, unfitted offsets
+        self._X = np.zeros((window, k + 3))
+        self._y = np.zeros(window)
+        self._off = np.zeros(window)
+        self._filled = 0
+        self._pos = 0
         self._errors: deque[float] = deque(maxlen=error_window)
         self.samples = 0
         self.refits = 0
@@ -138,10 +144,15 @@ class StepCalibrator:
         if not self.learn:
             self.samples += 1
             return False
-        self._rows.append(sample)
+        j = self._pos
+        _row_into(self.prior, sample, self._X[j])
+        self._y[j] = sample.duration_s
+        self._off[j] = self.prior.base_s + sample.encoder_s
+        self._pos = (j + 1) % self.window
+        self._filled = min(self._filled + 1, self.window)
         self.samples += 1
         self._since_fit += 1
-        if len(self._rows) >= self.min_samples and (self.refits == 0 or self._since_fit >= self.refit_every):
+        if self._filled >= self.min_samples and (self.refits == 0 or self._since_fit >= self.refit_every):
             self.refit()
             return True
         return False
@@ -155,10 +166,10 @@ class StepCalibrator:
     def refit(self) -> ExecutionProfile:
         """Fit the window now (module docstring) and make the result the model in force."""
         self._since_fit = 0
-        rows = list(self._rows)
-        if not rows:
+        n = self._filled
+        if not n:
             return self.profile
-        self.profile, self.scales = fit_profile(self.prior, rows, self.ridge)
+        self.profile, self.scales = fit_arrays(self.prior, self._X[:n], self._y[:n], self._off[:n], self.ridge)
         self.latency = LatencyModel(self.profile)
         self.refits += 1
         return self.profile
@@ -176,7 +187,7 @@ class StepCalibrator:
         return ape is None or len(self._errors) < self.trust_min_errors or ape <= self.trust_ape
 
     def state(self) -> CalibrationState:
-        return CalibrationState(self.samples, len(self._rows), self.refits, self.recent_ape, self.trusted,
+        return CalibrationState(self.samples, self._filled, self.refits, self.recent_ape, self.trusted,
                                 self.scales)
 
 
@@ -194,24 +205,29 @@ def hat_weights(knots: tuple[int, ...], num_tokens: int) -> tuple[int, float]:
     return i, (num_tokens - x0) / (x1 - x0)
 
 
+def _row_into(prior: ExecutionProfile, s: StepSample, row: np.ndarray) -> None:
+    """`s`'s feature row: per-sequence B, one column per knot (hat weights of T), decode
+    C, prefill P (the fitted coefficients' columns, `_theta`'s order)."""
+    k = len(prior.token_knots)
+    row[:] = 0.0
+    row[0] = s.batch_size
+    i, t = hat_weights(prior.token_knots, s.num_tokens)
+    row[i] += 1.0 - t
+    row[1 + i] += t
+    row[1 + k] = s.decode_ctx_tokens
+    row[2 + k] = s.prefill_pairs
+
+
 def _design(prior: ExecutionProfile, rows: list[StepSample]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(X, y, offset): columns per_seq·B, one per knot (hat weights), decode C, prefill P;
-    y the durations; offset what is not fitted: the prior's base_s (kept, folded into the
-    knots' values) and the step's encoder seconds (the engine's own charge)."""
-    knots = prior.token_knots
-    n, k = len(rows), len(knots)
-    X = np.zeros((n, 1 + k + 2))
-    y = np.empty(n)
-    off = np.empty(n)
+    """(X, y, offset) of `rows`: the feature rows (`_row_into`), the durations, and what
+    is not fitted: the prior's base_s (kept, folded into the knots' values) and each
+    step's encoder seconds (the engine's own charge)."""
+    k = len(prior.token_knots)
+    X = np.zeros((len(rows), 1 + k + 2))
     for r, s in enumerate(rows):
-        X[r, 0] = s.batch_size
-        i, t = hat_weights(knots, s.num_tokens)
-        X[r, 1 + i - 1] += 1.0 - t
-        X[r, 1 + i] += t
-        X[r, 1 + k] = s.decode_ctx_tokens
-        X[r, 2 + k] = s.prefill_pairs
-        y[r] = s.duration_s
-        off[r] = prior.base_s + s.encoder_s
+        _row_into(prior, s, X[r])
+    y = np.array([s.duration_s for s in rows])
+    off = np.array([prior.base_s + s.encoder_s for s in rows])
     return X, y, off
 
 
@@ -220,18 +236,26 @@ def _theta(p: ExecutionProfile) -> np.ndarray:
 
 
 def _robust_wls(A: np.ndarray, b: np.ndarray, w: np.ndarray, prior_rows: tuple[np.ndarray, np.ndarray] | None,
-                iters: int = 4) -> np.ndarray:
+                iters: int = 3) -> np.ndarray:
     """Huber-weighted least squares of A·θ ≈ b with base weights `w` (relative
-    residuals), plus fixed prior rows (ridge); a few IRLS passes."""
+    residuals), plus fixed prior rows (ridge); a few IRLS passes, each one solve of the
+    normal equations (p × p, p ≈ 26: microseconds, whatever the window)."""
     hub = np.ones(len(b))
     theta = np.zeros(A.shape[1])
+    sw_b = np.sqrt(w)
     for _ in range(iters):
-        sw = np.sqrt(w * hub)
-        M, v = A * sw[:, None], b * sw
+        ww = w * hub
+        M = (A * ww[:, None]).T @ A
+        v = A.T @ (ww * b)
         if prior_rows is not None:
-            M, v = np.vstack([M, prior_rows[0]]), np.concatenate([v, prior_rows[1]])
-        theta = np.linalg.lstsq(M, v, rcond=None)[0]
-        rel = (A @ theta - b) * np.sqrt(w)
+            P, pv = prior_rows
+            M = M + P.T @ P
+            v = v + P.T @ pv
+        try:
+            theta = np.linalg.solve(M, v)
+        except np.linalg.LinAlgError:
+            theta = np.linalg.lstsq(M, v, rcond=None)[0]
+        rel = (A @ theta - b) * sw_b
         scale = 1.4826 * float(np.median(np.abs(rel))) + 1e-12
         r = np.abs(rel) / (2.5 * scale)
         hub = np.where(r <= 1.0, 1.0, 1.0 / np.maximum(r, 1e-12))
@@ -244,6 +268,13 @@ def fit_profile(prior: ExecutionProfile, rows: list[StepSample],
     scaled prior), with the scale factors (shape, decode attention, prefill attention).
     Coefficients stay ≥ 0; base_s, the knots and the limits are the prior's."""
     X, y, off = _design(prior, rows)
+    return fit_arrays(prior, X, y, off, ridge)
+
+
+def fit_arrays(prior: ExecutionProfile, X: np.ndarray, y: np.ndarray, off: np.ndarray,
+               ridge: float = 4.0) -> tuple[ExecutionProfile, tuple[float, float, float]]:
+    """`fit_profile` of steps given as arrays (`_design`'s)."""
+    n = len(y)
     w = 1.0 / np.maximum(y, 1e-9) ** 2  # relative residuals
     th0 = _theta(prior)
     k = len(prior.token_knots)
@@ -269,5 +300,5 @@ def fit_profile(prior: ExecutionProfile, rows: list[StepSample],
     fitted = replace(prior, per_seq_s=float(theta[0]), token_s=tuple(float(v) for v in theta[1: 1 + k]),
                      decode_attn_s_per_ctx_token=float(theta[1 + k]),
                      prefill_attn_s_per_token_pair=float(theta[2 + k]),
-                     fit={**prior.fit, "calibrated_from": prior.profile_id, "calibration_samples": len(rows)})
+                     fit={**prior.fit, "calibrated_from": prior.profile_id, "calibration_samples": n})
     return fitted, (float(sc[0]), float(sc[1]), float(sc[2]))
