@@ -116,7 +116,7 @@ def test_instance_load_status_fields_by_hand():
              "pending_blocks_needed": None, "pending_requests": None}
     from rps_astro_cli.dispatch.loads import STATUS_ROW, status_fields_of
 
-    row = status_fields_of(st.limits, st.kv_blocks_free, st.kv_blocks_total, len(st.running), st.waiting)
+    row = status_fields_of(st)
     assert dict(zip(STATUS_ROW, row)) == plain
 
 

@@ -565,6 +565,20 @@ class _StatusView:
     def __init__(self, sim: InstanceSim, running: list[SimRequest], waiting: list[SimRequest], free_blocks: int):
         self.config, self.latency, self.policy, self.cache = sim.config, sim.latency, sim.policy, sim.cache
         self.running, self.waiting, self.free_blocks = running, waiting, free_blocks
+        self.num_preemptions_total = sim.num_preemptions_total
+
+    # the names of an engine's /status, as on InstanceSim (`dispatch.loads.status_fields_of`)
+    @property
+    def limits(self) -> InstanceConfig:
+        return self.config
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.free_blocks
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.config.num_gpu_blocks
 
 
 class _Seen:
@@ -587,8 +601,7 @@ class _Seen:
         return self.sim.cache is not None
 
     def status_row(self) -> StatusRow:
-        sim, cfg = self.sim, self.cfg
-        return status_fields_of(cfg, sim.free_blocks, cfg.num_gpu_blocks, len(sim.running), sim.waiting)
+        return status_fields_of(self.sim)
 
     def prefix_hit_tokens(self, req: DispatchRequest) -> int | None:
         cache = self.sim.cache

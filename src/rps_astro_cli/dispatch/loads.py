@@ -12,7 +12,7 @@ comes from the engine's state, and the stage that reads it (CONTRIBUTING.md, "Ad
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -89,22 +89,44 @@ STATUS_ROW = ("kv_blocks_free", "kv_blocks_total", "num_running", "num_waiting",
 StatusRow = tuple[int, int, int, int, int, int, int, "int | None", "int | None"]
 
 
-def status_fields_of(limits: InstanceConfig, kv_blocks_free: int, kv_blocks_total: int, num_running: int,
-                     waiting: Iterable[_Waiting]) -> StatusRow:
+class InstanceState(Protocol):
+    """An instance's state as `status_fields_of` reads it: an engine's `/status`
+    (`types.InstanceStatus`) and a simulated instance (`sim.instance.InstanceSim`) both
+    have these names."""
+
+    @property
+    def limits(self) -> InstanceConfig: ...
+
+    @property
+    def kv_blocks_free(self) -> int: ...
+
+    @property
+    def kv_blocks_total(self) -> int: ...
+
+    @property
+    def running(self) -> Sized: ...
+
+    @property
+    def waiting(self) -> Iterable[_Waiting]: ...
+
+
+def status_fields_of(state: InstanceState) -> StatusRow:
     """The `InstanceLoad` fields an instance's state gives (an engine's `/status`, or a
     simulated instance), in `STATUS_ROW` order: free / total KV blocks, running and
     waiting counts, the blocks the waiting queue still needs for its prompts
     (Σ max(0, ceil(prompt_tokens / block_size) − blocks held)), the block size and the
     batch limit; then None, None (no requests known beyond the state)."""
+    limits = state.limits
     bs = limits.block_size
     need = 0
     n_waiting = 0
-    for r in waiting:
+    for r in state.waiting:
         n_waiting += 1
         nb = -(-r.prompt_tokens // bs) - r.kv_blocks
         if nb > 0:
             need += nb
-    return kv_blocks_free, kv_blocks_total, num_running, n_waiting, need, bs, limits.max_num_seqs, None, None
+    return (state.kv_blocks_free, state.kv_blocks_total, len(state.running), n_waiting, need, bs, limits.max_num_seqs,
+            None, None)
 
 
 def loads_for(views: Sequence[InstanceView], req: DispatchRequest, inputs: frozenset[str],

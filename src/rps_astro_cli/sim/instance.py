@@ -112,6 +112,20 @@ class InstanceSim:
                 return True
         return False
 
+    # -- the names of an engine's /status (types.InstanceStatus): one reader of an
+    # instance's state serves both (dispatch.loads.status_fields_of)
+    @property
+    def limits(self) -> InstanceConfig:
+        return self.config
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.free_blocks
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.config.num_gpu_blocks
+
     @property
     def has_work(self) -> bool:
         return bool(self.running or self.waiting)

@@ -73,8 +73,7 @@ class HealthMonitor:
                     raise ValueError(f"/status answered {resp.status}")
                 d = json.loads(body)
                 status = InstanceStatus.from_dict(d)
-                st.load_row = status_fields_of(status.limits, status.kv_blocks_free, status.kv_blocks_total,
-                                                  len(status.running), status.waiting)
+                st.load_row = status_fields_of(status)
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size

@@ -114,7 +114,7 @@ class InstanceState:
         if self.pending:
             unseen = [p for p in self.pending if p.sent_s >= self.status_s]
             bs = row[5]
-            return (*row[:7], sum(-(-p.prompt_tokens // bs) for p in unseen), len(unseen))
+            return (*row[:7], sum(-(-p.prompt_tokens // bs) for p in unseen), len(unseen), *row[9:])
         return row
 
     def prefix_hit_tokens(self, req: DispatchRequest) -> int:
