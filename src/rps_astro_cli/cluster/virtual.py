@@ -71,7 +71,7 @@ from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim, StatusNames
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
@@ -559,26 +559,13 @@ def _per_instance(models: Any, n: int, field_name: str) -> list[LatencyModel]:
     return out
 
 
-class _StatusView:
+class _StatusView(StatusNames):
     """An instance as a status copy shows it: what `predict_instance` and the loads read."""
 
     def __init__(self, sim: InstanceSim, running: list[SimRequest], waiting: list[SimRequest], free_blocks: int):
         self.config, self.latency, self.policy, self.cache = sim.config, sim.latency, sim.policy, sim.cache
         self.running, self.waiting, self.free_blocks = running, waiting, free_blocks
         self.num_preemptions_total = sim.num_preemptions_total
-
-    # the names of an engine's /status, as on InstanceSim (`dispatch.loads.status_fields_of`)
-    @property
-    def limits(self) -> InstanceConfig:
-        return self.config
-
-    @property
-    def kv_blocks_free(self) -> int:
-        return self.free_blocks
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self.config.num_gpu_blocks
 
 
 class _Seen:

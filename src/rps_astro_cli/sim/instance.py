@@ -75,7 +75,28 @@ class StepResult:
         return sum(n for _, n in self.scheduled)
 
 
-class InstanceSim:
+class StatusNames:
+    """The names of an engine's `/status` (`types.InstanceStatus`) on a simulated
+    instance or a copy of one (anything with `config` and `free_blocks`), so one reader of
+    an instance's state serves both (`dispatch.loads.status_fields_of`)."""
+
+    config: InstanceConfig
+    free_blocks: int
+
+    @property
+    def limits(self) -> InstanceConfig:
+        return self.config
+
+    @property
+    def kv_blocks_free(self) -> int:
+        return self.free_blocks
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.config.num_gpu_blocks
+
+
+class InstanceSim(StatusNames):
     """One instance's scheduler + KV cache + step clock (see module docstring).
 
     The caller owns time: `step(now_s)` forms and "runs" one batch starting at `now_s`
@@ -111,20 +132,6 @@ class InstanceSim:
                 self._release(req)
                 return True
         return False
-
-    # -- the names of an engine's /status (types.InstanceStatus): one reader of an
-    # instance's state serves both (dispatch.loads.status_fields_of)
-    @property
-    def limits(self) -> InstanceConfig:
-        return self.config
-
-    @property
-    def kv_blocks_free(self) -> int:
-        return self.free_blocks
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self.config.num_gpu_blocks
 
     @property
     def has_work(self) -> bool:
