@@ -10,6 +10,7 @@
 | `azure` | Azure LLM inference trace CSV `TIMESTAMP,ContextTokens,GeneratedTokens` | lengths + timestamps |
 | `length-trace` | Astrolabe length CSV `num_prefill_tokens,num_decode_tokens,...` | lengths only |
 | `sharegpt --multi-turn` | ShareGPT JSON | every (human, gpt) turn of a conversation; prompt = the whole history; sent a think time after the previous reply |
+| `mooncake` | Mooncake JSONL `{timestamp (ms), input_length, output_length, hash_ids}` | a prompt whose 512-token blocks repeat where `hash_ids` repeat (docs/workloads-mooncake.md) |
 | `shared-prefix` | none | one of 8 synthetic 1024-token system prompts + a user message (prefix-cache traffic) |
 | `synthetic` | none | ShareGPT-like lengths (see `SYNTHETIC_STATS`) |
 | `custom` | JSONL `{"prompt": str, "output_tokens": int}` (vLLM's custom format; `output_len` accepted; missing → `--output-len`) | one row |

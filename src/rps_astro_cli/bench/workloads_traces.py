@@ -4,6 +4,7 @@ traces, and synthetic ShareGPT-like lengths (registry and data resolution: `work
 from __future__ import annotations
 
 import csv
+import json
 import math
 import re
 from collections import Counter
@@ -11,10 +12,12 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from rps_astro_cli.bench.workload_base import (
+    _WORDS,
     WORKLOADS,
     BenchRequest,
     Workload,
@@ -235,3 +238,138 @@ def load_synthetic(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
             out.append(BenchRequest(f"synthetic-{len(out)}", "", p, o))
     return Workload("synthetic", out, "synthetic ShareGPT-like lengths (lognormal fits to the Astrolabe "
                     "paper's 10,000-request ShareGPT length trace, Llama-2 tokenizer)", dict(skipped))
+
+
+# -- Mooncake (block-hash traces) ------------------------------------------------------------
+
+MOONCAKE_FILES = ("traces/mooncake/conversation_trace.jsonl",)
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens per `hash_ids` entry in the Mooncake trace format (kvcache-ai/Mooncake's FAST'25
+release: one id per 512-token block of the prompt)."""
+
+
+def mooncake_block_text(hash_id: int) -> str:
+    """The fixed `MOONCAKE_BLOCK_TOKENS`-token text that stands for block `hash_id`:
+    filler words (`synthetic_prompt`'s) drawn by a generator seeded from the id alone, so
+    every request holding the id holds the same 512 fallback tokens (words of ≤ 4
+    characters, one token each), in every process.
+    A partial last block is this text's first words."""
+    idx = np.random.default_rng([int(hash_id) & 0xFFFF_FFFF_FFFF_FFFF, 0x6D6F6F6E]).integers(
+        0, len(_WORDS), size=MOONCAKE_BLOCK_TOKENS)
+    return " ".join([_WORDS[i] for i in idx])
+
+
+def mooncake_prompt_tokens(input_length: int, max_prompt_tokens: int) -> int:
+    """The fitting rule: a prompt longer than `max_prompt_tokens` is cut at the last whole
+    512-token block that fits (to `max_prompt_tokens` itself when not even one block
+    fits), so a kept block is always whole and the shared leading blocks stay shared."""
+    if input_length <= max_prompt_tokens:
+        return input_length
+    cut = (max_prompt_tokens // MOONCAKE_BLOCK_TOKENS) * MOONCAKE_BLOCK_TOKENS
+    return cut or max_prompt_tokens
+
+
+def _read_jsonl(path: Path) -> list[Any]:
+    """One JSON value per non-blank line (whatever the suffix).
+
+    Raises:
+        AstroUserError: not UTF-8, or a line that is not JSON (names the line).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise AstroUserError(f"{path} is not UTF-8 text: {exc}", field="--path") from None
+    out: list[Any] = []
+    for n, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise AstroUserError(f"{path}: line {n} is not valid JSON: {exc.msg} (column {exc.colno})",
+                                     field="--path", fix=f"fix or drop line {n}") from None
+    return out
+
+
+@WORKLOADS.register("mooncake")
+def load_mooncake(opts: WorkloadOptions, rng: np.random.Generator) -> Workload:
+    """Mooncake block-hash trace (JSONL rows `{"timestamp": ms, "input_length": tokens,
+    "output_length": tokens, "hash_ids": [id, ...]}`, one id per 512-token block of the
+    prompt; kvcache-ai/Mooncake FAST'25 traces, Apache-2.0). The first `num_requests`
+    rows in file order, timestamps made relative (seconds) for `--arrival trace`.
+
+    Prompt: block j is `mooncake_block_text(hash_ids[j])`, the last block cut to what
+    `input_length` leaves, so prompts repeat their token ids exactly where the trace
+    repeats its ids (a row with fewer ids than blocks gets row-private ids for the rest,
+    counted as `notes["missing_hash_ids"]`). Fitting to a context: the prompt is cut at a
+    block boundary to ≤ `max_prompt_tokens` (`mooncake_prompt_tokens`; `notes
+    ["prompt_cut"]`) and the reply to `max_total_tokens` − prompt (`notes
+    ["output_cut"]`), so every row is kept and the arrivals and the sharing stay the
+    trace's. Rows that are not objects with whole-number lengths and a list of ids are
+    skipped as `malformed`; `output_length` 0 as `zero_output_tokens`."""
+    path, source = _resolve(opts, MOONCAKE_FILES, "Mooncake trace JSONL")
+    if path is None:
+        raise AstroUserError("no Mooncake trace found", field="--path",
+                             fix="pass --path conversation_trace.jsonl (kvcache-ai/Mooncake FAST25-release/traces) "
+                                 "or set ASTRO_DATA_DIR")
+    recs = _read_jsonl(path)
+    skipped: Counter = Counter()
+    notes: Counter = Counter()
+    blocks: dict[int, str] = {}
+    out: list[BenchRequest] = []
+    t0: float | None = None
+    for n, r in enumerate(recs):
+        if len(out) >= opts.num_requests:
+            break
+        if not isinstance(r, dict):
+            skipped["malformed"] += 1
+            continue
+        ids = r.get("hash_ids")
+        p_in, o_in, ts = r.get("input_length"), r.get("output_length"), r.get("timestamp")
+        if (not isinstance(ids, list) or not all(isinstance(h, int) for h in ids)
+                or not isinstance(p_in, int) or not isinstance(o_in, int) or isinstance(ts, bool)
+                or not isinstance(ts, (int, float)) or not math.isfinite(ts) or ts < 0 or p_in < 1):
+            skipped["malformed"] += 1
+            continue
+        if o_in < 1:
+            skipped["zero_output_tokens"] += 1
+            continue
+        p = mooncake_prompt_tokens(p_in, opts.max_prompt_tokens)
+        if p < p_in:
+            notes["prompt_cut"] += 1
+        o = min(o_in, opts.max_total_tokens - p)
+        if o < 1:
+            skipped["total_too_long"] += 1
+            continue
+        if o < o_in:
+            notes["output_cut"] += 1
+        nblocks = -(-p // MOONCAKE_BLOCK_TOKENS)
+        if len(ids) < -(-p_in // MOONCAKE_BLOCK_TOKENS):
+            notes["missing_hash_ids"] += 1
+        parts: list[str] = []
+        for j in range(nblocks):
+            h = ids[j] if j < len(ids) else -(n + 1) * 100_000 - j  # row-private: ids in the trace are ≥ 0
+            text = blocks.get(h)
+            if text is None:
+                text = blocks[h] = mooncake_block_text(h)
+            take = min(MOONCAKE_BLOCK_TOKENS, p - j * MOONCAKE_BLOCK_TOKENS)
+            parts.append(text if take == MOONCAKE_BLOCK_TOKENS else " ".join(text.split(" ")[:take]))
+        prompt = " ".join(parts)
+        if t0 is None:
+            t0 = float(ts)
+        out.append(BenchRequest(f"mooncake-{len(out)}", prompt, opts.counter(prompt), o,
+                                arrival_s=(float(ts) - t0) / 1000.0, source_id=str(n)))
+    warnings: list[str] = []
+    if out and any(b.arrival_s < a.arrival_s for a, b in zip(out, out[1:])):  # type: ignore[operator]
+        out.sort(key=lambda q: q.arrival_s)  # type: ignore[arg-type,return-value]
+        first = out[0].arrival_s or 0.0
+        out = [replace(q, arrival_s=(q.arrival_s or 0.0) - first) for q in out]
+        warnings.append("mooncake: timestamp not in file order; requests sorted by it and replayed from the earliest")
+    if notes.get("prompt_cut"):
+        warnings.append(f"mooncake: {notes['prompt_cut']} prompts cut at a 512-token block boundary to ≤ "
+                        f"--max-prompt-tokens {opts.max_prompt_tokens} (trace mean input ~12k tokens; raise it "
+                        "for a long-context profile)")
+    if len(out) < opts.num_requests:
+        warnings.append(f"mooncake: only {len(out)} usable rows for {opts.num_requests} requests "
+                        "(a trace is not repeated)")
+    return Workload("mooncake", out, f"{source} (Mooncake block-hash trace, {MOONCAKE_BLOCK_TOKENS}-token blocks)",
+                    dict(skipped), dict(notes), warnings, bool(out))

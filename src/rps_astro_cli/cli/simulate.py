@@ -1,4 +1,5 @@
-"""`astro simulate`: run a length trace through the virtual-time cluster simulation
+"""`astro simulate`: run a length trace (or a Mooncake block-hash trace, with its
+prompts' shared blocks: `_mooncake_requests`) through the virtual-time cluster simulation
 (library: `rps_astro_cli.cluster.simulate_cluster`) and write one JSON record per
 request. `astro bench --virtual` builds richer workloads on the same library.
 
@@ -11,16 +12,50 @@ the rules `astro serve` and `astro bench --virtual` apply)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, SeedOpt, console, user_errors
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from rps_astro_cli.cluster import TimedRequest
+
 _DATASETS = {
     "astrolabe-sharegpt": "traces/astrolabe_sharegpt_val_10k_llama2.csv",
     "azure-conv": "traces/AzureLLMInferenceTrace_conv_2023.csv",
+    "mooncake-conv": "traces/mooncake/conversation_trace.jsonl",
 }
+
+
+def _mooncake_requests(path: Path, num_requests: int, rate: float, max_model_len: int,
+                       rng: np.random.Generator) -> list[TimedRequest]:
+    """A Mooncake block-hash trace as simulate's requests: `-w mooncake`'s loader (its first
+    `num_requests` rows, not cycled: a repeat would be a false cache hit) fitted to
+    `max_model_len` by its rule (prompts cut at a 512-token block to ≤ max_model_len − 512,
+    replies to what is left), each with its prompt's token ids so the prefix caches see the
+    trace's sharing; Poisson arrivals at `rate` as for a CSV trace, oracle lengths.
+
+    Raises:
+        AstroUserError: rate ≤ 0, num_requests < 1, or a file the loader refuses.
+    """
+    import numpy as np
+
+    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.cluster import TimedRequest
+    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.tokens import token_ids_fallback
+
+    if not rate > 0:
+        raise AstroUserError(f"must be > 0, got {rate}", field="--rate")
+    opts = WorkloadOptions(path=path, num_requests=num_requests, max_prompt_tokens=max(1, max_model_len - 512),
+                           max_total_tokens=max_model_len)
+    wl = load_workload("mooncake", opts, rng)
+    t = np.cumsum(rng.exponential(1.0 / rate, size=len(wl.requests)))
+    return [TimedRequest(f"req-{i}", float(t[i]), r.prompt_tokens, r.output_tokens,
+                         token_ids=tuple(token_ids_fallback(r.prompt))) for i, r in enumerate(wl.requests)]
 
 
 def register(app: typer.Typer) -> None:
@@ -29,7 +64,7 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @user_errors
     def simulate(
-        trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns).")] = None,
+        trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns), or a Mooncake block-hash trace (*.jsonl: prompts share blocks as its hash_ids do; docs/workloads-mooncake.md).")] = None,
         dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
         recipe: Annotated[str | None, typer.Option("--recipe", help="An astro serve recipe (name under recipes/ or YAML path): its instances (or instance groups, each with its profile and limits), instance policy and dispatch policy; flags given win.")] = None,
         instances: Annotated[int | None, typer.Option("--instances", help="Number of simulated instances (≥ 1; default: the recipe's, else one per --profile listed, else 12).")] = None,
@@ -107,7 +142,11 @@ def register(app: typer.Typer) -> None:
         dispatch = make_dispatch(policy, fields=fields, **params)
         rng = np.random.default_rng(seed)
         max_len = min(c.max_model_len for c in configs)
-        reqs = poisson_workload(read_length_trace(trace), num_requests, rate, max_len, rng)
+        assert trace is not None  # --trace, or --dataset's file (checked above)
+        if trace.suffix == ".jsonl":
+            reqs = _mooncake_requests(trace, num_requests, rate, max_len, rng)
+        else:
+            reqs = poisson_workload(read_length_trace(trace), num_requests, rate, max_len, rng)
         hetero = fleet.heterogeneous
         extra = {} if fleet.assumed is None else {"predictor_latency": list(fleet.assumed)}
         res = simulate_cluster(reqs, len(configs), dispatch, list(fleet.profiles) if hetero else prof,
@@ -127,6 +166,9 @@ def register(app: typer.Typer) -> None:
             f"{policy} at {rate:g} req/s: "
             f"TTFT mean {ttft.mean():.3f} s / P99 {np.percentile(ttft, 99):.3f} s, "
             f"E2E mean {e2e.mean():.3f} s / P99 {np.percentile(e2e, 99):.3f} s, "
-            f"preemptions {res.num_preemptions}; simulated in {res.wall_s:.2f} s -> {out}",
+            f"preemptions {res.num_preemptions}"
+            + (f", prefix-cache hits {res.prefix_cache_hits_tokens / res.prefix_cache_queries_tokens:.1%} of prompt "
+               "tokens" if res.prefix_cache_queries_tokens else "")
+            + f"; simulated in {res.wall_s:.2f} s -> {out}",
             highlight=False,
         )
