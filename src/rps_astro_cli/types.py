@@ -409,6 +409,13 @@ class DispatchDecision:
     # candidates whose Predictor answered but whose step model was not trusted (its
     # recent error too high, `sim.calibration`): compared by load instead
     untrusted: tuple[int, ...] = ()
+    # admission (a request with a TTFT SLO, `dispatch.admission`): why it was refused
+    # (e.g. "slo_ttft_unmeetable"; `choice` is then not used), else None
+    refused: str | None = None
+    # admission's verdict for a judged request ("headroom", "no_prediction", ...), else None
+    admission: str | None = None
+    # for a refusal: the suggested Retry-After (seconds), else 0
+    retry_after_s: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -422,6 +429,11 @@ class DispatchDecision:
         }
         if self.untrusted:
             out["untrusted"] = list(self.untrusted)
+        if self.admission is not None:
+            out["admission"] = self.admission
+        if self.refused is not None:
+            out["refused"] = self.refused
+            out["retry_after_s"] = self.retry_after_s
         return out
 
 
@@ -460,7 +472,7 @@ class DecisionRecord:
     # predictions' e2e_s assume the scheduler's default reply length
     early_dispatch: bool = False
     # ok | client_error | engine_error | midstream_error | no_instance |
-    # client_disconnected
+    # client_disconnected | refused (admission: the decision's `refused` says why)
     outcome: str | None = None
     # when the front door received the request (Unix time, s): lines the log up with
     # a client's send times and with other schedulers' logs

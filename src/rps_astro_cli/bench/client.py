@@ -48,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -221,6 +221,9 @@ class ClientOptions:
     from sending it to its last byte (s; `--request-timeout`).
     api_key: sent as a Bearer token when set. counter: token counter (no-usage fallback).
     ttft_definition: "astro" or "vllm": which timeline of `StreamTimer` times the request.
+    slo_of: request_id → its `bench.slo.SloClass` (`--slo-class`): sent as the headers
+        x-slo-class, x-slo-ttft-ms, x-slo-tpot-ms and the body's `priority`; an HTTP 429
+        answer then counts as refused (admission), not as an error.
     """
 
     base_url: str
@@ -233,6 +236,7 @@ class ClientOptions:
     counter: TokenCounter = count_tokens_fallback
     max_tokens_mode: str = "reference"
     ttft_definition: str = "astro"
+    slo_of: Mapping[str, Any] = field(default_factory=dict)
 
 
 def build_body(req: BenchRequest, opts: ClientOptions) -> tuple[str, dict[str, Any]]:
@@ -273,6 +277,16 @@ def _prepare(req: BenchRequest, opts: ClientOptions,
     headers = {"content-type": "application/json"}
     if opts.api_key:
         headers["authorization"] = f"Bearer {opts.api_key}"
+    c = opts.slo_of.get(req.request_id)
+    if c is not None:  # its SLO class (issue 33): headers, the body's priority, the record's targets
+        headers["x-slo-class"] = c.name
+        if c.slo.ttft_ms is not None:
+            headers["x-slo-ttft-ms"] = f"{c.slo.ttft_ms:g}"
+        if c.slo.tpot_ms is not None:
+            headers["x-slo-tpot-ms"] = f"{c.slo.tpot_ms:g}"
+        body["priority"] = c.slo.priority
+        rec.slo_class, rec.slo_ttft_s = c.name, c.slo.ttft_s
+        rec.slo_tpot_s = None if c.slo.tpot_ms is None else c.slo.tpot_ms / 1000
     return path, json.dumps(body).encode(), headers, rec, StreamTimer(chat=path.endswith("chat/completions"))
 
 
@@ -306,6 +320,7 @@ def _http_error(rec: RequestRecord, status: int, body: bytes, now_s: float) -> R
     """`rec` failed with a non-200 answer (`body`), finished at `now_s`; a 401 says how to fix it."""
     rec.finish_s = now_s
     rec.error = f"HTTP {status}: {_error_text(body)}"
+    rec.refused = status == 429 and rec.slo_class is not None  # admission refused it (issue 33)
     if status == 401:
         rec.error += " (pass --api-key KEY or set ASTRO_API_KEY)"
     return rec

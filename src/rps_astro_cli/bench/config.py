@@ -58,8 +58,13 @@ class WorkloadSection:
     sampling: str = "astro"             # astro: astro's draw; vllm: vllm bench serve's (filter, order, arrivals)
     input_len: int = 1024               # the random workload's prompt length (tokens; --input-len)
     output_len: int = 128               # the random workload's reply length; custom rows without one (--output-len)
+    slo_classes: list[str] | None = None  # --slo-class NAME:ttft_ms=..,tpot_ms=..,share=..,priority=.. (issue 33)
 
     def __post_init__(self) -> None:
+        if self.slo_classes:
+            from rps_astro_cli.bench.slo import parse_slo_classes
+
+            parse_slo_classes(self.slo_classes)  # checks names, keys, values and shares
         if self.sampling not in SAMPLINGS:
             raise AstroUserError(f"unknown sampling {self.sampling!r}", field="--sampling",
                                  fix="use astro or vllm")
@@ -180,8 +185,12 @@ class ClusterSection:
     max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
     schedulers: int = 1                 # stateless scheduler replicas, each dispatching on its own (virtual)
     status_interval_s: float = 0.0      # instance status copied every this many s (virtual; 0: live state)
+    admission: str = "reject"           # requests with an SLO no instance can meet: reject | off (virtual)
 
     def __post_init__(self) -> None:
+        if self.admission not in ("off", "reject"):
+            raise AstroUserError(f"unknown admission mode {self.admission!r}", field="--admission",
+                                 fix="use reject or off (queue is not built yet)")
         if isinstance(self.schedulers, bool) or not isinstance(self.schedulers, int) or self.schedulers < 1:
             raise AstroUserError(f"must be a whole number ≥ 1, got {self.schedulers!r}", field="--schedulers")
         if not (math.isfinite(self.status_interval_s) and self.status_interval_s >= 0):
@@ -334,10 +343,14 @@ FLAT_FIELDS: dict[str, tuple[str, str]] = {
     "ttft_definition": ("target", "ttft_definition"), "sampling": ("workload", "sampling"),
     "input_len": ("workload", "input_len"), "output_len": ("workload", "output_len"),
     "warmup": ("arrivals", "warmup_requests"), "max_seconds": ("arrivals", "max_seconds"),
+    # per-request SLO classes and admission (issue 33): only when given / not the default
+    "slo_classes": ("workload", "slo_classes"), "admission": ("cluster", "admission"),
 }
 OPTIONAL_FLAT = ("policy_params", "instance_policy_params", "instance_policies", "recipe", "multi_turn",
-                 "think_time", "ray_address", "workers", "max_seconds", "predictor_profile", "calibration")
-DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0}
+                 "think_time", "ray_address", "workers", "max_seconds", "predictor_profile", "calibration",
+                 "slo_classes")
+DEFAULT_FLAT = {"capacity_width": 1, "executor": "serial", "schedulers": 1, "status_interval_s": 0.0,
+                "admission": "reject"}
 """Flat names left out of report.json while they hold these defaults (the schema of a
 serial run is unchanged)."""
 

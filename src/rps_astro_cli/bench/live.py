@@ -110,6 +110,7 @@ class LiveTarget:
         self.model: str | None = cfg.target.model
         self._supervisor = None
         self._tmp: tempfile.TemporaryDirectory | None = None
+        self._slo_of: dict[str, Any] = {}  # request_id → its SLO class (`_run`)
         self.policy_desc: dict[str, Any] | None = None
         #: the in-instance policy the next runs use (`use_instance_policy`; None: the cluster's own)
         self.instance_policy: str | None = None
@@ -262,7 +263,8 @@ class LiveTarget:
         return ClientOptions(base_url=self.base_url, model=self.model, endpoint=self.cfg.target.endpoint,
                              send_true_lengths=self.cfg.target.send_true_lengths, ignore_eos=self.cfg.target.ignore_eos,
                              timeout_s=self.cfg.target.timeout_s, api_key=self.cfg.target.api_key, counter=self.counter,
-                             max_tokens_mode=self.max_tokens_mode, ttft_definition=self.cfg.target.ttft_definition)
+                             max_tokens_mode=self.max_tokens_mode, ttft_definition=self.cfg.target.ttft_definition,
+                             slo_of=self._slo_of)
 
     @property
     def max_tokens_mode(self) -> str:
@@ -313,6 +315,11 @@ class LiveTarget:
                 "scheduler": res[-1], "t": time.perf_counter()}
 
     async def _run(self, requests, times, on_done):
+        from rps_astro_cli.bench.slo import assign_slo_classes, parse_slo_classes
+
+        # per-request SLO classes (issue 33): drawn as the virtual target draws them
+        self._slo_of = assign_slo_classes([r.request_id for r in requests],
+                                          parse_slo_classes(self.cfg.workload.slo_classes), self.cfg.workload.seed)
         n_warm = self.cfg.arrivals.warmup_requests
         if n_warm:  # sent and awaited before the "before" scrape: in no metric, no engine-metric delta
             # independent requests (no session: a multi-turn workload's warm-up is not closed loop)

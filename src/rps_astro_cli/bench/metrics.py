@@ -31,6 +31,11 @@ ones, R = C ∪ F. T = run duration = max_i(finish_i) − min_i(s_i) over R.
 - Predictor error over requests with a prediction P_i of E2E (or TTFT): MAE = mean
   |P_i − E2E_i|, MAPE = mean |P_i − E2E_i| / E2E_i (Astrolabe §5 reports 10–15 %).
 - Per-class metrics are the same formulas over the class's requests, with the run's T.
+- Per-request SLO classes (`--slo-class`, issue 33): Refused = requests the scheduler
+  refused at admission (HTTP 429), kept out of F (not errors). good'_i ⇔ i has a class,
+  i ∈ C and TTFT_i ≤ its class's TTFT target and TPOT_i ≤ its TPOT target (where both
+  are defined). SLO attainment = |good'| / |requests with a class| (refused ones miss);
+  goodput_rps = |good'| / T. `metrics.<class>` is the same over one class's requests.
 """
 
 from __future__ import annotations
@@ -125,6 +130,11 @@ class GroupMetrics:
     predictor_ttft_ape_p90: float | None = None
     predictor_ttft_ape_p50_after_warmup: float | None = None
     predictor_ttft_ape_p90_after_warmup: float | None = None
+    # per-request SLO classes (module docstring): refused at admission; goodput and
+    # attainment of the requests' own targets (None when no request has a class)
+    refused: int = 0
+    goodput_rps: float | None = None
+    slo_attainment: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -210,7 +220,9 @@ def group_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
     `run_duration_s(records)`; `preemptions` overrides the per-request sum (live runs)."""
     T = run_duration_s(records) if duration_s is None else duration_s
     done = [r for r in records if r.success]
-    failed = [r for r in records if not r.success]
+    failed = [r for r in records if not r.success and not r.refused]
+    classed = [r.meets_request_slo for r in records if r.slo_class is not None]
+    good_own = sum(bool(m) for m in classed)
     tokens = sum(r.output_tokens for r in done)
     if preemptions is None:
         pre = [r.preemptions for r in records if r.preemptions is not None]
@@ -243,6 +255,9 @@ def group_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
         ttft_harness_s=(Dist.of(r.ttft_harness_s for r in done)
                         if any(r.engine_arrival_s is not None for r in done) else None),
         **predictor_ttft_ape(records),
+        refused=sum(r.refused for r in records),
+        goodput_rps=(good_own / T if T > 0 else None) if classed else None,
+        slo_attainment=good_own / len(classed) if classed else None,
     )
 
 
@@ -256,6 +271,8 @@ def all_metrics(records: Sequence[RequestRecord], slo: SloSpec | None = None,
         sub = [r for r in records if r.req_class == c]
         if sub:
             out[c] = group_metrics(sub, slo, T, None)
+    for c in sorted({r.slo_class for r in records if r.slo_class is not None and r.slo_class not in out}):
+        out[c] = group_metrics([r for r in records if r.slo_class == c], slo, T, None)
     return out
 
 

@@ -70,6 +70,25 @@ class RequestRecord:
     finish_reason: str | None = None  # the stream's last finish_reason ("stop", "length", ...), when sent
     max_tokens: int | None = None  # the max_tokens the request asked for (None: not sent)
     engine_arrival_s: float | None = None
+    # its per-request SLO class (`--slo-class`, sent as x-slo-class / x-slo-* headers) and
+    # targets (s), None without one; refused: the scheduler refused it at admission (HTTP
+    # 429 live; `refused` in the virtual cluster): not a success, counted apart from errors
+    slo_class: str | None = None
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    refused: bool = False
+
+    @property
+    def meets_request_slo(self) -> bool | None:
+        """Whether it met its own SLO class's targets (succeeded, TTFT ≤ slo_ttft_s, TPOT ≤
+        slo_tpot_s where defined); None without a class."""
+        if self.slo_class is None:
+            return None
+        if not self.success:
+            return False
+        t, p = self.ttft_s, self.tpot_s
+        return not ((self.slo_ttft_s is not None and (t is None or t > self.slo_ttft_s))
+                    or (self.slo_tpot_s is not None and p is not None and p > self.slo_tpot_s))
 
     @property
     def truncated(self) -> bool:

@@ -622,7 +622,7 @@ def _lag_warnings(result: BenchResult, run: RunResult) -> None:
 def _exit_status(result: BenchResult, slo: SloSpec) -> None:
     for run in result.runs:
         o = run.metrics["overall"]
-        if o.num_requests and o.num_completed == 0:
+        if o.num_requests > o.refused and o.num_completed == 0:  # refused alone is no failure
             result.flag(EXIT_FAILED, f"every request failed in run {run.label}: {top_errors(o.errors)}")
         elif o.num_failed:
             result.flag(EXIT_PARTIAL, f"{o.num_failed} of {o.num_requests} requests failed in run {run.label}: "

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.dispatch.admission import RequestSlo
 from rps_astro_cli.errors import AstroUserError
 
 SLO_METRICS = ("ttft", "tpot", "e2el", "nlat")
@@ -117,3 +118,65 @@ def isolated_for(records: list[RequestRecord], profile, prompt_of: dict[str, int
         n = r.output_tokens if r.success else r.expected_output_tokens
         if p >= 1 and n >= 1:
             r.isolated_e2e_s = isolated_e2e_s(profile, p, n)
+
+
+# -- per-request SLO classes (issue 33) ----------------------------------------------------
+@dataclass(frozen=True)
+class SloClass:
+    """One `--slo-class NAME:ttft_ms=..,tpot_ms=..,share=..,priority=..`."""
+
+    name: str  # the class name, sent as x-slo-class
+    slo: RequestSlo  # its targets and priority (also sent as x-slo-ttft-ms / x-slo-tpot-ms)
+    share: float  # fraction of the workload's requests drawn into it (0, 1]
+
+
+def parse_slo_classes(specs: list[str] | None) -> list[SloClass]:
+    """The `--slo-class` entries; shares must sum to ≤ 1 (the rest carry no SLO).
+
+    Raises:
+        AstroUserError: a bad entry, a repeated name, a share outside (0, 1] or shares
+            summing over 1 (names `--slo-class`).
+    """
+    from rps_astro_cli.dispatch.admission import parse_slo_class, parse_slo_class_spec
+
+    out: list[SloClass] = []
+    for text in specs or []:
+        name, kv = parse_slo_class_spec(text, extra=("share",))
+        if any(c.name == name for c in out):
+            raise AstroUserError(f"class {name!r} given twice", field="--slo-class")
+        if name in ("overall", "sand", "pebbles", "rocks"):
+            raise AstroUserError(f"class name {name!r} is taken by the report", field="--slo-class",
+                                 fix="pick another name")
+        try:
+            share = float(kv.pop("share", "1"))
+        except ValueError:
+            raise AstroUserError(f"{text!r}: share must be a number", field="--slo-class") from None
+        if not 0 < share <= 1:
+            raise AstroUserError(f"{text!r}: share must be in (0, 1], got {share:g}", field="--slo-class")
+        try:
+            slo = parse_slo_class(kv, name, where="--slo-class")
+        except AstroUserError as exc:
+            raise AstroUserError(str(exc), field="--slo-class") from None
+        out.append(SloClass(name, slo, share))
+    if sum(c.share for c in out) > 1 + 1e-9:
+        raise AstroUserError("the classes' shares sum to more than 1", field="--slo-class",
+                             fix="make them add up to at most 1 (the rest carry no SLO)")
+    return out
+
+
+def assign_slo_classes(request_ids: list[str], classes: list[SloClass], seed: int) -> dict[str, SloClass]:
+    """Each request's class, drawn independently by the shares (in the order given) from
+    a Generator seeded by (seed, 33) alone: the same requests get the same classes in
+    every run, policy and rate of a bench. Requests past the shares' sum get none."""
+    import numpy as np
+
+    if not classes:
+        return {}
+    u = np.random.default_rng([seed, 33]).random(len(request_ids))
+    edges = np.cumsum([c.share for c in classes])
+    out: dict[str, SloClass] = {}
+    for rid, x in zip(request_ids, u):
+        j = int(np.searchsorted(edges, x, side="right"))
+        if j < len(classes):
+            out[rid] = classes[j]
+    return out

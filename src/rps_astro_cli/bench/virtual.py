@@ -513,19 +513,28 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     cal = cfg.cluster.calibration or ("online" if fleet.assumed is not None else "none")
     if cal != "none":
         extra["calibration"] = cal
+    # per-request SLO classes (issue 33): drawn by share from the workload's seed alone
+    from rps_astro_cli.bench.slo import assign_slo_classes, parse_slo_classes
+    from rps_astro_cli.dispatch.admission import Admission
+
+    classes = assign_slo_classes([v.request_id for v in vreqs], parse_slo_classes(cfg.workload.slo_classes),
+                                 cfg.workload.seed)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
     timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
                           v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
                           v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
-                          follows=v.follows, think_s=v.think_s) for v in vreqs]
+                          follows=v.follows, think_s=v.think_s,
+                          slo=classes[v.request_id].slo if v.request_id in classes else None) for v in vreqs]
     first = dispatch[0] if isinstance(dispatch, list) else dispatch
     res = simulate_cluster(timed, len(fleet.profiles), dispatch, latency, icfg,
                            make_policy, rng,
                            remaining=bench_remaining(cfg, first), status_interval_s=cfg.cluster.status_interval_s,
-                           preprocess_slots=cfg.cluster.preprocess_slots, **extra)
+                           preprocess_slots=cfg.cluster.preprocess_slots, admission=Admission(cfg.cluster.admission),
+                           **extra)
     out = []
     for v, r in zip(vreqs, res.records):
         ok = r.finish_s is not None
+        c = classes.get(v.request_id)
         engine_cls = r.req_class if r.req_class in ("sand", "pebbles", "rocks") else None
         out.append(RequestRecord(
             request_id=r.request_id, modality=v.modality, req_class=engine_cls or v.req_class,
@@ -535,8 +544,12 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
             predicted_output_tokens=r.predicted_output_tokens, scheduled_s=r.arrival_s, sent_s=r.arrival_s,
             engine_arrival_s=r.preprocess_start_s,
             first_token_s=r.first_token_s, finish_s=r.finish_s, success=ok,
-            error=None if ok else "did not finish", instance=f"instance-{r.instance}",
-            preemptions=r.num_preemptions, predicted_ttft_s=r.predicted_ttft_s, predicted_e2e_s=r.predicted_e2e_s))
+            error=None if ok or r.refused else "did not finish",
+            instance=f"instance-{r.instance}" if r.refused is None else None,
+            preemptions=r.num_preemptions, predicted_ttft_s=r.predicted_ttft_s, predicted_e2e_s=r.predicted_e2e_s,
+            slo_class=c.name if c else None, slo_ttft_s=c.slo.ttft_s if c else None,
+            slo_tpot_s=c.slo.tpot_ms / 1000 if c and c.slo.tpot_ms is not None else None,
+            refused=r.refused is not None))
     dec = [r.decide_us for r in res.records]
     extras: dict[str, Any] = {
               "preemptions_total": res.num_preemptions, "preemptions_per_instance": res.preemptions_per_instance,

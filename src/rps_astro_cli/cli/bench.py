@@ -9,7 +9,14 @@ from typing import Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, console, err_console, user_errors
+from rps_astro_cli.cli.common import (
+    InstanceParamOpt,
+    ParamOpt,
+    console,
+    err_console,
+    user_errors,
+    warn_key_on_command_line,
+)
 
 _DEFAULT_OUT = "bench-results"
 
@@ -23,7 +30,7 @@ def _split(text: str | None) -> list[str] | None:
 
 @user_errors
 def bench(
-    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | custom (JSONL prompts) | random (fixed ISL/OSL) | llava-instruct | llava-video | burstgpt | azure | length-trace | shared-prefix | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
+    workload: Annotated[str, typer.Option("--workload", "-w", help="sharegpt | custom (JSONL prompts) | random (fixed ISL/OSL) | llava-instruct | llava-video | burstgpt | azure | length-trace | mooncake (block-hash JSONL, shared prefixes) | shared-prefix | synthetic | mix-to | mix-ml | mix-mh")] = "sharegpt",
     sampling: Annotated[str, typer.Option("--sampling", help="astro | vllm: vllm draws sharegpt/custom/random and the arrivals exactly as `vllm bench serve` does for the same file and --seed (give the same --tokenizer).")] = "astro",
     input_len: Annotated[int, typer.Option("--input-len", help="random: prompt tokens per request.")] = 1024,
     output_len: Annotated[int, typer.Option("--output-len", help="random: reply tokens per request; custom: for rows without output_tokens.")] = 128,
@@ -37,7 +44,7 @@ def bench(
     video_dir: Annotated[str | None, typer.Option("--video-dir", help="LLaVA-Video video folder.")] = None,
     max_frames: Annotated[int, typer.Option("--max-frames", help="Frames sampled per video.")] = 32,
     min_tokens: Annotated[int, typer.Option("--min-tokens", help="ShareGPT filter: min prompt/reply tokens (vLLM: 4).")] = 4,
-    max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="ShareGPT filter: max prompt tokens (vLLM: 1024).")] = 1024,
+    max_prompt_tokens: Annotated[int, typer.Option("--max-prompt-tokens", help="ShareGPT filter: max prompt tokens (vLLM: 1024); mooncake: longer prompts are cut at a 512-token block.")] = 1024,
     max_total_tokens: Annotated[int, typer.Option("--max-total-tokens", help="Max prompt + reply tokens (vLLM: 2048).")] = 2048,
     arrival: Annotated[str, typer.Option("--arrival", help="poisson | gamma | constant | trace")] = "poisson",
     request_rate: Annotated[str, typer.Option("--request-rate", help="Requests/s (> 0) or inf.")] = "inf",
@@ -56,7 +63,7 @@ def bench(
     ignore_eos: Annotated[bool, typer.Option("--ignore-eos", help="Send ignore_eos: true (vLLM).")] = False,
     ttft_definition: Annotated[str, typer.Option("--ttft-definition", help="astro (default): TTFT at the first non-empty text, ITL over text chunks | vllm: TTFT at the first chunk, every chunk an ITL gap (as vllm bench serve). docs/metrics.md.")] = "astro",
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Deadline of each whole request, from sending it to its last byte (s): a stream still open then (even one kept alive by SSE comments) fails as a timeout.")] = 600.0,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", help="Bearer key for the server.")] = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="ASTRO_API_KEY", callback=warn_key_on_command_line, help="Bearer key for the server (prefer $ASTRO_API_KEY: a flag shows in ps).")] = None,
     virtual: Annotated[bool, typer.Option("--virtual", help="Run on the virtual-time cluster simulation instead of HTTP.")] = False,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Virtual: an astro serve recipe (name under recipes/ or YAML path): profile, engine limits, instance policy, instances, dispatch policy; flags given win.")] = None,
     instances: Annotated[int | None, typer.Option("--instances", help="Virtual: number of instances (default: the recipe's, else 4).")] = None,
@@ -91,6 +98,8 @@ def bench(
     ray_address: Annotated[str | None, typer.Option("--ray-address", help="--executor ray: join this Ray cluster (e.g. auto, ray://head:10001) instead of starting a local one.")] = None,
     workers: Annotated[int | None, typer.Option("--workers", help="--executor processes/ray (local): parallel runs (default: all cores).")] = None,
     fail_under: Annotated[float | None, typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
+    slo_class: Annotated[list[str] | None, typer.Option("--slo-class", help="A per-request SLO class NAME:ttft_ms=1000,tpot_ms=100,share=0.7,priority=0 (repeat; shares ≤ 1 in all, the rest carry none): each request joins one by share (seeded by --seed), is sent with x-slo-class / x-slo-ttft-ms / x-slo-tpot-ms and its body priority (vLLM without --scheduling-policy priority rejects a nonzero one: use priority=0 there), and report.json's metrics.overall and metrics.NAME carry goodput_rps, slo_attainment and refused.")] = None,
+    admission: Annotated[str, typer.Option("--admission", help="Virtual: a request whose TTFT SLO no instance is predicted to meet (predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject (default; recorded as refused) | off (dispatched anyway). Live: the scheduler's own --admission decides.")] = "reject",
     out: Annotated[str | None, typer.Option("--out", help="Report folder, new or existing (default bench-results/<workload>-<time>); checked before the run starts.")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
@@ -115,6 +124,9 @@ def bench(
     not met; 2 bad input (a flag or file); 3 some requests failed (errors, zero-token
     streams) or outputs were cut short (finish_reason length before max_tokens);
     130 interrupted (Ctrl-C or SIGTERM), after writing the partial report.
+    Refused requests (admission: HTTP 429, or refused in the virtual cluster) are not
+    failures: alone they leave the exit code 0; they count as SLO misses in
+    slo_attainment (and in --fail-under's attainment).
     """
     from rps_astro_cli.bench.arrivals import parse_positive, parse_rates
     from rps_astro_cli.bench.config import BenchConfig
@@ -165,7 +177,7 @@ def bench(
         capacity_width=capacity_width, executor=executor, ray_address=ray_address, workers=workers,
         out_dir=out_dir, multi_turn=True if multi_turn else None, think_time=think_time,
         ttft_definition=ttft_definition, sampling=sampling, input_len=input_len, output_len=output_len,
-        warmup=warmup, max_seconds=max_seconds)
+        warmup=warmup, max_seconds=max_seconds, slo_classes=slo_class or None, admission=admission)
     result = _run_with_progress(cfg, run_bench)
     if as_json:
         import json
@@ -225,6 +237,10 @@ def _run_with_progress(cfg, run_bench):
             prog.console.print(f"  done {run.label}: {m.num_completed}/{m.num_requests} ok, "
                                f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, "
                                f"{run.wall_s:.1f} s wall", highlight=False, soft_wrap=True)
+            if m.goodput_rps is not None:  # per-request SLO classes (--slo-class)
+                prog.console.print(f"  SLO classes: goodput {m.goodput_rps:.2f} req/s, attainment "
+                                   f"{m.slo_attainment:.1%}, refused {m.refused} (admission; not errors)",
+                                   highlight=False, soft_wrap=True)
             if m.num_failed:
                 from rps_astro_cli.bench.metrics import top_errors
 

@@ -56,6 +56,7 @@ def cluster(
     api_key: KeyOpt = None,
     restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child within 60 s (older ones are forgiven).")] = None,
     oracle_lengths: Annotated[bool | None, typer.Option("--oracle-lengths/--no-oracle-lengths", help="Scheduler uses the true lengths the bench sends (ablation).")] = None,
+    admission: Annotated[str | None, typer.Option("--admission", help="Requests with a TTFT SLO no instance is predicted to meet: reject (HTTP 429; default) | off (recipe scheduler.admission).")] = None,
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder (default runs/serve-<time>).")] = None,
 ) -> None:
@@ -79,6 +80,7 @@ def cluster(
              "engine.instance_policy": "--instance-policy", "host": "--host", "scheduler.port": "--port",
              "api_key": "--api-key", "restart_crashed": "--restart-crashed",
              "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend",
+             "scheduler.admission": "--admission",
              "predictor.calibration": "--calibration",
              **{path: f"--{'instance-' if path.startswith('engine.') else ''}param {path.rsplit('.', 1)[1]}"
                 for path in params}}
@@ -88,6 +90,7 @@ def cluster(
         "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
         "host": host, "scheduler.port": port, "api_key": api_key, "restart_crashed": restart_crashed,
         "scheduler.oracle_lengths": oracle_lengths, "predictor.calibration": calibration,
+        "scheduler.admission": admission,
         "engine.backend": backend, **params,
     }, flags, source=source)
     if model or engine_arg:
@@ -232,6 +235,13 @@ PrefixTokenizerOpt = Annotated[str, typer.Option(
     "(default): engine once some engine's /version is not astro-sim's.")]
 TokenizeDeadlineOpt = Annotated[float, typer.Option(
     "--tokenize-deadline-ms", help="Deadline of that /tokenize RPC (ms); then the fallback ids are hashed.")]
+AdmissionOpt = Annotated[str, typer.Option(
+    "--admission", help="A request with a TTFT SLO (x-slo-ttft-ms, x-slo-class) that no instance is predicted to meet "
+    "(predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject (default; HTTP 429 + Retry-After) or off (dispatch it anyway). Requests "
+    "without an SLO are unaffected. (queue: not built yet.)")]
+SloClassOpt = Annotated[list[str] | None, typer.Option(
+    "--slo-class", help="An SLO class NAME:ttft_ms=1000,tpot_ms=100,priority=0 (repeat), chosen by the x-slo-class "
+    "header or a class named like the request's model.")]
 OracleOpt = Annotated[bool, typer.Option(
     "--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")]
 
@@ -265,6 +275,8 @@ class DispatchFlags:
     prefix_tokenizer: PrefixTokenizerOpt = "auto"   # where prefix-aware policies get token ids
     tokenize_deadline_ms: TokenizeDeadlineOpt = 20.0  # /tokenize RPC deadline
     health_timeout_ms: HealthTimeoutOpt = 1000.0    # one health check's / status poll's deadline
+    admission: AdmissionOpt = "reject"              # requests with an SLO no instance can meet
+    slo_class: SloClassOpt = None                   # SLO classes NAME:ttft_ms=..,tpot_ms=..,priority=..
 
 
 def _dispatch_flags(fn: Callable[..., None]) -> Callable[..., None]:
@@ -393,8 +405,12 @@ def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_b
     from rps_astro_cli.params import parse_assignments
 
     params = parse_assignments(flags.param)
+    from rps_astro_cli.dispatch.admission import parse_slo_class_spec
+
+    classes = dict(parse_slo_class_spec(c) for c in flags.slo_class or ())
     sched: dict = {"policy": flags.policy, "objective": flags.objective, "llumnix_variant": flags.llumnix_variant,
-                   "params": params, "prefix_tokenizer": flags.prefix_tokenizer,
+                   "params": params, "prefix_tokenizer": flags.prefix_tokenizer, "admission": flags.admission,
+                   "slo_classes": classes,
                    "tokenize_deadline_ms": flags.tokenize_deadline_ms, "health_timeout_ms": flags.health_timeout_ms}
     if flags.k is not None:
         sched["k"] = flags.k
@@ -407,7 +423,8 @@ def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_b
                         "scheduler.objective": "--objective", "scheduler.llumnix_variant": "--llumnix-variant",
                         "predictor.enabled": "--predictor", "scheduler.prefix_tokenizer": "--prefix-tokenizer",
                         "scheduler.tokenize_deadline_ms": "--tokenize-deadline-ms",
-                        "scheduler.health_timeout_ms": "--health-timeout-ms",
+                        "scheduler.health_timeout_ms": "--health-timeout-ms", "scheduler.admission": "--admission",
+                        "scheduler.slo_classes": "--slo-class",
                         **{f"scheduler.params.{n}": f"--param {n}" for n in params}}).scheduler
     eps = tuple(InstanceEndpoint(f"engine-{i}", u, preds[i] if preds else None) for i, u in enumerate(engine))
     return SchedulerSettings(
@@ -419,7 +436,8 @@ def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_b
         seed=seed or 0,
         decisions_kept=max(1, decisions_kept), oracle_lengths=flags.oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
-        tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000)
+        tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000,
+        admission=sec.admission, slo_classes=sec.slo_class_map())
 
 
 def _positive(v: float, field: str) -> float:

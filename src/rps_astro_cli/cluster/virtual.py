@@ -66,6 +66,7 @@ from typing import Any
 
 import numpy as np
 
+from rps_astro_cli.dispatch.admission import DEFAULT_ADMISSION, Admission, RequestSlo
 from rps_astro_cli.dispatch.base import DispatchPolicy, decide
 from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, status_fields_of
 from rps_astro_cli.errors import AstroUserError
@@ -101,6 +102,8 @@ class TimedRequest:
         knows them); None = unknown, no prefix caching for this request.
     session_id: the conversation it belongs to (None = none). follows: request_id of
         the previous turn; this one arrives `think_s` seconds after that one finishes.
+    slo: its TTFT/TPOT targets and priority; with a TTFT target it is judged by
+        `simulate_cluster`'s `admission` (None = today's behaviour).
     """
 
     request_id: str
@@ -118,6 +121,7 @@ class TimedRequest:
     session_id: str | None = None
     follows: str | None = None
     think_s: float = 0.0
+    slo: RequestSlo | None = None  # its SLO and priority (`dispatch.admission`); None = none
 
 
 @dataclass(slots=True)
@@ -136,6 +140,9 @@ class RequestRecord:
         vLLM's `arrival_time`): = dispatch_s unless it waited for a front-end slot.
     untrusted_predictors: candidates whose Predictor was not asked because its model's
         recent error was too high (`calibration`; the decision leaned on load for them).
+    refused: admission refused it (the reason, e.g. "slo_ttft_unmeetable"): never
+        dispatched, `instance` = -1, no token times; None = dispatched.
+    slo_class: its SLO class name, when it carried one.
     """
 
     request_id: str
@@ -159,6 +166,8 @@ class RequestRecord:
     session_id: str | None = None
     preprocess_start_s: float | None = None
     untrusted_predictors: int = 0
+    refused: str | None = None
+    slo_class: str | None = None
 
     @property
     def ttft_s(self) -> float:
@@ -248,6 +257,7 @@ def simulate_cluster(
     preprocess_slots: int | None = None,
     predictor_latency: LatencyModel | ExecutionProfile | Sequence[LatencyModel | ExecutionProfile] | None = None,
     calibration: str | None = None,
+    admission: Admission | None = DEFAULT_ADMISSION,
 ) -> ClusterResult:
     """Run `requests` through `num_instances` simulated instances in virtual time.
 
@@ -281,6 +291,10 @@ def simulate_cluster(
         error is tracked and an untrusted one (`sim.calibration`) is not asked, so the
         dispatch leans on load for that instance; "online" = as "off", and each
         Predictor also refits its model from its engine's steps (`StepCalibrator`).
+    admission: how requests with a TTFT SLO (`TimedRequest.slo`) are judged
+        (`dispatch.admission`; default reject, margin 10 %, 5 % room); a refused request is
+        recorded with `refused` set and never reaches an instance. Requests without an
+        SLO are unaffected. None = never judged.
 
     Returns a `ClusterResult` (records in input order).
 
@@ -482,8 +496,18 @@ def simulate_cluster(
                                            est.steps_simulated, est.events)
             return preds
 
-        decision = decide(dispatch, loads, rng, predict)
+        decision = decide(dispatch, loads, rng, predict, req.slo, admission)
         decide_us = (time.perf_counter() - t0) * 1e6
+        slo_class = req.slo.slo_class if req.slo is not None else None
+        if decision.refused is not None:
+            records[x] = RequestRecord(
+                req.request_id, -1, now, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
+                pred_len, 0, req.modality, req.req_class, decide_us=decide_us, session_id=req.session_id,
+                refused=decision.refused, slo_class=slo_class)
+            for nxt in followers.get(req.request_id, ()):
+                seq += 1  # a refused turn ends now; the next one follows after its think time
+                heapq.heappush(heap, (now + requests[nxt].think_s, _ARRIVAL, seq, nxt))
+            continue
         i = decision.choice
         chosen = preds.get(i)
         outstanding[i] += 1
@@ -502,6 +526,7 @@ def simulate_cluster(
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
             chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
             session_id=req.session_id, preprocess_start_s=pre_start, untrusted_predictors=len(untrusted),
+            slo_class=slo_class,
         )
         sr = SimRequest(
             request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,

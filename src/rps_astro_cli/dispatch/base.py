@@ -28,12 +28,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rps_astro_cli.dispatch.admission import Admission, RequestSlo, judge, least_headroom, room_of
 from rps_astro_cli.dispatch.stages import (
     PREDICTIONS,
     PREFIX_HITS,
     STATUS,
     Filter,
     HealthFilter,
+    KvHeadroomFilter,
     MinScorePicker,
     OutstandingScorer,
     Picker,
@@ -255,9 +257,12 @@ def prefix_hits_wanted(inputs: frozenset[str], some_instance_caches: bool) -> bo
 
 
 def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
-           predict: Callable[[list[int]], Mapping[int, LatencyEstimate]]) -> DispatchDecision:
+           predict: Callable[[list[int]], Mapping[int, LatencyEstimate]],
+           slo: RequestSlo | None = None, admission: Admission | None = None) -> DispatchDecision:
     """One dispatch through the pipeline: filter → sample → `predict(candidates)` (only
-    if the policy needs predictions) → score → pick, each stage timed in `stage_us`."""
+    if the policy needs predictions) → [admission, for a request with a TTFT `slo`] →
+    score → pick, each stage timed in `stage_us`. A refused request's decision has
+    `refused` set (`dispatch.admission`)."""
     t0 = time.perf_counter()
     inputs = policy.inputs
     pool = policy.filter(loads)
@@ -266,12 +271,13 @@ def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random
     t2 = time.perf_counter()
     preds = predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
-    dec = policy.choose(loads, cands, preds, rng)
+    dec = _admit_and_choose(policy, loads, cands, preds, rng, slo, admission)
     return _timed(dec, t0, t1, t2, t3)
 
 
 async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
-                       predict: Callable[[list[int]], Awaitable[Mapping[int, LatencyEstimate]]]) -> DispatchDecision:
+                       predict: Callable[[list[int]], Awaitable[Mapping[int, LatencyEstimate]]],
+                       slo: RequestSlo | None = None, admission: Admission | None = None) -> DispatchDecision:
     """`decide` with an awaitable `predict` (the live scheduler's parallel RPCs)."""
     t0 = time.perf_counter()
     inputs = policy.inputs
@@ -281,8 +287,49 @@ async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rn
     t2 = time.perf_counter()
     preds = await predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
-    dec = policy.choose(loads, cands, preds, rng)
+    dec = _admit_and_choose(policy, loads, cands, preds, rng, slo, admission)
     return _timed(dec, t0, t1, t2, t3)
+
+
+def _admit_and_choose(policy: DispatchPolicy, loads: Sequence[InstanceLoad], cands: list[int],
+                      preds: Mapping[int, LatencyEstimate], rng: np.random.Generator,
+                      slo: RequestSlo | None, admission: Admission | None) -> DispatchDecision:
+    """`policy.choose`, behind admission when the request has a TTFT target and the
+    policy read predictions (`dispatch.admission`); otherwise exactly `choose`."""
+    if slo is None or slo.ttft_ms is None or admission is None or PREDICTIONS not in policy.inputs:
+        return policy.choose(loads, cands, preds, rng)
+    ta = time.perf_counter()
+    ttft = {i: p.ttft_s for i, p in preds.items()}
+    room = None
+    if admission.require_room:
+        by_index = {ld.index: ld for ld in loads}
+        gate = KvHeadroomFilter(0.0)
+        f = min(0.99, admission.room_reserve_frac + admission.priority_reserve_frac * max(0, slo.priority))
+        room = {i: room_of(gate.free_slots(by_index[i]), gate.headroom_blocks(by_index[i]),
+                           f * (by_index[i].max_num_seqs or 0), f * (by_index[i].kv_blocks_total or 0))
+                for i in cands}
+    verdict = judge(slo, cands, ttft, admission, room)
+    tb = time.perf_counter()
+    adm_us = {"admit": (tb - ta) * 1e6}
+    if not verdict.admit:
+        dec = DispatchDecision(policy.name, tuple(cands), -1, f"refused: {verdict.reason}",
+                               {i: (p.ttft_s, p.e2e_s) for i, p in preds.items()},
+                               refused=verdict.reason, admission=verdict.reason,
+                               retry_after_s=verdict.retry_after_s)
+    elif verdict.feasible and admission.prefer == "least":
+        choice = least_headroom(verdict.feasible, ttft)
+        dec = DispatchDecision(policy.name, tuple(cands), choice, "least TTFT headroom within the SLO",
+                               {i: (p.ttft_s, p.e2e_s) for i, p in preds.items()}, admission=verdict.reason)
+    elif verdict.feasible and len(verdict.feasible) < len(cands):
+        sub = {i: preds[i] for i in verdict.feasible}
+        dec = policy.choose(loads, list(verdict.feasible), sub, rng)
+        dec = replace(dec, candidates=tuple(cands),
+                      predictions={i: (p.ttft_s, p.e2e_s) for i, p in preds.items()},
+                      reason=f"{dec.reason} among {len(verdict.feasible)}/{len(cands)} meeting the TTFT SLO",
+                      admission=verdict.reason)
+    else:
+        dec = replace(policy.choose(loads, cands, preds, rng), admission=verdict.reason)
+    return replace(dec, stage_us={**adm_us, **dec.stage_us})
 
 
 def _timed(dec: DispatchDecision, t0: float, t1: float, t2: float, t3: float) -> DispatchDecision:

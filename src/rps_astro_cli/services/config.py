@@ -133,6 +133,27 @@ class SchedulerSection(_Strict):
                                         "ids are hashed")
     health_timeout_ms: float = Field(1000.0, gt=0, description="deadline of one health check or /status poll of an "
                                      "engine; a miss takes it out of rotation until a check passes")
+    admission: Literal["off", "reject"] = Field(
+        "reject", description="a request with a TTFT SLO (x-slo-ttft-ms / x-slo-class) that no instance is predicted "
+        "to meet: reject (HTTP 429, Retry-After) or off (dispatch it anyway); requests without an SLO are unaffected")
+    slo_classes: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="SLO classes by name: {ttft_ms, tpot_ms, priority}, chosen by the "
+        "x-slo-class header or a class named like the request's model")
+
+    @field_validator("slo_classes")
+    @classmethod
+    def _classes(cls, v: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        from rps_astro_cli.dispatch.admission import parse_slo_class
+
+        for name, spec in v.items():
+            parse_slo_class(spec, name)
+        return v
+
+    def slo_class_map(self) -> dict[str, Any]:
+        """The classes as `dispatch.admission.RequestSlo`s."""
+        from rps_astro_cli.dispatch.admission import parse_slo_class
+
+        return {name: parse_slo_class(spec, name) for name, spec in self.slo_classes.items()}
 
     @field_validator("k", "objective", "llumnix_variant", mode="before")
     @classmethod

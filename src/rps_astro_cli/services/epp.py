@@ -141,12 +141,14 @@ def _set_headers(pairs: dict[str, str]) -> pb.HeaderMutation:
         for k, v in pairs.items()])
 
 
-def immediate(status: int, message: str, param: str | None = None, type_: str | None = None) -> pb.ProcessingResponse:
-    """An `ImmediateResponse` with an OpenAI-shaped JSON error body."""
+def immediate(status: int, message: str, param: str | None = None, type_: str | None = None,
+              headers: dict[str, str] | None = None) -> pb.ProcessingResponse:
+    """An `ImmediateResponse` with an OpenAI-shaped JSON error body (and `headers`, e.g.
+    `Retry-After`)."""
     err = error_body(message, param, type_ or ("invalid_request_error" if status < 500 else "server_error"), status)
     return pb.ProcessingResponse(immediate_response=pb.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=status),
-        headers=_set_headers({"content-type": "application/json"}),
+        headers=_set_headers({"content-type": "application/json", **(headers or {})}),
         body=json.dumps(err).encode(), details=f"astro-epp: {message}"[:200]))
 
 
@@ -362,7 +364,7 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
                     raise
                 endpoint = "chat" if "messages" in probe else "completions"
             # the front door's own path from a body to a decision (early dispatch included)
-            r = await self.door.route(raw, endpoint, "epp", excluded)
+            r = await self.door.route(raw, endpoint, "epp", excluded, ctx.headers)
         except (ApiError, HTTPUserError) as exc:
             ctx.done = True
             if isinstance(exc, ApiError):
@@ -371,6 +373,10 @@ class EndpointPicker(pb_grpc.ExternalProcessorServicer):
         s = self.s.scheduler
         cand = r.cand
         dec = await self.door.first_decision(r, excluded)
+        if dec is not None and dec.refused is not None:  # admission: as the front door's 429
+            ctx.done = True
+            msg, extra = self.door.refused("epp", dec, r.slo)
+            return [immediate(429, msg, "x-slo-ttft-ms", "slo_unmeetable", extra)]
         st = self.instances.get(dec.choice) if dec is not None else None
         if st is None:  # none, or dropped by discovery while the predictions were out
             ctx.done = True

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.dispatch import STATUS, decide_async, make_dispatch, prefix_hits_wanted
+from rps_astro_cli.dispatch.admission import Admission, RequestSlo
 from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
 from rps_astro_cli.protocol.service_wire import PredictRequest
 from rps_astro_cli.services.scheduler.instances import Instances
@@ -42,6 +43,7 @@ class Dispatcher:
         self.predict = predict
         self.m = metrics
         self.objective: str = self.policy.describe().get("objective") or "e2e"
+        self.admission = Admission(settings.admission)
 
     @property
     def needs_status(self) -> bool:
@@ -69,7 +71,7 @@ class Dispatcher:
 
     async def choose(self, candidate: CandidateRequest, excluded: frozenset[int],
                      block_hashes: tuple[int, ...] = (), block_size: int = 16,
-                     prefix_tokens: int | None = None) -> DispatchDecision | None:
+                     prefix_tokens: int | None = None, slo: RequestSlo | None = None) -> DispatchDecision | None:
         """Choose a dispatchable instance for `candidate` outside `excluded` (instance
         indices); None when there is none. The policy sees only the dispatchable
         instances, at positions 0..n-1 (so its "no healthy instance → all" fallback
@@ -82,7 +84,8 @@ class Dispatcher:
         candidate's `prompt_tokens`): it caps a hit (at least the last prompt token is
         computed, as the engine caps it) and is the load's `request_prompt_tokens`, so
         the hit's share of the prompt (cache_aware) and the KV headroom gate count in
-        the engine's tokens, the unit of its hits and of its `/status`."""
+        the engine's tokens, the unit of its hits and of its `/status`. `slo`: the
+        request's SLO, judged by the settings' `admission` (a refusal: `refused` set)."""
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
         req = DispatchRequest(prefix_tokens or candidate.prompt_tokens, block_hashes, block_size)
@@ -106,14 +109,14 @@ class Dispatcher:
             position = {pool[j].index: j for j in cands}
             return {position[i]: est for i, est in got.items()}
 
-        dec = await decide_async(self.policy, loads, self.rng, predict)
+        dec = await decide_async(self.policy, loads, self.rng, predict, slo, self.admission)
         if untrusted:
             dec = replace(dec, untrusted=tuple(untrusted))
         dt = time.perf_counter() - t0
         if identity:
             dec = replace(dec, decide_us=dt * 1e6)
         else:
-            dec = replace(dec, decide_us=dt * 1e6, choice=pool[dec.choice].index,
+            dec = replace(dec, decide_us=dt * 1e6, choice=pool[dec.choice].index if dec.refused is None else -1,
                           candidates=tuple(pool[j].index for j in dec.candidates),
                           predictions={pool[j].index: p for j, p in dec.predictions.items()})
         self.m.decisions.labels(self.policy_name, dec.reason).inc()

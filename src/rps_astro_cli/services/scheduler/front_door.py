@@ -51,12 +51,15 @@ import collections
 import functools
 import json
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from rps_astro_cli.dispatch.admission import RequestSlo, parse_request_slo
+from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
 from rps_astro_cli.protocol.limits import check_request_cost
@@ -142,6 +145,7 @@ class Route:
     payload: bytes
     tag_wait_us: float
     early: asyncio.Future[DispatchDecision | None] | None = None
+    slo: RequestSlo | None = None  # its SLO (headers x-slo-*, body priority, recipe classes)
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -220,7 +224,8 @@ class FrontDoor:
         hashes = await off_loop(block_hashes, ids, bs) if heavy else block_hashes(ids, bs)
         return hashes, bs, len(ids) if from_engine else None
 
-    async def route(self, raw: bytes, endpoint: str, label: str, excluded: frozenset[int] = frozenset()) -> Route:
+    async def route(self, raw: bytes, endpoint: str, label: str, excluded: frozenset[int] = frozenset(),
+                    headers: Mapping[str, str] | None = None) -> Route:
         """The one path from a request body to a decision, shared by the HTTP front door
         (`handle`) and the endpoint picker (`services.epp`): start the tag RPC, parse
         (off the event loop for a big body), refuse a prompt far past every engine's
@@ -228,6 +233,9 @@ class FrontDoor:
         must be the engine's), start the decision early when it does not need the tag
         (text, objective ttft: `Route.early`), then take the tag and make the candidate
         and the body to forward. `excluded`: instances the decision must not pick.
+        `headers`: the request's (lower-case names): its SLO (`x-slo-ttft-ms`,
+        `x-slo-tpot-ms`, `x-slo-class`; with the body's `priority`,
+        `dispatch.admission.parse_request_slo`), carried to the decision.
 
         Raises:
             ApiError, HTTPUserError: the client's mistake (counted under `label`).
@@ -241,6 +249,10 @@ class FrontDoor:
             if (limit := self.context_limit()) is not None and parsed.text_tokens >= DOOR_CONTEXT_FACTOR * limit:
                 raise bad(f"the prompt is {parsed.text_tokens} tokens; the engines' maximum context length is "
                              f"{limit} tokens (prompt + output); shorten it", parsed.prompt_param)
+            try:
+                slo = parse_request_slo(headers or {}, body.get("priority"), self.s.slo_classes, parsed.model)
+            except AstroUserError as exc:
+                raise bad(str(exc), exc.field) from None
         except (ApiError, HTTPUserError):
             self.tags.abandon(tag_task)
             self.m.requests.labels(label, "client_error").inc()
@@ -266,7 +278,7 @@ class FrontDoor:
             assert blocks is not None
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
-            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks))
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
@@ -289,20 +301,20 @@ class FrontDoor:
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
-        return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early)
+        return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early, slo)
 
     async def first_decision(self, r: Route, excluded: frozenset[int] = frozenset()) -> DispatchDecision | None:
         """The route's decision: the early one when it was started, else one made now."""
         if r.early is not None:
             return await r.early
-        return await self.dispatcher.choose(r.cand, excluded, *r.blocks)
+        return await self.dispatcher.choose(r.cand, excluded, *r.blocks, slo=r.slo)
 
     async def handle(self, request: Request, endpoint: str) -> Response:
         t0, received_unix_s = time.perf_counter(), time.time()
         check_api_key(request, self.s.api_key)
         raw = await read_body(request, self.s.max_body_bytes)
         try:
-            r = await self.route(raw, endpoint, endpoint)
+            r = await self.route(raw, endpoint, endpoint, headers=request.headers)
         except ApiError as exc:
             return JSONResponse(exc.to_dict(), status_code=exc.status_code)
         self._n += 1
@@ -339,9 +351,13 @@ class FrontDoor:
                 dec = await self.first_decision(r)
                 rec.early_dispatch = r.early is not None  # chosen while the tagger worked
             else:
-                dec = await self.dispatcher.choose(cand, excluded, *blocks)
+                dec = await self.dispatcher.choose(cand, excluded, *blocks, slo=r.slo)
             if dec is None:
                 break
+            if dec.refused is not None:
+                rec.decision = dec
+                self._finish(rec, overhead + time.perf_counter() - t0, "refused")
+                return self.refusal(endpoint, dec, r.slo)
             st = self.instances.get(dec.choice)
             if st is None:  # dropped by discovery while the predictions were out
                 excluded = excluded | {dec.choice}
@@ -442,6 +458,26 @@ class FrontDoor:
         self.decisions.append(rec)
         return error_response(503, f"no engine could take the request ({last_err}); retry later",
                               None, "engine_unavailable")
+
+    def refused(self, label: str, dec: DispatchDecision, slo: RequestSlo | None) -> tuple[str, dict[str, str]]:
+        """Count a refusal at admission (`astro:admission_refused_total` by reason, and
+        the requests counter's outcome "refused" under `label`); its message and headers
+        (`Retry-After`, whole seconds)."""
+        reason = dec.refused or "refused"
+        self.m.refused.labels(self.dispatcher.policy_name, reason,
+                              (slo.slo_class if slo is not None else None) or "").inc()
+        self.m.requests.labels(label, "refused").inc()
+        target = f"{slo.ttft_ms:g} ms" if slo is not None and slo.ttft_ms is not None else "its"
+        msg = (f"no instance is predicted to meet this request's TTFT SLO ({target}); retry after "
+               f"{dec.retry_after_s} s or relax x-slo-ttft-ms")
+        return msg, {"Retry-After": str(max(1, dec.retry_after_s))}
+
+    def refusal(self, endpoint: str, dec: DispatchDecision, slo: RequestSlo | None) -> Response:
+        """HTTP 429 in the OpenAI error shape, type `slo_unmeetable`, with `Retry-After`."""
+        msg, headers = self.refused(endpoint, dec, slo)
+        resp = error_response(429, msg, "x-slo-ttft-ms", "slo_unmeetable")
+        resp.headers.update(headers)
+        return resp
 
     def _end_stream(self, endpoint: str, overhead_s: float, rec: DecisionRecord, outcome: str) -> None:
         """The end of a relayed stream (`relay.stream_response`'s `on_end`)."""

@@ -77,6 +77,8 @@ class SchedulerMetrics:
                                buckets=_FAST_BUCKETS_S, registry=r)
         self.fallbacks = Counter("astro:dispatch_fallbacks", "Decisions made without the policy's signal",
                                  ["policy", "reason"], registry=r)
+        self.refused = Counter("astro:admission_refused", "Requests refused at admission (HTTP 429) by reason",
+                               ["policy", "reason", "slo_class"], registry=r)
 
     def record_decision(self, policy: str, reason: str, stage_us: Mapping[str, float]) -> None:
         """A decision's stage times and, when it fell back, its reason."""

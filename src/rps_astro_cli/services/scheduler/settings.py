@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from rps_astro_cli.discovery.kubernetes import KubeApi, WatchSettings
+from rps_astro_cli.dispatch.admission import RequestSlo
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol.limits import CostLimits
 from rps_astro_cli.services.http_common import DEFAULT_MAX_BODY_BYTES
@@ -102,6 +104,11 @@ class SchedulerSettings:
         The RPC itself ends after `clients.RPC_BOUND_S` (1 s) whatever the deadline.
     health_timeout_s: deadline of one engine health check or `/status` poll; a miss
         takes the engine out of rotation until a check passes.
+    admission: what the dispatch does with a request whose TTFT SLO no candidate is
+        predicted to meet (`dispatch.admission`): "reject" (HTTP 429, `Retry-After`) or
+        "off" (dispatch it anyway). Requests without an SLO are never judged.
+    slo_classes: class name → its `RequestSlo` defaults, chosen by the `x-slo-class`
+        header or a class named like the request's model.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -135,6 +142,8 @@ class SchedulerSettings:
     prefix_tokenizer: str = "auto"
     tokenize_deadline_s: float = 0.02
     health_timeout_s: float = 1.0
+    admission: str = "reject"
+    slo_classes: Mapping[str, RequestSlo] = field(default_factory=dict)
     # what one request may ask for (n, output tokens, logprobs; $ASTRO_MAX_*) and the most
     # response bytes relayed for it
     cost_limits: CostLimits = field(default_factory=CostLimits.from_env)
