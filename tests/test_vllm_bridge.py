@@ -210,6 +210,43 @@ def test_status_middleware(tmp_path, monkeypatch):
         srv.close()
 
 
+def test_status_reports_steps_for_the_predictors_calibration(tmp_path, monkeypatch):
+    """The board keeps the latest steps (shape + measured duration) and `/status?steps_since=N`
+    returns those after step N, through the socket and the middleware, with the prefix
+    parameter beside it — what a Predictor calibrates its step model from."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from rps_astro_cli.sim.calibration import StepSample
+
+    board = _board()
+    for i in range(3):
+        board.add_step((4, 4 + i, 400, 0.0), 0.01 * (i + 1))
+    assert board.steps_since(1) == {"seq": 3, "rows": [[4, 5, 400, 0.0, 0.0, 0.02], [4, 6, 400, 0.0, 0.0, 0.03]]}
+    assert board.steps_since(3)["rows"] == [] and board.steps_since(0)["seq"] == 3
+    assert StepSample(*board.steps_since(2)["rows"][0]).duration_s == 0.03  # the Predictor's parse
+    assert vb._query_since(b"prefix_since=4&steps_since=2\n", b"steps_since") == 2
+    assert vb._query_since(b"prefix_since=4&steps_since=2\n") == 4
+    assert vb._query_since(b"\n", b"steps_since") is None
+    assert vb.status_query(None, 7) == b"steps_since=7\n" and vb.status_query() == b"\n"
+    srv = vb.StatusSocketServer(str(tmp_path / "s.sock"), board)
+    srv.start()
+    try:
+        app = FastAPI()
+        app.middleware("http")(vb.status_middleware)
+        client = TestClient(app)
+        monkeypatch.delenv("ASTRO_INTERNAL_TOKEN", raising=False)
+        monkeypatch.setattr(vb, "_TOKEN_GUARD", [])
+        monkeypatch.setenv(vb.ENV_STATUS_SOCKET, str(tmp_path / "s.sock"))
+        d = client.get("/status?steps_since=1&prefix_since=0").json()
+        assert d["steps"]["seq"] == 3 and len(d["steps"]["rows"]) == 2
+        assert "steps" not in client.get("/status").json()
+        bad = client.get("/status?steps_since=x")
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "steps_since"
+    finally:
+        srv.close()
+
+
 def test_status_middleware_ready_and_internal_token(tmp_path, monkeypatch):
     """/ready follows the engine core's status socket; with $ASTRO_INTERNAL_TOKEN every
     path but /health and /ready (vLLM's /v1 included) needs the token."""

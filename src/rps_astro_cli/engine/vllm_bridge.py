@@ -406,6 +406,23 @@ class StatusBoard:
         self.policy = policy
         self.profile_id = profile_id
         self._cap: tuple = (time.time(), (), (), limits.num_gpu_blocks, 0)
+        # the latest steps (batch size, new tokens, decode context tokens, prefill pairs,
+        # encoder s, duration s), for the Predictor's online calibration (`steps_since`)
+        self._steps: deque[tuple[int, int, int, float, float, float]] = deque(maxlen=STEP_ROWS)
+        self.steps_logged = 0
+
+    def add_step(self, shape: tuple[int, int, int, float], duration_s: float) -> None:
+        """One finished engine step (`step_shape` and its measured duration, s)."""
+        self._steps.append((shape[0], shape[1], shape[2], shape[3], 0.0, duration_s))
+        self.steps_logged += 1
+
+    def steps_since(self, seq: int) -> dict[str, Any]:
+        """The steps after step number `seq` still kept: {"seq": steps in all, "rows":
+        [...]}, as the sim engine's `/status?steps_since=N` (`sim.calibration`)."""
+        rows = list(self._steps)  # one C-level copy: the scheduler thread may append meanwhile
+        seq_now = self.steps_logged
+        n = seq_now - max(0, seq)
+        return {"seq": seq_now, "rows": [list(r) for r in rows[-n:]] if n > 0 else []}
 
     def publish(self, running: Iterable[Any], waiting: Iterable[Any], kv_blocks_free: int,
                 num_preemptions_total: int, now_s: float | None = None) -> None:
@@ -444,28 +461,42 @@ class StatusBoard:
             profile_id=self.profile_id, num_preemptions_total=npre, classes=classes,
         )
 
-    def to_json(self, prefix_since: int | None = None) -> bytes:
+    def to_json(self, prefix_since: int | None = None, steps_since: int | None = None) -> bytes:
         """The `/status` body: `InstanceStatus.to_dict()` plus a top-level `plugin` object
         (the plugin's own counters; readers of the schema ignore it) and, when
         `prefix_since` is given and prefix caching is on, `prefix_cache`: the change of the
         set of cached block hashes since event `prefix_since` (`PrefixIndex.delta`, the
-        sim engine's `?prefix_since=N`)."""
+        sim engine's `?prefix_since=N`); with `steps_since`, `steps` (`steps_since`)."""
         d = self.snapshot().to_dict()
         d["plugin"] = dict(self.plugin)
         if prefix_since is not None and self.prefix is not None:
             d["prefix_cache"] = self.prefix.delta(prefix_since)
+        if steps_since is not None:
+            d["steps"] = self.steps_since(steps_since)
         return json.dumps(d, separators=(",", ":")).encode()
 
 
-def _query_since(line: bytes) -> int | None:
-    """`prefix_since` of a status socket query line (`b"prefix_since=N"`), or None."""
-    key, _, val = line.strip().partition(b"=")
-    if key != b"prefix_since":
-        return None
-    try:
-        return int(val)
-    except ValueError:
-        return None
+STEP_ROWS = 4096  # steps a status board keeps for its Predictor's calibration
+
+
+def _query_since(line: bytes, key: bytes = b"prefix_since") -> int | None:
+    """`key`'s value in a status socket query line (`b"prefix_since=N&steps_since=M"`),
+    or None."""
+    for part in line.strip().split(b"&"):
+        k, _, val = part.partition(b"=")
+        if k == key:
+            try:
+                return int(val)
+            except ValueError:
+                return None
+    return None
+
+
+def status_query(prefix_since: int | None = None, steps_since: int | None = None) -> bytes:
+    """The status socket's query line for these parameters (b"\\n" for none)."""
+    parts = [b"%s=%d" % (k, v) for k, v in ((b"prefix_since", prefix_since), (b"steps_since", steps_since))
+             if v is not None]
+    return b"&".join(parts) + b"\n"
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -481,7 +512,8 @@ class _Handler(socketserver.BaseRequestHandler):
         except OSError:  # a client that sends nothing (an older reader) gets the plain status
             pass
         try:
-            body = self.server.board.to_json(_query_since(line))  # type: ignore[attr-defined]
+            body = self.server.board.to_json(  # type: ignore[attr-defined]
+                _query_since(line), _query_since(line, b"steps_since"))
         except Exception as exc:  # never kill the engine for a status bug
             body = json.dumps({"error": {"message": f"status snapshot failed: {exc!r}",
                                          "type": "InternalServerError", "code": 500}}).encode()
@@ -525,7 +557,7 @@ def read_status_socket(path: str, timeout_s: float = 2.0, prefix_since: int | No
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout_s)
         s.connect(path)
-        s.sendall(b"\n" if prefix_since is None else b"prefix_since=%d\n" % prefix_since)
+        s.sendall(status_query(prefix_since))
         chunks = []
         while True:
             b = s.recv(65536)
@@ -580,16 +612,18 @@ async def status_middleware(request, call_next):
     if request.method not in ("GET", "HEAD"):
         return JSONResponse({"error": {"message": f"use GET {path}", "type": "BadRequestError",
                                        "param": "method", "code": 405}}, status_code=405)
-    query = b"\n"
-    since = request.query_params.get("prefix_since") if path == "/status" else None
-    if since is not None:
-        try:
-            query = b"prefix_since=%d\n" % int(since)
-        except ValueError:
-            return JSONResponse({"error": {"message": f"prefix_since: must be an integer (a cache event number; 0 "
-                                                      f"= the whole set), got {since!r}",
-                                           "type": "BadRequestError", "param": "prefix_since", "code": 400}},
-                                status_code=400)
+    asked: dict[str, int | None] = {"prefix_since": None, "steps_since": None}
+    for name in asked:
+        since = request.query_params.get(name) if path == "/status" else None
+        if since is not None:
+            try:
+                asked[name] = int(since)
+            except ValueError:
+                what = "a cache event number; 0 = the whole set" if name == "prefix_since" else "a step number"
+                return JSONResponse({"error": {"message": f"{name}: must be an integer ({what}), got {since!r}",
+                                               "type": "BadRequestError", "param": name, "code": 400}},
+                                    status_code=400)
+    query = status_query(asked["prefix_since"], asked["steps_since"])
     sock = os.environ.get(ENV_STATUS_SOCKET, "")
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_unix_connection(sock), 2.0)

@@ -21,12 +21,14 @@ hook is not a stable public API. Written against `vllm/v1/core/sched/scheduler.p
      the victims are the policy's `preemption_victim` picks, in order.
   FCFS does neither (vLLM's own order and victim are FCFS), so with `fcfs` the plugin
   only publishes status.
-- With `$ASTRO_VLLM_STEP_LOG` set, each step's batch shape (batch size, new tokens,
-  decode context tokens, prefill attention pairs; `vllm_bridge.step_shape`) and its
-  duration are appended to that CSV (`{instance}` in the path is replaced by the
-  instance id). Duration: from the start of the step's `schedule()` to the start of the
-  next one while the engine stays busy (so the engine loop's own per-step work counts),
-  or to the end of its `update_from_output()` when the engine then goes idle (seconds).
+- Each step's batch shape (batch size, new tokens, decode context tokens, prefill
+  attention pairs; `vllm_bridge.step_shape`) and its duration go to the status board,
+  whose `/status?steps_since=N` the Predictor calibrates its step model from
+  (`sim.calibration`); with `$ASTRO_VLLM_STEP_LOG` set they are also appended to that
+  CSV (`{instance}` in the path is replaced by the instance id). Duration: from the
+  start of the step's `schedule()` to the start of the next one while the engine stays
+  busy (so the engine loop's own per-step work counts), or to the end of its
+  `update_from_output()` when the engine then goes idle (seconds).
   `profiling.vllm_calibrate` fits an `ExecutionProfile` to this log.
 - After `schedule()`, `update_from_output()` (finished requests removed) and
   `finish_requests()` (aborts), it captures the status board (`vllm_bridge.StatusBoard`);
@@ -178,7 +180,7 @@ class _AstroMixin:
         if self._astro_open is not None:  # the engine went straight on: step = start → start
             t_start, shape = self._astro_open
             self._astro_open = None
-            self._astro_steplog.add(shape, (t0 - t_start) / 1e9)
+            self._astro_step_done(shape, (t0 - t_start) / 1e9)
         now = time.time()
         drv = self._astro_driver
         if drv.reorders_waiting:
@@ -198,7 +200,7 @@ class _AstroMixin:
         if out.scheduled_new_reqs:
             self._astro_admitted.extend(r.req_id for r in out.scheduled_new_reqs)
             self._astro_stats["admitted_recent"] = list(self._astro_admitted)
-        if self._astro_steplog is not None and out.num_scheduled_tokens:
+        if out.num_scheduled_tokens:  # its shape: the step log and the Predictor's calibration
             reqs = self.requests
             items = []
             for rid, n in out.num_scheduled_tokens.items():
@@ -221,6 +223,13 @@ class _AstroMixin:
             st["prefix_cached_blocks"] = len(self._astro_prefix)
         return out
 
+    def _astro_step_done(self, shape: tuple, duration_s: float) -> None:
+        """A finished step: to the status board (the Predictor calibrates from it, via
+        `/status?steps_since=`) and, with `$ASTRO_VLLM_STEP_LOG`, to the CSV log."""
+        self._astro_board.add_step(shape, duration_s)
+        if self._astro_steplog is not None:
+            self._astro_steplog.add(shape, duration_s)
+
     def update_from_output(self, *args: Any, **kwargs: Any):
         out = super().update_from_output(*args, **kwargs)
         if self._astro_pending:
@@ -228,7 +237,7 @@ class _AstroMixin:
             if self.has_requests() and not self._astro_pending:
                 self._astro_open = (t_start, shape)  # closed by the next schedule()
             else:  # the engine goes idle: the step ends here
-                self._astro_steplog.add(shape, (time.perf_counter_ns() - t_start) / 1e9)
+                self._astro_step_done(shape, (time.perf_counter_ns() - t_start) / 1e9)
         t0 = time.perf_counter_ns()
         self._astro_publish()
         self._astro_ns += time.perf_counter_ns() - t0
