@@ -319,6 +319,20 @@ def test_backend_args_from_options():
         vllm_args_from_options(EngineOptions(), ["--model"])
 
 
+def test_the_api_key_reaches_vllm_through_its_environment_not_argv():
+    """Issue 29: `--api-key` on vLLM's command line is readable in `ps`; the key goes as
+    vLLM's own VLLM_API_KEY instead."""
+    from rps_astro_cli.engine.backends import EngineOptions
+    from rps_astro_cli.engine.vllm_backend import vllm_args_from_options, vllm_env
+
+    opts = EngineOptions(api_key="s3cret")
+    _, args = vllm_args_from_options(opts, ["--model", "/m"])
+    assert "--api-key" not in args and "s3cret" not in " ".join(args)
+    assert vllm_env(opts, None) == {"VLLM_API_KEY": "s3cret"}
+    assert vllm_env(EngineOptions(), "0,1") == {"CUDA_VISIBLE_DEVICES": "0,1"}
+    assert vllm_env(EngineOptions(), None) is None
+
+
 def test_devices_for_instances():
     from rps_astro_cli.engine.vllm_backend import devices_for
 

@@ -4,7 +4,8 @@
 astro's own options map onto vLLM flags: `--instance-policy` → the plugin's policy,
 `--instance-id` / `--profile` → `/status` fields, `--num-gpu-blocks` →
 `--num-gpu-blocks-override`, `--max-num-seqs`, `--max-num-batched-tokens`,
-`--max-model-len`, `--no-chunked-prefill` → `--no-enable-chunked-prefill`, `--api-key`,
+`--max-model-len`, `--no-chunked-prefill` → `--no-enable-chunked-prefill`, `--api-key` (as
+vLLM's `VLLM_API_KEY` in its environment, not on its command line),
 `--served-model-name`. Everything else astro does not know (including `--model`) goes
 to vLLM untouched. vLLM's own output goes to this process's stdout/stderr. Prints
 `ready: URL` once `/health` and `/status` answer, like the sim
@@ -74,7 +75,6 @@ def vllm_args_from_options(opts: EngineOptions, extra_args: list[str]) -> tuple[
         ("--max-num-seqs", opts.max_num_seqs),
         ("--max-num-batched-tokens", opts.max_num_batched_tokens),
         ("--max-model-len", opts.max_model_len),
-        ("--api-key", opts.api_key),
         ("--served-model-name", opts.served_model_name),
     ]
     for flag, val in implied:
@@ -87,6 +87,18 @@ def vllm_args_from_options(opts: EngineOptions, extra_args: list[str]) -> tuple[
             and not _flag_present(args, "--no-enable-prefix-caching"):
         args.append("--no-enable-prefix-caching")
     return model, args
+
+
+def vllm_env(opts: EngineOptions, devices: str | None) -> dict[str, str] | None:
+    """The vLLM server's extra environment: its devices, and the API key as vLLM's own
+    `VLLM_API_KEY` — never `--api-key` on its command line, which every local user could
+    read in `ps` (issue 29)."""
+    env: dict[str, str] = {}
+    if devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = devices
+    if opts.api_key:
+        env["VLLM_API_KEY"] = opts.api_key
+    return env or None
 
 
 @ENGINE_BACKENDS.register("vllm")
@@ -102,8 +114,7 @@ def run_vllm(opts: EngineOptions, extra_args: list[str]) -> None:
     eng = launch_vllm_engine(model, host=opts.host, port=opts.port, policy=opts.instance_policy,
                              policy_params=dict(opts.instance_policy_params),
                              extra_args=args, instance_id=opts.instance_id,
-                             profile_id=opts.profile or "", log_path="-",
-                             env={"CUDA_VISIBLE_DEVICES": dev} if dev is not None else None)
+                             profile_id=opts.profile or "", log_path="-", env=vllm_env(opts, dev))
     stopping = False
 
     def _stop(signum, frame):  # noqa: ARG001
