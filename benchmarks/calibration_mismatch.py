@@ -43,8 +43,8 @@ from dispatch_predicted import _default_data, held_out_pool, workload
 from rps_astro_cli.cluster.virtual import simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
+from rps_astro_cli.types import InstanceConfig
 
 SLO_TTFT_S = 10.0
 WARMUP = 200

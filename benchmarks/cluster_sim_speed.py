@@ -21,9 +21,9 @@ import numpy as np
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.dispatch import DISPATCH_POLICIES, make_dispatch
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 
 def trace_requests(n: int, rate: float, max_len: int, rng: np.random.Generator) -> list[TimedRequest]:

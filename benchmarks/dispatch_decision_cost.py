@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from rps_astro_cli.dispatch import InstanceLoad, make_dispatch
+from rps_astro_cli.dispatch import make_dispatch
+from rps_astro_cli.types import InstanceLoad
 
 try:
     from rps_astro_cli.types import LatencyEstimate

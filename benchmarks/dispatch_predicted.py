@@ -50,9 +50,9 @@ import numpy as np
 from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 
 class LlumnixGuarded:
@@ -80,7 +80,8 @@ class LlumnixGuarded:
         return self.sample(self.filter(loads), rng)
 
     def choose(self, loads, candidates, predictions, rng):
-        from rps_astro_cli.dispatch.base import DispatchDecision, pick_min
+        from rps_astro_cli.dispatch.stages import pick_min
+        from rps_astro_cli.types import DispatchDecision
 
         if not predictions:
             return self._llx.choose(loads, candidates, predictions, rng)

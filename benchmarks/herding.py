@@ -29,8 +29,8 @@ import numpy as np
 from rps_astro_cli.cluster.virtual import poisson_workload, read_length_trace, simulate_cluster
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.dispatch import make_dispatch
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 
 def one(args, lengths, k: str, s: int, interval: float, pending: bool, seed: int) -> dict:

@@ -33,9 +33,9 @@ import numpy as np
 
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.sim import lookahead
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 sys.path.insert(0, str(Path(__file__).parent))
 from lookahead_speed import load_lengths, make_snapshot  # noqa: E402

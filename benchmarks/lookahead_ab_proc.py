@@ -43,9 +43,9 @@ def worker(args: argparse.Namespace) -> None:
 
     from rps_astro_cli.policies.build import build_instance_policy
     from rps_astro_cli.sim import lookahead
-    from rps_astro_cli.sim.instance import InstanceConfig
     from rps_astro_cli.sim.latency import LatencyModel
     from rps_astro_cli.sim.profile import load_profile
+    from rps_astro_cli.types import InstanceConfig
 
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)

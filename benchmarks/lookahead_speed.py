@@ -35,12 +35,11 @@ import numpy as np
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.sim import engine_build, lookahead
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
+from rps_astro_cli.sim.lookahead import predict, predict_stepwise
 from rps_astro_cli.sim.profile import load_profile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import CandidateRequest, InstanceConfig, InstanceStatus, RequestStatus
 
 
 def load_lengths() -> np.ndarray:

@@ -108,7 +108,8 @@ from rps_astro_cli.bench.client import ClientOptions, run_requests, send_request
 from rps_astro_cli.bench.live import to_engine_seconds
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import BenchRequest, WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.services.cluster import ClusterSupervisor, die_with_parent
 from rps_astro_cli.services.config import parse_config
 
@@ -885,7 +886,8 @@ def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, 
 
 def virtual_capacity(args) -> dict[str, Any]:
     """SLO capacity (P99 TTFT ≤ 10 s, steady) of the same fleet on the virtual cluster."""
-    from rps_astro_cli.bench.runner import BenchConfig, run_bench
+    from rps_astro_cli.bench.config import BenchConfig
+    from rps_astro_cli.bench.runner import run_bench
 
     make = getattr(BenchConfig, "flat", BenchConfig)  # flat flag names (BenchConfig has sections since issue 12)
     extra = {}

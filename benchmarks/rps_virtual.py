@@ -30,16 +30,17 @@ import time
 
 import numpy as np
 
-from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.rps.classes import CLASSES
 from rps_astro_cli.rps.classifier import load_classifier
 from rps_astro_cli.rps.estimator import isolated_latency
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 POLICIES = ("fcfs", "edf", "naive_class", "static_class", "naive_aging", "rps")
 PROFILE = "llava-onevision-7b-a100"

@@ -30,10 +30,11 @@ from pathlib import Path
 import httpx
 
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
 from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.types import InstanceConfig
 
 
 def model_makespan_s(profile_id: str, n: int, prompt: int, output: int, **overrides) -> float:

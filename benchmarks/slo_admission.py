@@ -50,9 +50,9 @@ from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster  # noqa
 from rps_astro_cli.dispatch import make_dispatch  # noqa: E402
 from rps_astro_cli.dispatch.admission import Admission, RequestSlo  # noqa: E402
 from rps_astro_cli.policies import make_policy  # noqa: E402
-from rps_astro_cli.sim.instance import InstanceConfig  # noqa: E402
 from rps_astro_cli.sim.latency import LatencyModel  # noqa: E402
 from rps_astro_cli.sim.profile import load_profile  # noqa: E402
+from rps_astro_cli.types import InstanceConfig  # noqa: E402
 
 INTERACTIVE = RequestSlo(1000.0, 100.0, 0, "interactive")
 BATCH = RequestSlo(30000.0, None, 1, "batch")

@@ -39,7 +39,7 @@ async def main_async(a) -> None:
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
     from rps_astro_cli.bench.client import ClientOptions, send_request_lean
-    from rps_astro_cli.bench.workloads import BenchRequest
+    from rps_astro_cli.bench.workload_base import BenchRequest
     from rps_astro_cli.services.rpc import HostPool
 
     cj = json.loads(Path(a.cluster).read_text())

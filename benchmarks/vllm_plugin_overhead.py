@@ -22,7 +22,7 @@ import numpy as np
 
 from rps_astro_cli.engine.vllm_bridge import PolicyDriver, StatusBoard, preemption_possible
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.types import InstanceConfig
 
 CLASSES = ("sand", "pebbles", "rocks")
 

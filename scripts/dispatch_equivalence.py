@@ -30,8 +30,8 @@ import numpy as np
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 
 def workload(seed: int, n: int, rate: float, max_len: int) -> list[TimedRequest]:

@@ -161,7 +161,7 @@ def test_https_client_path_has_the_same_whole_request_deadline(url):
     import httpx
 
     from rps_astro_cli.bench.client import ClientOptions, send_request
-    from rps_astro_cli.bench.workloads import BenchRequest
+    from rps_astro_cli.bench.workload_base import BenchRequest
 
     async def go():
         t0 = time.perf_counter()

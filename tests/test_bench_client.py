@@ -13,7 +13,7 @@ import pytest
 
 from rps_astro_cli.bench.client import SSEDecoder, StreamTimer, _finish, build_body
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.workloads import BenchRequest
+from rps_astro_cli.bench.workload_base import BenchRequest
 
 
 def ev(obj) -> bytes:
@@ -216,14 +216,14 @@ def fake_url():
 def test_live_run_against_fake_server(fake_url, tmp_path):
     import math
 
-    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench import workload_base, workloads
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("a", "hello", 1, 4), BenchRequest("b", "one two", 2, 1), BenchRequest("c", "FAIL now", 2, 3)]
 
     def fake_loader(opts, rng):
-        return workloads.Workload("fake", reqs, "test")
+        return workload_base.Workload("fake", reqs, "test")
 
     workloads.WORKLOADS._items["fake-test"] = fake_loader
     try:
@@ -257,12 +257,12 @@ def test_live_run_against_fake_server(fake_url, tmp_path):
 
 
 def test_all_failed_exits_nonzero(fake_url):
-    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench import workload_base, workloads
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
-    workloads.WORKLOADS._items["fake-fail"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    workloads.WORKLOADS._items["fake-fail"] = lambda opts, rng: workload_base.Workload("fake", reqs, "test")
     try:
         res = run_bench(BenchConfig.flat(workload="fake-fail", base_url=fake_url))
     finally:
@@ -290,14 +290,14 @@ def test_time_scaled_cluster_reports_engine_seconds(fake_url, tmp_path):
     its 0.05 s wall chunk gaps 0.5 engine s; the table title and report.md say so."""
     from typer.testing import CliRunner
 
-    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench import workload_base, workloads
     from rps_astro_cli.cli.main import app
 
     cl = tmp_path / "cluster.json"
     cl.write_text(json.dumps({"schema": "astro.cluster/1", "scheduler": {"url": fake_url}, "instances": [],
                               "model": "fake-model", "time_scale": 0.1}))
     reqs = [BenchRequest("a", "hello", 1, 3)]
-    workloads.WORKLOADS._items["fake-ts"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    workloads.WORKLOADS._items["fake-ts"] = lambda opts, rng: workload_base.Workload("fake", reqs, "test")
     try:
         res = CliRunner().invoke(app, ["bench", "-w", "fake-ts", "--cluster", str(cl), "-n", "1",
                                        "--out", str(tmp_path / "rep")])
@@ -322,11 +322,11 @@ def test_failures_name_their_reasons_without_plot_warnings(fake_url, tmp_path):
 
     from typer.testing import CliRunner
 
-    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench import workload_base, workloads
     from rps_astro_cli.cli.main import app
 
     reqs = [BenchRequest("x", "FAIL", 1, 2), BenchRequest("y", "FAIL too", 2, 2)]
-    workloads.WORKLOADS._items["fake-fail2"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    workloads.WORKLOADS._items["fake-fail2"] = lambda opts, rng: workload_base.Workload("fake", reqs, "test")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -366,12 +366,12 @@ def test_multi_turn_sends_each_turn_after_the_previous_reply(fake_url):
 def test_warmup_requests_are_sent_first_and_left_out_of_every_metric_csv_written(fake_url, tmp_path):
     import csv
 
-    from rps_astro_cli.bench import workloads
+    from rps_astro_cli.bench import workload_base, workloads
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
 
     reqs = [BenchRequest("w0", "warm one", 1, 1), BenchRequest("w1", "warm two", 1, 2)]
-    workloads.WORKLOADS._items["fake-warm"] = lambda opts, rng: workloads.Workload("fake", reqs, "test")
+    workloads.WORKLOADS._items["fake-warm"] = lambda opts, rng: workload_base.Workload("fake", reqs, "test")
     before = len(SEEN)
     try:
         res = run_bench(BenchConfig.flat(workload="fake-warm", base_url=fake_url, request_rate=math.inf, warmup=3,

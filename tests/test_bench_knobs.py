@@ -7,7 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.tokens import count_tokens_fallback
 

@@ -11,8 +11,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from rps_astro_cli.bench import workloads
-from rps_astro_cli.bench.workloads import BenchRequest
+from rps_astro_cli.bench import workload_base, workloads
+from rps_astro_cli.bench.workload_base import BenchRequest
 from rps_astro_cli.cli.main import app
 from rps_astro_cli.services.cluster import ClusterSupervisor
 from rps_astro_cli.services.config import parse_config
@@ -40,7 +40,7 @@ def tiny_fleet(tmp_path, monkeypatch):
     cj = tmp_path / "cluster.json"
     user = ClusterSupervisor(parse_config(RECIPE), tmp_path / "user", cluster_json=cj, report=lambda line: None)
     reqs = [BenchRequest(f"q{i}", "one two three", 3, 4 + i) for i in range(4)]
-    workloads.WORKLOADS._items["tiny-live-test"] = lambda opts, rng: workloads.Workload("tiny", reqs, "test")
+    workloads.WORKLOADS._items["tiny-live-test"] = lambda opts, rng: workload_base.Workload("tiny", reqs, "test")
     try:
         user.start()
         yield cj, started

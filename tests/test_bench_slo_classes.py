@@ -94,7 +94,7 @@ def test_virtual_bench_refuses_the_unmeetable_class(tmp_path) -> None:
 
 def test_live_client_sends_the_class_and_counts_429_as_refused() -> None:
     from rps_astro_cli.bench.client import ClientOptions, _http_error, _prepare
-    from rps_astro_cli.bench.workloads import BenchRequest
+    from rps_astro_cli.bench.workload_base import BenchRequest
 
     cls = {c.name: c for c in parse_slo_classes(SPECS)}
     opts = ClientOptions(base_url="http://x", slo_of={"r1": cls["interactive"], "r2": cls["batch"]})

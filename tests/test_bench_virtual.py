@@ -11,10 +11,10 @@ from conftest import write_profile
 from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.media import MediaItem
 from rps_astro_cli.bench.virtual import NoisyDispatch, VirtualTarget
-from rps_astro_cli.bench.workloads import BenchRequest, Workload
-from rps_astro_cli.dispatch.base import DispatchDecision, DispatchPolicy, InstanceLoad
-from rps_astro_cli.sim.lookahead import LatencyEstimate
+from rps_astro_cli.bench.workload_base import BenchRequest, Workload
+from rps_astro_cli.dispatch.base import DispatchPolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, VisionCosts
+from rps_astro_cli.types import DispatchDecision, InstanceLoad, LatencyEstimate
 
 
 def hand_profile(tmp_path):

@@ -10,12 +10,9 @@ import numpy as np
 import pytest
 
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times, parse_positive, parse_rates
-from rps_astro_cli.bench.workloads import (
-    MIXES,
-    WorkloadOptions,
-    load_workload,
-    synthetic_prompt,
-)
+from rps_astro_cli.bench.workload_base import WorkloadOptions, synthetic_prompt
+from rps_astro_cli.bench.workloads import load_workload
+from rps_astro_cli.bench.workloads_chat import MIXES
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.tokens import count_tokens_fallback

@@ -166,7 +166,7 @@ def test_virtual_fleet_of_mixed_profiles_runs_each_instance_on_its_own():
     from rps_astro_cli.cluster.virtual import simulate_cluster
     from rps_astro_cli.dispatch import make_dispatch
     from rps_astro_cli.errors import AstroUserError
-    from rps_astro_cli.sim.instance import InstanceConfig
+    from rps_astro_cli.types import InstanceConfig
 
     a100 = load_profile("llama-2-7b-a100")
     res = simulate_cluster(_requests(300, 12.0, 2), 3, make_dispatch("power_of_k"), [a100, a100, PRIOR],

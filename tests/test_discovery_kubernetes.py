@@ -33,8 +33,9 @@ from rps_astro_cli.discovery.kubernetes import (
     endpoint_urls,
     slice_instances,
 )
-from rps_astro_cli.dispatch import InstanceLoad, make_dispatch
+from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.types import InstanceLoad
 
 NS = "astro"
 SERVICE = "astro-engine"

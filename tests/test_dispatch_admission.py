@@ -8,7 +8,7 @@ import pytest
 
 from conftest import linear_profile
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
-from rps_astro_cli.dispatch import InstanceLoad, decide, make_dispatch
+from rps_astro_cli.dispatch import decide, make_dispatch
 from rps_astro_cli.dispatch.admission import (
     DEFAULT_ADMISSION,
     Admission,
@@ -20,8 +20,7 @@ from rps_astro_cli.dispatch.admission import (
     room_of,
 )
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.types import LatencyEstimate
+from rps_astro_cli.types import InstanceConfig, InstanceLoad, LatencyEstimate
 
 HAND = linear_profile()
 CFG = InstanceConfig(block_size=16, num_gpu_blocks=1000, max_num_seqs=48, max_num_batched_tokens=512,

@@ -5,10 +5,10 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from rps_astro_cli.dispatch import InstanceLoad, make_dispatch
+from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.dispatch.guided import LlumnixDispatch, parse_k
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.lookahead import LatencyEstimate
+from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 
 def est(ttft: float, e2e: float) -> LatencyEstimate:

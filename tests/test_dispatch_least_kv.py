@@ -12,9 +12,10 @@ import pytest
 from typer.testing import CliRunner
 
 from rps_astro_cli.cli.main import app
-from rps_astro_cli.dispatch import InstanceLoad, make_dispatch
+from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.services.config import parse_config
+from rps_astro_cli.types import InstanceLoad
 
 runner = CliRunner()
 

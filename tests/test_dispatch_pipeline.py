@@ -9,13 +9,13 @@ import sys
 import numpy as np
 import pytest
 
-from rps_astro_cli.dispatch import DISPATCH_POLICIES, DispatchPolicy, InstanceLoad, decide, make_dispatch
+from rps_astro_cli.dispatch import DISPATCH_POLICIES, DispatchPolicy, decide, make_dispatch
 from rps_astro_cli.dispatch.stages import HealthFilter, KvHeadroomFilter, KvRoomFilter, OutstandingScorer, Scorer
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param, ParamError, check_params, parse_assignments
 from rps_astro_cli.policies import INSTANCE_POLICIES
 from rps_astro_cli.registry import PluginImportError, import_plugins
-from rps_astro_cli.sim.lookahead import LatencyEstimate
+from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 
 # -- declared parameters -------------------------------------------------------------------

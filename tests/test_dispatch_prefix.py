@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rps_astro_cli.dispatch import InstanceLoad, decide, make_dispatch
+from rps_astro_cli.dispatch import decide, make_dispatch
 from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.types import InstanceLoad
 
 
 def load(i: int, outstanding: int, hit: int | None = 0, prompt: int = 100, home: bool = False) -> InstanceLoad:

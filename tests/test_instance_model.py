@@ -12,9 +12,10 @@ import pytest
 
 from conftest import linear_profile
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.types import InstanceConfig
 
 PROFILE = linear_profile()
 LAT = LatencyModel(PROFILE)

@@ -90,7 +90,8 @@ def test_bench_virtual_records_carry_the_builders_classes(monkeypatch):
     import rps_astro_cli.policies.build as build
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.virtual import VirtualTarget
-    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.bench.workload_base import WorkloadOptions
+    from rps_astro_cli.bench.workloads import load_workload
     from rps_astro_cli.tokens import load_counter
 
     built: list[dict] = []

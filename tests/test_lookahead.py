@@ -15,14 +15,14 @@ from conftest import linear_profile
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim import lookahead
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_instance, predict_stepwise
+from rps_astro_cli.sim.lookahead import predict, predict_instance, predict_stepwise
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import snapshot
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import CandidateRequest, InstanceConfig, InstanceStatus, RequestStatus
 
 HAND = linear_profile()
 

@@ -20,8 +20,8 @@ import numpy as np
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import load_profile
+from rps_astro_cli.types import InstanceConfig
 
 FIXTURE = Path(__file__).with_name("data") / "lookahead_virtual_cluster.json"
 PROFILE = "llama-2-7b-a30"

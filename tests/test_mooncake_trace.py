@@ -19,7 +19,8 @@ import pytest
 
 from conftest import linear_profile, write_profile
 from rps_astro_cli.bench.config import BenchConfig
-from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.bench.workloads_traces import mooncake_block_text, mooncake_prompt_tokens
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.tokens import token_ids_fallback

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import linear_profile
-from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.tokens import token_ids_fallback
+from rps_astro_cli.types import InstanceConfig
 
 HAND = linear_profile()
 CFG = InstanceConfig(block_size=4, num_gpu_blocks=1000, max_num_seqs=48, max_num_batched_tokens=512,

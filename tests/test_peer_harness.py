@@ -14,7 +14,8 @@ import pytest
 
 from conftest import load_script
 from rps_astro_cli.bench.client import build_body
-from rps_astro_cli.bench.workloads import BenchRequest, WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import BenchRequest, WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.data_paths import data_dir
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "peer_routers.py"

@@ -13,11 +13,12 @@ import pytest
 
 from conftest import linear_profile
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.tokens import count_tokens_fallback, token_ids_fallback
+from rps_astro_cli.types import InstanceConfig
 
 LAT = LatencyModel(linear_profile())
 BS = 4
@@ -180,8 +181,8 @@ def test_fallback_token_ids_match_the_count_and_keep_prefixes() -> None:
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise  # noqa: E402
-from rps_astro_cli.types import InstanceStatus  # noqa: E402
+from rps_astro_cli.sim.lookahead import predict, predict_stepwise  # noqa: E402
+from rps_astro_cli.types import CandidateRequest, InstanceStatus  # noqa: E402
 from test_lookahead import POLICIES, _same, scenarios  # noqa: E402
 
 

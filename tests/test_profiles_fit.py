@@ -19,6 +19,10 @@ from rps_astro_cli.cli.main import app
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.profiling import fit_profiles as F
+from rps_astro_cli.profiling.attention import fit_attention
+from rps_astro_cli.profiling.fitting import glitch_mask, holdout_mask
+from rps_astro_cli.profiling.hardware import A100_40, A100_80, LLAMA2_7B, LLAMA2_70B, num_gpu_blocks
+from rps_astro_cli.profiling.linear_layers import LAYER_OPS, STEP_OPS, fit_linear_layers
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import PROFILES_DIR, load_profile
 
@@ -42,12 +46,12 @@ def _stat_cols(op: str, value) -> dict:
 def _synthetic_mlp(path: Path) -> Path:
     """9 layer ops with intercepts summing to 1 ms and slopes summing to 0.01 ms/token,
     emb = 0.001 ms/token; plus bogus rows the fitter must ignore."""
-    ops = F.LAYER_OPS + F.STEP_OPS
+    ops = LAYER_OPS + STEP_OPS
     header = [f"time_stats.{op}.{s}" for op in ops for s in STATS] + ["num_tokens", "num_tensor_parallel_workers"]
     rows = []
     for n in list(range(1, 64, 3)) + list(range(64, 4097, 32)):
         r = {"num_tokens": n, "num_tensor_parallel_workers": 1}
-        for op in F.LAYER_OPS:
+        for op in LAYER_OPS:
             r.update(_stat_cols(op, 1.0 / 9 + 0.01 / 9 * n))
         r.update(_stat_cols("emb", 0.001 * n))
         rows.append(r)
@@ -65,7 +69,7 @@ def _synthetic_mlp(path: Path) -> Path:
 
 def test_linear_fit_recovers_known_coefficients(tmp_path):
     path = _synthetic_mlp(tmp_path / "mlp.csv")
-    fit = F.fit_linear_layers(path, tp=1, num_layers=2, rng=np.random.default_rng(7))
+    fit = fit_linear_layers(path, tp=1, num_layers=2, rng=np.random.default_rng(7))
     # model time = 2 layers × (1 ms + 0.01 ms/token × n) + 0.001 ms/token × n
     assert fit.at(1) == pytest.approx(2.021, abs=1e-6)
     assert fit.at(512) == pytest.approx(2 * (1 + 5.12) + 0.512, abs=1e-6)  # 12.752 ms
@@ -86,7 +90,7 @@ def test_linear_fit_adds_two_allreduces_per_layer(tmp_path):
     header = ["time_stats.all_reduce." + s for s in STATS] + ["size", "num_workers"]
     rows = [{**_stat_cols("all_reduce", 0.02 + s / 2**20), "size": s, "num_workers": 4} for s in sizes]
     ar = _write_csv(tmp_path / "all_reduce.csv", header, rows)
-    fit = F.fit_linear_layers(path, tp=1, num_layers=2, rng=np.random.default_rng(1), hidden=64, allreduce_csv=ar)
+    fit = fit_linear_layers(path, tp=1, num_layers=2, rng=np.random.default_rng(1), hidden=64, allreduce_csv=ar)
     # n = 512 tokens → 512 × 64 × 2 B = 65536 B = 1/16 MiB → 0.0825 ms per all-reduce, 4 of them
     assert fit.at(512) == pytest.approx(12.752 + 4 * (0.02 + 0.0625), abs=1e-6)
     assert fit.error["all_reduce"]["mape_pct"] == pytest.approx(0.0, abs=1e-6)
@@ -109,7 +113,7 @@ def test_attention_fit_recovers_known_coefficients(tmp_path):
                          **_stat_cols("attn_kv_cache_save", 0.002 + 1e-5 * c),
                          "batch_size": 1, "prefill_chunk_size": c, "kv_cache_size": k, "is_prefill": True})
     path = _write_csv(tmp_path / "attention.csv", header, rows)
-    att = F.fit_attention(path, np.random.default_rng(3), num_layers=10)
+    att = fit_attention(path, np.random.default_rng(3), num_layers=10)
     assert (att.a_ms, att.p_ms, att.d_ms) == pytest.approx((0.01, 0.001, 2e-6), rel=1e-6)
     assert (att.pa_ms, att.q_ms) == pytest.approx((0.005, 1e-7), rel=1e-6)
     assert (att.s0_ms, att.s1_ms) == pytest.approx((0.002, 1e-5), rel=1e-6)
@@ -119,21 +123,21 @@ def test_attention_fit_recovers_known_coefficients(tmp_path):
 def test_glitch_mask_flags_runs_of_bogus_readings_and_spikes():
     x = np.array([1, 2, 4, 8, 16, 32, 64, 128, 256, 512], dtype=float)
     y = np.array([0.1, 0.1, 0.11, 0.0018, 0.0019, 0.12, 5.0, 0.15, math.nan, 0.3])
-    assert F.glitch_mask(x, y).tolist() == [True, True, True, False, False, True, False, True, False, True]
+    assert glitch_mask(x, y).tolist() == [True, True, True, False, False, True, False, True, False, True]
 
 
 def test_holdout_mask_is_seeded_and_twenty_percent():
-    a = F.holdout_mask(261, np.random.default_rng(0))
-    b = F.holdout_mask(261, np.random.default_rng(0))
+    a = holdout_mask(261, np.random.default_rng(0))
+    b = holdout_mask(261, np.random.default_rng(0))
     assert a.sum() == 52 and (a == b).all()
 
 
 def test_num_gpu_blocks_from_memory_left_after_weights():
     # (0.9 × 80 GiB − 2 × 6.74e9 B) / (2 × 32 × 4096 × 2 B × 16) = 63 829 411 328 / 8 388 608 = 7609.06
-    assert F.num_gpu_blocks(F.A100_80, F.LLAMA2_7B)[0] == 7609
+    assert num_gpu_blocks(A100_80, LLAMA2_7B)[0] == 7609
     # TP4 Llama-2-70B on A100-40GB: (0.9 × 40 GiB − 2 × 68.98e9 / 4) / (80 × 2 × 2 × 128 × 2 B × 16)
     # = (38 654 705 664 − 34 490 000 000) / 1 310 720 = 3177.4
-    assert F.num_gpu_blocks(F.A100_40, F.LLAMA2_70B, tp=4)[0] == 3177
+    assert num_gpu_blocks(A100_40, LLAMA2_70B, tp=4)[0] == 3177
 
 
 def test_output_len_lognormal_fit(tmp_path):

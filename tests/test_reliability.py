@@ -271,7 +271,8 @@ def _burst(tmp_path, rows: str):
 def test_trace_with_a_bad_timestamp_is_a_one_line_error(tmp_path, ts):
     import numpy as np
 
-    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.bench.workload_base import WorkloadOptions
+    from rps_astro_cli.bench.workloads import load_workload
     from rps_astro_cli.errors import AstroUserError
 
     p = _burst(tmp_path, f"0,ChatGPT,10,5,15,x\n{ts},ChatGPT,10,5,15,x\n")
@@ -297,7 +298,8 @@ def test_virtual_bench_on_a_nan_trace_exits_2_without_hanging(tmp_path):
 def test_trace_nan_tokens_are_skipped_and_unsorted_timestamps_are_said(tmp_path):
     import numpy as np
 
-    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.bench.workload_base import WorkloadOptions
+    from rps_astro_cli.bench.workloads import load_workload
 
     p = _burst(tmp_path, "10,ChatGPT,nan,5,15,x\n10,ChatGPT,10,inf,15,x\n12,ChatGPT,10,5,15,x\n"
                          "11,ChatGPT,20,6,26,x\n")

@@ -9,12 +9,13 @@ import pytest
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, predict_instance
+from rps_astro_cli.sim.lookahead import predict_instance
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.remaining import RemainingLength, equal_probability_atoms, load_remaining
 from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.types import CandidateRequest, InstanceConfig
 
 RATIO = RemainingLength("ratio", (2.0, 0.5, 4.0, 1.0))  # unsorted on purpose
 
@@ -118,7 +119,7 @@ def test_snapshot_paths_use_the_conditional_length() -> None:
     # The case of test_lookahead_uses_the_conditional_length as a /status snapshot: the jump
     # look-ahead and the step-by-step reference both give TTFT 0.0201, E2E 0.0405.
     from rps_astro_cli.sim.lookahead import predict, predict_stepwise
-    from rps_astro_cli.sim.status import InstanceStatus, RequestStatus
+    from rps_astro_cli.types import InstanceStatus, RequestStatus
 
     cfg = InstanceConfig(max_model_len=4096)
     status = InstanceStatus("i", 2.0, cfg, cfg.num_gpu_blocks - 1,

@@ -12,8 +12,9 @@ from rps_astro_cli.policies import make_policy
 from rps_astro_cli.rps.classifier import NaiveClassifier, RequestClassifier
 from rps_astro_cli.rps.estimator import ImpactEstimator, LinearModel, fit_estimator, isolated_latency
 from rps_astro_cli.rps.records import ProfileRecord
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.types import InstanceConfig
 
 
 def test_isolated_latency_by_hand_and_equal_to_the_instance_model():

@@ -8,9 +8,8 @@ import pytest
 from conftest import hand_profile
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim import lookahead
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
 
 PREDICTORS = [lookahead.predict_stepwise] + ([lookahead.predict] if hasattr(lookahead, "predict") else [])
 

@@ -10,8 +10,9 @@ from conftest import hand_profile, req
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import INSTANCE_POLICIES, make_policy
 from rps_astro_cli.policies.priority import PriorityRegulator
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
+from rps_astro_cli.types import InstanceConfig
 
 
 def test_all_policies_registered():

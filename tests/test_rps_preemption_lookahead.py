@@ -19,12 +19,11 @@ from conftest import linear_profile
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.policies.rps import RPSPolicy
 from rps_astro_cli.sim import lookahead
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, predict, predict_stepwise
+from rps_astro_cli.sim.lookahead import predict, predict_stepwise
 from rps_astro_cli.sim.profile import load_profile
 from rps_astro_cli.sim.request import SimRequest
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import CandidateRequest, InstanceConfig, InstanceStatus, RequestStatus
 
 MODALITIES = ("text", "image", "video")
 VISION = {"text": 0, "image": 729, "video": 1568}

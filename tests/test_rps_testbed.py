@@ -122,9 +122,10 @@ def test_harness_ttft_leaves_out_the_wait_for_the_front_end():
 
 def test_rps_waiting_preemption_takes_kv_from_a_lower_priority_running_request():
     from rps_astro_cli.policies.rps import RPSPolicy
-    from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+    from rps_astro_cli.sim.instance import InstanceSim
     from rps_astro_cli.sim.latency import LatencyModel
     from rps_astro_cli.sim.request import SimRequest
+    from rps_astro_cli.types import InstanceConfig
 
     prof = load_profile("llava-onevision-7b-a100-testbed")
     cfg = InstanceConfig(block_size=16, num_gpu_blocks=10, max_num_seqs=8, max_num_batched_tokens=4096,

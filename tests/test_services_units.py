@@ -21,9 +21,8 @@ from rps_astro_cli.services import predictor as pred_mod
 from rps_astro_cli.services.config import ClusterConfig, load_recipe, parse_config, with_overrides
 from rps_astro_cli.services.tagger import Tagger, TaggerSettings
 from rps_astro_cli.services.tagger import create_app as tagger_app
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.profile import ExecutionProfile
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
 
 
 # -- recipes -------------------------------------------------------------------------
@@ -194,16 +193,16 @@ def test_tagger_returns_quantiles_from_the_models_calibration(monkeypatch, hand_
 
 def test_tagger_default_falls_back_to_baseline(monkeypatch):
     import rps_astro_cli.length as length_pkg
-    from rps_astro_cli.services.tagger import load_length_model
+    from rps_astro_cli.length.resolve import resolve_length_model
 
     def missing():
         raise AstroUserError("no artifact", field="length_model")
 
     monkeypatch.setattr(length_pkg, "default_length_model", missing)
-    name, predict = load_length_model(None)
+    name, predict = resolve_length_model(None)
     base = BinMedianLengthModel.load()
     assert name == "baseline" and predict("anything", 5) == base.predict_tokens(5)
-    assert load_length_model("baseline")[0] == "baseline"
+    assert resolve_length_model("baseline")[0] == "baseline"
 
 
 def test_tagger_http_errors_name_field(hand_model):

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import load_script
 from rps_astro_cli.bench.client import ClientOptions, run_requests
-from rps_astro_cli.bench.workloads import BenchRequest
+from rps_astro_cli.bench.workload_base import BenchRequest
 
 TTFT_S, ITL_S, CHUNKS = 0.080, 0.020, 5
 BOUND_S = 0.005  # what the client may add (median); a 10 ms offset fails it

@@ -27,15 +27,33 @@ def test_types_imports_nothing_of_ours_but_errors():
     assert ours == {"rps_astro_cli.errors"}
 
 
-def test_old_import_paths_name_the_same_classes():
-    from rps_astro_cli.dispatch import DispatchDecision, InstanceLoad
-    from rps_astro_cli.sim import status
-    from rps_astro_cli.sim.instance import InstanceConfig
-    from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate
+def test_each_noun_of_types_has_one_import_path():
+    """The vocabulary is imported from `rps_astro_cli.types` only: no module re-exports it
+    (issue 30). One exception: the compiled look-ahead engine (`sim/lookahead_engine/`,
+    built with mypyc) still imports `InstanceConfig` through `sim.instance` until its next
+    rebuild, so `sim.instance` keeps that one re-export."""
+    import rps_astro_cli.dispatch as dispatch_pkg
+    import rps_astro_cli.dispatch.base as dispatch_base
+    import rps_astro_cli.services.predictor as predictor
+    import rps_astro_cli.sim.status as status
 
-    assert (status.InstanceStatus, status.RequestStatus) == (t.InstanceStatus, t.RequestStatus)
-    assert (DispatchDecision, InstanceLoad, InstanceConfig) == (t.DispatchDecision, t.InstanceLoad, t.InstanceConfig)
-    assert (CandidateRequest, LatencyEstimate) == (t.CandidateRequest, t.LatencyEstimate)
+    nouns = {n.name for n in ast.parse(Path(t.__file__).read_text()).body if isinstance(n, ast.ClassDef)}
+    nouns |= {"MODALITIES"}
+    for mod in (dispatch_pkg, dispatch_base, predictor, status):
+        assert not nouns & set(mod.__all__), mod.__name__
+    assert not hasattr(dispatch_pkg, "DispatchDecision") and not hasattr(dispatch_pkg, "InstanceLoad")
+
+    root = Path(t.__file__).parents[2]
+    allowed = {("rps_astro_cli.sim.instance", "InstanceConfig")}  # the compiled engine's, see above
+    elsewhere = []
+    for path in [*(root / "src").rglob("*.py"), *(root / "tests").rglob("*.py")]:
+        compiled = "lookahead_engine" in path.parts
+        for n in ast.walk(ast.parse(path.read_text())):
+            if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("rps_astro_cli") \
+                    and n.module != "rps_astro_cli.types":
+                elsewhere += [(str(path), n.module, a.name) for a in n.names if a.name in nouns
+                              and not (compiled and (n.module, a.name) in allowed)]
+    assert elsewhere == []
 
 
 def test_request_status_wire_keys_and_old_computed_tokens_key():

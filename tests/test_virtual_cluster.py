@@ -12,7 +12,7 @@ from conftest import linear_profile
 from rps_astro_cli.cluster import TimedRequest, simulate_cluster
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.types import InstanceConfig
 
 HAND = linear_profile()
 CFG = InstanceConfig(block_size=16, num_gpu_blocks=1000, max_num_seqs=48, max_num_batched_tokens=512,

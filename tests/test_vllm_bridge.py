@@ -17,8 +17,7 @@ import pytest
 from rps_astro_cli.engine import vllm_bridge as vb
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import make_policy
-from rps_astro_cli.sim.instance import InstanceConfig
-from rps_astro_cli.types import InstanceStatus
+from rps_astro_cli.types import InstanceConfig, InstanceStatus
 
 
 @dataclass(eq=False)

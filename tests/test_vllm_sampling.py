@@ -26,7 +26,8 @@ REC = json.loads((DATA / "vllm_sharegpt_sampling.json").read_text())
 @pytest.mark.parametrize("case", REC["cases"], ids=lambda c: f"seed{c['seed']}-n{c['num_prompts']}")
 def test_sharegpt_vllm_sampling_reproduces_vllm_bench_serve_request_list(case):
     pytest.importorskip("tokenizers")
-    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.bench.workload_base import WorkloadOptions
+    from rps_astro_cli.bench.workloads import load_workload
     from rps_astro_cli.tokens import load_counter_with_special
 
     opts = WorkloadOptions(path=data_dir() / "sharegpt/sharegpt_v3_sample500.json", num_requests=case["num_prompts"],

@@ -56,7 +56,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest
+from rps_astro_cli.bench.workload_base import MODALITY_CLASS, BenchRequest
 from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.tokens import TokenCounter, count_tokens_fallback
 

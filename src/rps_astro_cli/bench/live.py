@@ -37,7 +37,7 @@ import httpx
 from rps_astro_cli.bench import scrape
 from rps_astro_cli.bench.client import ClientOptions, discover_model, run_requests, server_root
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.workloads import BenchRequest, Workload
+from rps_astro_cli.bench.workload_base import BenchRequest, Workload
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.tokens import TokenCounter
 

@@ -52,7 +52,8 @@ from rps_astro_cli.bench.metrics import (
 )
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloSpec, parse_slo
-from rps_astro_cli.bench.workloads import Workload, WorkloadOptions, load_workload
+from rps_astro_cli.bench.workload_base import Workload, WorkloadOptions
+from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.errors import AstroUserError
 
 Progress = Callable[..., None]

@@ -81,9 +81,10 @@ def parse_slo(items: list[str] | None, scale: float | None = None) -> SloSpec:
 def _isolated(profile_key: int, prompt_tokens: int, output_tokens: int, encoder_s: float) -> float:
     profile = _PROFILES[profile_key]
     from rps_astro_cli.policies import make_policy
-    from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+    from rps_astro_cli.sim.instance import InstanceSim
     from rps_astro_cli.sim.latency import LatencyModel
     from rps_astro_cli.sim.request import SimRequest
+    from rps_astro_cli.types import InstanceConfig
 
     cfg = InstanceConfig.from_profile(profile)
     p = min(prompt_tokens, cfg.max_model_len - 1)

@@ -36,11 +36,13 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.workloads import MODALITY_CLASS, BenchRequest, Workload
-from rps_astro_cli.dispatch.base import PREDICTIONS, DispatchDecision, DispatchPolicy, InstanceLoad
+from rps_astro_cli.bench.workload_base import MODALITY_CLASS, BenchRequest, Workload
+from rps_astro_cli.dispatch.base import DispatchPolicy
+from rps_astro_cli.dispatch.stages import PREDICTIONS
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.tokens import TokenCounter
+from rps_astro_cli.types import DispatchDecision, InstanceLoad
 
 
 class NoisyDispatch(DispatchPolicy):
@@ -500,7 +502,7 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     `InstanceConfig` (from that profile) per instance; Predictors told other profiles:
     `predictor_latency`, one per instance."""
     from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
-    from rps_astro_cli.sim.instance import InstanceConfig
+    from rps_astro_cli.types import InstanceConfig
 
     profile = fleet.profiles[0]
     make_policy = instance_policy_factory(cfg.cluster.instance_policy, cfg.cluster.instance_policy_params, profile)

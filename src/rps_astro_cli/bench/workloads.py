@@ -12,10 +12,10 @@
 | `sharegpt --multi-turn` | ShareGPT JSON | every (human, gpt) turn of a conversation; prompt = the whole history; sent a think time after the previous reply |
 | `mooncake` | Mooncake JSONL `{timestamp (ms), input_length, output_length, hash_ids}` | a prompt whose 512-token blocks repeat where `hash_ids` repeat (docs/workloads-mooncake.md) |
 | `shared-prefix` | none | one of 8 synthetic 1024-token system prompts + a user message (prefix-cache traffic) |
-| `synthetic` | none | ShareGPT-like lengths (see `SYNTHETIC_STATS`) |
+| `synthetic` | none | ShareGPT-like lengths (see `workloads_traces.SYNTHETIC_STATS`) |
 | `custom` | JSONL `{"prompt": str, "output_tokens": int}` (vLLM's custom format; `output_len` accepted; missing → `--output-len`) | one row |
 | `random` | none | fixed ISL/OSL: `--input-len`-token synthetic prompt, `--output-len`-token reply |
-| `mix-to` / `mix-ml` / `mix-mh` | ShareGPT + LLaVA-Instruct + LLaVA-Video | RPS-Serve's TO / ML / MH mixes (see `MIXES`) |
+| `mix-to` / `mix-ml` / `mix-mh` | ShareGPT + LLaVA-Instruct + LLaVA-Video | RPS-Serve's TO / ML / MH mixes (see `workloads_chat.MIXES`) |
 
 Data resolution (stated in every report as `Workload.source`): `--path` if given, else
 the data folder (`$ASTRO_DATA_DIR`, else `../shared/data` beside the checkout; see
@@ -30,34 +30,12 @@ Lengths-only datasets get a synthetic prompt text with exactly the trace's token
 under the fallback counter (`synthetic_prompt`).
 """  # noqa: E501  (the table rows)
 
-from rps_astro_cli.bench import workloads_chat as _chat
-from rps_astro_cli.bench import workloads_traces as _traces
+from rps_astro_cli.bench import workloads_chat as _chat  # noqa: F401  (registers sharegpt, llava-*, mix-*)
+from rps_astro_cli.bench import workloads_traces as _traces  # noqa: F401  (registers the traces, synthetic)
 from rps_astro_cli.bench import workloads_vllm as _vllm  # noqa: F401  (registers custom, random)
-from rps_astro_cli.bench.workload_base import (
-    MODALITY_CLASS,
-    WORKLOADS,
-    BenchRequest,
-    Loader,
-    Workload,
-    WorkloadOptions,
-    load_workload,
-    synthetic_prompt,
-)
+from rps_astro_cli.bench.workload_base import WORKLOADS, load_workload
 
-MIXES = _chat.MIXES
-SYNTHETIC_STATS = _traces.SYNTHETIC_STATS
-LLAVA_SYNTHETIC_STATS = _chat.LLAVA_SYNTHETIC_STATS
-
-__all__ = [
-    "LLAVA_SYNTHETIC_STATS",
-    "MIXES",
-    "MODALITY_CLASS",
-    "SYNTHETIC_STATS",
-    "WORKLOADS",
-    "BenchRequest",
-    "Loader",
-    "Workload",
-    "WorkloadOptions",
-    "load_workload",
-    "synthetic_prompt",
-]
+# The registry and its entry point, importable from here so that the caller gets every
+# loader registered; the types (`BenchRequest`, `Workload`, `WorkloadOptions`, ...) are
+# imported from `workload_base` only.
+__all__ = ["WORKLOADS", "load_workload"]

@@ -186,7 +186,8 @@ def register(app: typer.Typer) -> None:
         frames, the reply's length."""
         import numpy as np
 
-        from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+        from rps_astro_cli.bench.workload_base import WorkloadOptions
+        from rps_astro_cli.bench.workloads import load_workload
         from rps_astro_cli.profiling.profiler import FootprintPoint
 
         wl = load_workload(workload, WorkloadOptions(num_requests=num_requests, seed=seed),

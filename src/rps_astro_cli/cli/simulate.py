@@ -43,7 +43,8 @@ def _mooncake_requests(path: Path, num_requests: int, rate: float, max_model_len
     """
     import numpy as np
 
-    from rps_astro_cli.bench.workloads import WorkloadOptions, load_workload
+    from rps_astro_cli.bench.workload_base import WorkloadOptions
+    from rps_astro_cli.bench.workloads import load_workload
     from rps_astro_cli.cluster import TimedRequest
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.tokens import token_ids_fallback
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.params import parse_assignments
         from rps_astro_cli.policies import build_instance_policy
         from rps_astro_cli.services.config import parse_config, split_profiles, with_fleet
-        from rps_astro_cli.sim.instance import InstanceConfig
+        from rps_astro_cli.types import InstanceConfig
 
         if (trace is None) == (dataset is None):
             raise AstroUserError("give exactly one of --trace FILE or --dataset NAME", field="--trace")

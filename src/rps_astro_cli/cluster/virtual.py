@@ -72,14 +72,15 @@ from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim, StatusNames
+from rps_astro_cli.sim.instance import InstanceSim, StatusNames
 from rps_astro_cli.sim.latency import LatencyModel
-from rps_astro_cli.sim.lookahead import CandidateRequest, LatencyEstimate, predict_instance
+from rps_astro_cli.sim.lookahead import predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
+from rps_astro_cli.types import CandidateRequest, InstanceConfig, LatencyEstimate
 
 _ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
 

@@ -9,12 +9,7 @@ are listed here and imported loudly: a module that fails to import raises
 
 from rps_astro_cli.dispatch.base import (
     DISPATCH_POLICIES,
-    PREDICTIONS,
-    PREFIX_HITS,
-    STATUS,
-    DispatchDecision,
     DispatchPolicy,
-    InstanceLoad,
     alias_param,
     decide,
     decide_async,
@@ -22,6 +17,7 @@ from rps_astro_cli.dispatch.base import (
     make_dispatch,
     prefix_hits_wanted,
 )
+from rps_astro_cli.dispatch.stages import PREDICTIONS, PREFIX_HITS, STATUS
 from rps_astro_cli.registry import import_plugins
 
 __all__ = [
@@ -29,9 +25,7 @@ __all__ = [
     "PREDICTIONS",
     "PREFIX_HITS",
     "STATUS",
-    "DispatchDecision",
     "DispatchPolicy",
-    "InstanceLoad",
     "alias_param",
     "decide",
     "decide_async",

@@ -32,7 +32,6 @@ from rps_astro_cli.dispatch.admission import Admission, RequestSlo, judge, least
 from rps_astro_cli.dispatch.stages import (
     PREDICTIONS,
     PREFIX_HITS,
-    STATUS,
     Filter,
     HealthFilter,
     KvHeadroomFilter,
@@ -41,30 +40,21 @@ from rps_astro_cli.dispatch.stages import (
     Picker,
     Sampler,
     Scorer,
-    pick_min,
 )
 from rps_astro_cli.params import Param, check_params
 from rps_astro_cli.registry import Registry
-
-# defined with the wire vocabulary (rps_astro_cli.types); re-exported here
 from rps_astro_cli.types import DispatchDecision, InstanceLoad, LatencyEstimate
 
 __all__ = [
     "DISPATCH_POLICIES",
-    "DispatchDecision",
     "DispatchPolicy",
     "Fallback",
-    "InstanceLoad",
     "alias_param",
     "decide",
     "decide_async",
     "dispatch_params",
     "make_dispatch",
-    "pick_min",
     "prefix_hits_wanted",
-    "PREDICTIONS",
-    "PREFIX_HITS",
-    "STATUS",
 ]
 
 DISPATCH_POLICIES: Registry[type[DispatchPolicy]] = Registry("dispatch policy")

@@ -18,13 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rps_astro_cli.dispatch.base import (
-    DISPATCH_POLICIES,
-    FEWEST_OUTSTANDING,
-    DispatchPolicy,
-    Fallback,
-    InstanceLoad,
-)
+from rps_astro_cli.dispatch.base import DISPATCH_POLICIES, FEWEST_OUTSTANDING, DispatchPolicy, Fallback
 from rps_astro_cli.dispatch.stages import (
     STATUS,
     TIE_RESOLUTION_S,
@@ -35,9 +29,8 @@ from rps_astro_cli.dispatch.stages import (
     PowerOfKSampler,
     PredictedLatencyScorer,
 )
-from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.params import Param
-from rps_astro_cli.types import LatencyEstimate
+from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 OBJECTIVES = ("e2e", "ttft")
 
@@ -207,4 +200,4 @@ class PowerOfK(DispatchPolicy):
                 "tie_tolerance_s": self.tie_tolerance_s}
 
 
-__all__ = ["AstroUserError", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]
+__all__ = ["LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

@@ -21,8 +21,7 @@ from rps_astro_cli.dispatch.stages import STATUS, MinScorePicker, Scorer
 from rps_astro_cli.params import Param
 
 if TYPE_CHECKING:
-    from rps_astro_cli.dispatch.base import InstanceLoad
-    from rps_astro_cli.types import LatencyEstimate
+    from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 TIE_BLOCKS = Param("tie_blocks", int, 0, "instances within this many free KV blocks of the most free are ties, "
                    "broken at random (0 = exact ties only)", ge=0)

@@ -16,7 +16,8 @@ from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
-from rps_astro_cli.dispatch.base import PREFIX_HITS, STATUS, prefix_hits_wanted
+from rps_astro_cli.dispatch.base import prefix_hits_wanted
+from rps_astro_cli.dispatch.stages import PREFIX_HITS, STATUS
 from rps_astro_cli.types import InstanceConfig, InstanceLoad
 
 

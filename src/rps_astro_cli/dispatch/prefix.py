@@ -34,8 +34,7 @@ from rps_astro_cli.dispatch.stages import PREFIX_HITS, Scorer
 from rps_astro_cli.params import Param
 
 if TYPE_CHECKING:
-    from rps_astro_cli.dispatch.base import InstanceLoad
-    from rps_astro_cli.types import LatencyEstimate
+    from rps_astro_cli.types import InstanceLoad, LatencyEstimate
 
 CACHE_THRESHOLD = Param("cache_threshold", float, 0.5, "share of the prompt the best cached prefix must exceed "
                         "to route by cache (0..1)", ge=0.0, le=1.0)

@@ -45,14 +45,14 @@ from rps_astro_cli.protocol.openai import resolve_max_tokens
 from rps_astro_cli.protocol.openai_types import ParsedRequest
 from rps_astro_cli.rps.estimator import ProfileImpactEstimator
 from rps_astro_cli.rps.queue_metrics import class_queue_metrics
-from rps_astro_cli.sim.instance import InstanceConfig, InstanceSim
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import block_hashes
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.sim.status import request_status, snapshot
-from rps_astro_cli.types import InstanceStatus
+from rps_astro_cli.types import InstanceConfig, InstanceStatus
 
 log = logging.getLogger(__name__)
 

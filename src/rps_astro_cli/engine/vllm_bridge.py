@@ -52,10 +52,9 @@ from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceConfig
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import block_hashes, events_delta
-from rps_astro_cli.types import InstanceStatus, RequestStatus
+from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
 
 ENV_POLICY = "ASTRO_VLLM_POLICY"
 ENV_POLICY_PARAMS = "ASTRO_VLLM_POLICY_PARAMS"

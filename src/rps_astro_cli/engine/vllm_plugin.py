@@ -88,7 +88,7 @@ from rps_astro_cli.engine.vllm_bridge import (
     preemption_possible,
     step_shape,
 )
-from rps_astro_cli.sim.instance import InstanceConfig
+from rps_astro_cli.types import InstanceConfig
 
 __all__ = ["AstroAsyncScheduler", "AstroScheduler", "astro_scheduler"]
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.length.prompts import text_from_content
-from rps_astro_cli.tokens import TokenCounter, count_tokens_fallback, load_counter
+from rps_astro_cli.tokens import TokenCounter, load_counter
 
 HUMAN_ROLES = frozenset({"human", "user"})
 REPLY_ROLES = frozenset({"gpt", "assistant", "chatgpt", "bard", "bing"})
@@ -402,7 +402,6 @@ __all__ = [
     "DataSplit",
     "LengthDataset",
     "LengthSample",
-    "count_tokens_fallback",
     "load_length_data",
     "read_text_file",
     "split_by_conversation",

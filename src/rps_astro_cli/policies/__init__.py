@@ -7,9 +7,9 @@ The built-in modules are imported loudly: one that fails raises `PluginImportErr
 naming it (never a silent "unknown instance policy")."""
 
 from rps_astro_cli.registry import import_plugins
-from rps_astro_cli.sim.policy import INSTANCE_POLICIES, InstancePolicy, make_policy
+from rps_astro_cli.sim.policy import INSTANCE_POLICIES, make_policy
 
-__all__ = ["INSTANCE_POLICIES", "InstancePolicy", "make_policy"]
+__all__ = ["INSTANCE_POLICIES", "make_policy"]
 
 BUILTIN_MODULES = (
     "rps_astro_cli.sim.fcfs",  # fcfs

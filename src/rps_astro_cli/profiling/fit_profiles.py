@@ -56,70 +56,29 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.profiling.assembly import (
-    ASTROLABE_LIMITS,
-    CPU_BASE_S,
-    CPU_PER_SEQ_S,
-    CPU_SOURCE,
-    assemble,
-    isolated_ttft_s,
-)
+from rps_astro_cli.profiling.assembly import ASTROLABE_LIMITS, assemble
 from rps_astro_cli.profiling.attention import (
-    AttentionFit,
-    attention_sources,
     compare_llama7b_attention,
     fit_attention,
     reject_70b_attention,
     transfer_attention,
 )
-from rps_astro_cli.profiling.fitting import (
-    DEFAULT_KNOTS,
-    GLITCH_RATIO,
-    HOLDOUT_FRAC,
-    HoldoutError,
-    eval_piecewise,
-    fit_piecewise,
-    glitch_mask,
-    hat_basis,
-    holdout_mask,
-    read_rows,
-    usable_knots,
-)
+from rps_astro_cli.profiling.fitting import read_rows
 from rps_astro_cli.profiling.hardware import (
     A30,
     A100_40,
     A100_80,
     LLAMA2_7B,
     LLAMA2_70B,
-    LLAVA_OV_7B,
     QWEN2_7B,
-    GpuSpec,
-    ModelShape,
-    lm_head_s,
     num_gpu_blocks,
 )
-from rps_astro_cli.profiling.linear_layers import (
-    LAYER_OPS,
-    STEP_OPS,
-    LinearFit,
-    fit_allreduce,
-    fit_linear_layers,
-)
+from rps_astro_cli.profiling.linear_layers import fit_linear_layers
 from rps_astro_cli.profiling.llava import build_llava
 from rps_astro_cli.sim.profile import ExecutionProfile, OutputLengthDist
 
-# The fitter's names, importable from here as before the split: the pieces live in
-# hardware (models, GPUs), fitting (the toolkit), linear_layers, attention, assembly, llava.
-__all__ = [
-    "A30", "A100_40", "A100_80", "ASTROLABE_LIMITS", "CPU_BASE_S", "CPU_PER_SEQ_S", "CPU_SOURCE",
-    "DEFAULT_KNOTS", "GLITCH_RATIO", "HOLDOUT_FRAC", "LAYER_OPS", "LLAMA2_7B", "LLAMA2_70B",
-    "LLAVA_OV_7B", "QWEN2_7B", "STEP_OPS", "AttentionFit", "GpuSpec", "HoldoutError", "LinearFit",
-    "ModelShape", "attention_sources", "build_llava", "build_profiles", "compare_llama7b_attention",
-    "eval_piecewise", "fit_allreduce", "fit_attention", "fit_linear_layers", "fit_output_len",
-    "fit_piecewise", "glitch_mask", "hat_basis", "holdout_mask", "isolated_ttft_s", "lm_head_s",
-    "num_gpu_blocks", "reject_70b_attention", "sanity_report", "transfer_attention", "usable_knots",
-    "write_profiles",
-]
+__all__ = ["build_profiles", "fit_output_len", "sanity_report", "write_profiles"]
+
 
 # -------------------------------------------------------------------- other inputs
 def fit_output_len(trace_csv: Path, max_tokens: int = 2048) -> tuple[OutputLengthDist, dict[str, Any]]:

@@ -43,8 +43,9 @@ import numpy as np
 
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.rps.records import MODALITIES, ProfileRecord, append_profile_csv, read_profile_csv
+from rps_astro_cli.rps.records import ProfileRecord, append_profile_csv, read_profile_csv
 from rps_astro_cli.tokens import count_tokens_fallback
+from rps_astro_cli.types import MODALITIES
 
 DEFAULT_TEXT_TOKENS = (16, 32, 64, 128, 256, 512, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
 DEFAULT_IMAGE_COUNTS = (1, 2, 3, 4, 6, 8)

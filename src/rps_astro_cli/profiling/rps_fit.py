@@ -24,7 +24,8 @@ from rps_astro_cli.rps.classifier import (
     threshold_classifier,
 )
 from rps_astro_cli.rps.estimator import EstimatorMetrics, ImpactEstimator, fit_estimator
-from rps_astro_cli.rps.records import MODALITIES, ProfileRecord, read_profile_csv
+from rps_astro_cli.rps.records import ProfileRecord, read_profile_csv
+from rps_astro_cli.types import MODALITIES
 
 Scorer = Callable[[RequestClassifier | None], float]
 """A fit objective: the score of a classifier (None = the naive classes by modality);

@@ -33,7 +33,8 @@ from rps_astro_cli.data_paths import ARTIFACTS_DIR
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.rps.classes import CLASSES, naive_class
 from rps_astro_cli.rps.estimator import ImpactEstimator
-from rps_astro_cli.rps.records import MODALITIES, ProfileRecord
+from rps_astro_cli.rps.records import ProfileRecord
+from rps_astro_cli.types import MODALITIES
 
 RPS_ARTIFACTS_DIR = ARTIFACTS_DIR / "rps"
 FEATURES = ("log_prefill_s", "log_kv_tokens")

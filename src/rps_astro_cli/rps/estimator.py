@@ -29,9 +29,10 @@ from typing import Any
 import numpy as np
 
 from rps_astro_cli.errors import AstroUserError
-from rps_astro_cli.rps.records import MODALITIES, ProfileRecord
+from rps_astro_cli.rps.records import ProfileRecord
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import ExecutionProfile
+from rps_astro_cli.types import MODALITIES
 
 MIN_PREFILL_S = 1e-4
 """Floor on estimated prefill latency (s): a linear fit can go ≤ 0 at tiny prompts and

@@ -30,8 +30,6 @@ from pathlib import Path
 
 from rps_astro_cli.errors import AstroUserError
 
-MODALITIES: tuple[str, str, str] = ("text", "image", "video")
-
 
 @dataclass(frozen=True)
 class ProfileRecord:

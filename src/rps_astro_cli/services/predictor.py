@@ -74,11 +74,11 @@ from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
-from rps_astro_cli.types import MODALITIES, CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
+from rps_astro_cli.types import CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
 
 log = logging.getLogger("astro.predictor")
 
-__all__ = ["MODALITIES", "Predictor", "PredictorSettings", "create_app", "parse_predict",
+__all__ = ["Predictor", "PredictorSettings", "create_app", "parse_predict",
            "PENDING_MARGIN_S", "run_predictor", "with_pending"]
 
 

@@ -19,7 +19,7 @@ pricing (`protocol/media.py`), so the tagger, the scheduler and the engine count
 way; vision tokens come from the execution profile's `VisionCosts` (0 on text-only
 profiles).
 
-Length model: `load_length_model(spec)` (`length.resolve.resolve_length_model`): by default
+Length model: `resolve_length_model(spec)` (`length.resolve`): by default
 the length package's shipped model
 (`rps_astro_cli.length`; chat bodies go through `LengthModel.predict_chats([messages])`,
 which builds the prompt the model was trained on (e.g. `classic` sees the previous turn
@@ -42,7 +42,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from rps_astro_cli.length.resolve import resolve_length_model as load_length_model
+from rps_astro_cli.length.resolve import resolve_length_model
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
 from rps_astro_cli.protocol.media import vision_charge
@@ -82,7 +82,7 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class TaggerSettings:
-    """length_model: see `load_length_model`. profile: execution profile whose
+    """length_model: see `resolve_length_model`. profile: execution profile whose
     `VisionCosts` price media (None → the default profile). api_key / max_body_bytes:
     as every service."""
 
@@ -96,7 +96,7 @@ class Tagger:
     """Parse an OpenAI body, count its prompt and media, predict its output length."""
 
     def __init__(self, settings: TaggerSettings = TaggerSettings()):
-        self.name, self._predict = load_length_model(settings.length_model)
+        self.name, self._predict = resolve_length_model(settings.length_model)
         # quantiles come from the model's distribution calibration when it has one
         self._calibration = getattr(self._predict, "calibration", None)
         prof = load_profile(settings.profile)

@@ -45,7 +45,9 @@ from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import PrefixCache
 from rps_astro_cli.sim.request import SimRequest
 
-# the `/status` limits, defined with the wire types; re-exported (`as`: explicitly, for mypy)
+# the `/status` limits, defined with the wire types (import them from there). Re-exported (`as`: explicitly,
+# for mypy) only for the compiled look-ahead engine (`lookahead_engine/engine.py`, `instance_view.py`),
+# which imports it from here; drop this once that package is next rebuilt.
 from rps_astro_cli.types import InstanceConfig as InstanceConfig
 
 

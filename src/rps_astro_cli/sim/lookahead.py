@@ -26,11 +26,7 @@ from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.prefix_cache import PrefixCache
 from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
-
-# the value types are defined with the wire vocabulary; re-exported here for callers
-from rps_astro_cli.types import CandidateRequest as CandidateRequest
-from rps_astro_cli.types import InstanceStatus, RequestStatus
-from rps_astro_cli.types import LatencyEstimate as LatencyEstimate
+from rps_astro_cli.types import CandidateRequest, InstanceStatus, LatencyEstimate, RequestStatus
 
 #: the look-ahead engine package (`sim/lookahead_engine/`): its mypyc build, or its
 #: source when there is none, it is older than the source, or ASTRO_PURE_PYTHON=1

@@ -1,8 +1,8 @@
 """An `InstanceSim`'s state in the `/status` vocabulary.
 
 The status types themselves (`InstanceStatus`, `RequestStatus`) and their JSON codec
-live in `rps_astro_cli.types`, the bottom layer; they are re-exported here, where the
-simulator's callers have imported them from. `snapshot` and `request_status` turn a
+live in `rps_astro_cli.types`, the bottom layer (import them from there). `snapshot` and
+`request_status` turn a
 simulated instance (the sim engine's, or a look-ahead test's) into them.
 """
 
@@ -14,7 +14,7 @@ from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import InstanceStatus, RequestStatus
 
-__all__ = ["InstanceStatus", "RequestStatus", "request_status", "snapshot", "waiting_status"]
+__all__ = ["request_status", "snapshot", "waiting_status"]
 
 
 def request_status(r: SimRequest) -> RequestStatus:
