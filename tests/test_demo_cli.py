@@ -30,6 +30,16 @@ def test_demo_serves_and_benchmarks_real_sharegpt(tmp_path: Path) -> None:
     assert "sharegpt" in json.dumps(report["config"])
     # the cluster was stopped: no serve process left behind writing cluster.json
     assert (tmp_path / "runs").is_dir()
+    # it ends with astro's dispatch beside the load-aware baselines on the same requests, the
+    # ratio computed from that comparison's own report
+    last = proc.stdout.strip().splitlines()[-5:]
+    assert last[0].startswith("side by side") and "predicted lengths" in last[0], last
+    ratio_line = last[-1]
+    side = json.loads((out.parent / "side-by-side" / "report.json").read_text())
+    p99 = {r["label"].split()[0]: r["metrics"]["overall"]["ttft_s"]["p99"] for r in side["runs"]}
+    assert set(p99) == {"llumnix", "least_requests", "power_of_k"}
+    best = min(p99["llumnix"], p99["least_requests"])
+    assert f"P99 TTFT ×{p99['power_of_k'] / best:.2f}" in ratio_line, ratio_line
 
 
 def test_demo_without_data_folder_says_synthetic_on_its_first_line(tmp_path: Path, monkeypatch) -> None:

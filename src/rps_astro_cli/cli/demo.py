@@ -32,6 +32,7 @@ def demo(
     profile: Annotated[str, typer.Option("--profile", help="Engine execution profile.")] = "llama-2-7b-a30",
     out: Annotated[Path | None, typer.Option("--out", help="Report folder (default runs/demo-<time>).")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    compare: Annotated[bool, typer.Option("--compare/--no-compare", help="End with astro's dispatch beside the load-aware baselines on the same requests near the fleet's knee (virtual cluster, seconds).")] = True,
 ) -> None:
     """Serve a sim cluster and benchmark it on ShareGPT prompts (the README's main job).
 
@@ -83,6 +84,51 @@ def demo(
     if code != 0:
         fail(f"astro bench exited with code {code}", code=code)
     console.print(f"[bold green]done[/]: report in {out_dir}")
+    if compare:
+        side_by_side(instances, profile, policy, seed, out_dir.parent / "side-by-side")
+
+
+# requests per second per instance near a 4 × A30 ShareGPT fleet's knee: its SLO capacity is
+# about 2.2–2.4 req/s per instance with predicted lengths (BENCHMARKS, "Dispatch with predicted
+# lengths"); a bit below it queues form and dispatch matters
+KNEE_RPS_PER_INSTANCE = 2.15
+BASELINES = ("llumnix", "least_requests")
+
+
+def side_by_side(instances: int, profile: str, policy: str, seed: int, out: Path,
+                 num_requests: int = 1500) -> None:
+    """astro's dispatch beside the load-aware baselines on the same requests, in the
+    virtual cluster (the sim engines' own step model, predicted lengths) near the knee:
+    P99 and mean TTFT per policy and the ratio to the better baseline, in the last lines.
+    Never fails the demo (a failure is one line)."""
+    import json
+
+    rate = round(KNEE_RPS_PER_INSTANCE * instances, 2)
+    policies = [*BASELINES, policy] if policy not in BASELINES else [*BASELINES, "power_of_k"]
+    log = out.parent / "side-by-side.log"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as fh:
+        r = subprocess.run(_astro("bench", "--virtual", "--workload", "sharegpt", "--num-requests", str(num_requests),
+                                  "--request-rate", str(rate), "--policies", ",".join(policies),
+                                  "--instances", str(instances), "--profile", profile, "--seed", str(seed),
+                                  "--slo", "ttft:10", "--out", str(out)),
+                           stdout=fh, stderr=subprocess.STDOUT, env=os.environ.copy())
+    try:
+        runs = json.loads((out / "report.json").read_text())["runs"]
+        p99 = {run["label"].split()[0]: run["metrics"]["overall"]["ttft_s"]["p99"] for run in runs}
+        mean = {run["label"].split()[0]: run["metrics"]["overall"]["ttft_s"]["mean"] for run in runs}
+    except (OSError, ValueError, KeyError, TypeError):
+        console.print(f"side by side: not available (astro bench --virtual exited {r.returncode}; see {log})")
+        return
+    ours = policies[-1]
+    best = min(BASELINES, key=lambda b: p99[b])
+    console.print(f"[bold]side by side[/] (virtual cluster, {instances} × {profile} sim step model, predicted "
+                  f"lengths, the same {num_requests} ShareGPT requests at {rate} req/s, near the fleet's knee):",
+                  highlight=False, soft_wrap=True)
+    for name in policies:
+        console.print(f"  {name:15s} P99 TTFT {p99[name]:7.2f} s   mean TTFT {mean[name]:6.3f} s", highlight=False)
+    console.print(f"  {ours} ÷ best baseline ({best}): P99 TTFT ×{p99[ours] / p99[best]:.2f}, mean TTFT "
+                  f"×{mean[ours] / mean[best]:.2f}; report {out}", highlight=False, soft_wrap=True)
 
 
 def data_source() -> tuple[str, str | None]:
