@@ -520,26 +520,9 @@ def test_epp_dispatches_early_through_the_front_doors_path(length_model):
     (`FrontDoor.route`): under objective ttft a text request's Predictor RPCs go out while
     the (slow) tagger works, and the forwarded body still carries the tag's length; under
     objective e2e the Predictors are asked only after the tag."""
-    import asyncio
+    from test_services_scheduler import slow_tagger_and_timed_predictor
 
-    from fastapi import FastAPI
-
-    times: dict[str, list[float]] = {"tag_out": [], "predict": []}
-    tagger = FastAPI()
-
-    @tagger.post("/tag")
-    async def _tag():
-        await asyncio.sleep(0.3)
-        times["tag_out"].append(time.monotonic())
-        return {"predicted_output_tokens": 7, "prompt_tokens": 2, "text_tokens": 2}
-
-    predictor = FastAPI()
-
-    @predictor.post("/predict")
-    async def _predict():
-        times["predict"].append(time.monotonic())
-        return {"ttft_s": 0.01, "e2e_s": 0.1}
-
+    times, tagger, predictor = slow_tagger_and_timed_predictor()
     with ExitStack() as st:
         eng = start(st, engine_app(0))
         tag_srv, pred_srv = start(st, tagger), start(st, predictor)

@@ -474,10 +474,9 @@ def test_default_power_of_k_hashes_no_prompt_when_no_engine_caches(length_model,
         assert all(p["ttft_s"] == pytest.approx(0.010 + 0.0001 * n, abs=5e-4) for p in d["predictions"].values())
 
 
-def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
-    """Objective ttft, a text request: the Predictor RPCs go out before the (slow) tag
-    returns; the forward still carries the tag's length. Objective e2e, or early
-    dispatch off: the Predictors are asked only after the tag."""
+def slow_tagger_and_timed_predictor() -> tuple[dict[str, list[float]], FastAPI, FastAPI]:
+    """A tagger that answers 7 tokens after 0.3 s and a Predictor that answers at once,
+    each stamping `times` ("tag_in", "tag_out", "predict": time.monotonic())."""
     times: dict[str, list[float]] = {"tag_in": [], "tag_out": [], "predict": []}
     tagger = FastAPI()
 
@@ -495,6 +494,14 @@ def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
         times["predict"].append(time.monotonic())
         return {"ttft_s": 0.01, "e2e_s": 0.1}
 
+    return times, tagger, predictor
+
+
+def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
+    """Objective ttft, a text request: the Predictor RPCs go out before the (slow) tag
+    returns; the forward still carries the tag's length. Objective e2e, or early
+    dispatch off: the Predictors are asked only after the tag."""
+    times, tagger, predictor = slow_tagger_and_timed_predictor()
     with ExitStack() as st:
         eng = start(st, engine_app(0))
         tag_srv, pred_srv = start(st, tagger), start(st, predictor)
