@@ -111,8 +111,12 @@ def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, 
         try:
             try:
                 while True:
-                    cut = pending.rfind(b"\n\n") + 2 if sse else len(pending)  # SSE: whole events only
-                    if cut > 1:
+                    if sse:  # whole SSE events only
+                        end = pending.rfind(b"\n\n")
+                        cut = end + 2 if end >= 0 else 0
+                    else:
+                        cut = len(pending)
+                    if cut:
                         sent += cut
                         if max_bytes is not None and sent > max_bytes:
                             state["outcome"] = "response_too_large"
