@@ -160,20 +160,23 @@ def test_virtual_predictors_calibrate_to_engines_they_were_not_given():
 
 
 def test_virtual_fleet_of_mixed_profiles_runs_each_instance_on_its_own():
-    """2 × A100 + 1 × A30 (`latency` per instance): each instance's limits come from its
-    own profile (KV blocks 7609 vs 1056), and the A100s, about twice as fast, finish
-    more of the same work."""
+    """2 × A100 + 1 × A30 (`latency` per instance): the A100s, about twice as fast, take
+    more of the same work; and each instance's limits come from its own profile: round-robin
+    gives an A100 and an A30 the same 300 requests at 30 req/s, and only the A30 (1,056 KV
+    blocks against 7,609) runs out of blocks and preempts."""
     from rps_astro_cli.cluster.virtual import simulate_cluster
     from rps_astro_cli.dispatch import make_dispatch
     from rps_astro_cli.errors import AstroUserError
-    from rps_astro_cli.types import InstanceConfig
 
     a100 = load_profile("llama-2-7b-a100")
     res = simulate_cluster(_requests(300, 12.0, 2), 3, make_dispatch("power_of_k"), [a100, a100, PRIOR],
                            rng=np.random.default_rng(0))
     per = res.requests_per_instance
     assert per[0] > per[2] and per[1] > per[2], per
-    assert [InstanceConfig.from_profile(p).num_gpu_blocks for p in (a100, PRIOR)] == [7609, 1056]
+    rr = simulate_cluster(_requests(600, 30.0, 2), 2, make_dispatch("round_robin"), [a100, PRIOR],
+                          rng=np.random.default_rng(0))
+    assert rr.requests_per_instance == [300, 300]
+    assert rr.preemptions_per_instance[0] == 0 and rr.preemptions_per_instance[1] > 0
     with pytest.raises(AstroUserError, match="2 step models for 3 instances"):
         simulate_cluster(_requests(5, 1.0, 0), 3, make_dispatch("round_robin"), [a100, PRIOR],
                          rng=np.random.default_rng(0))
