@@ -389,3 +389,18 @@ def test_a_draining_engines_503_is_retried_elsewhere_or_said_in_the_schedulers_w
         for _ in range(2):  # whichever engine round-robin picks first, the answer is the healthy one's
             r = httpx.post(url + "/v1/chat/completions", json=chat, timeout=30)
             assert r.status_code == 200 and r.headers["x-astro-instance"] == "engine-1"
+
+
+def test_a_bad_limit_variable_stops_astro_serve_before_any_child(tmp_path):
+    """`astro serve` checks $ASTRO_MAX_* / $ASTRO_HTTP_* itself: one line naming the
+    variable and the fix, exit 2, no cluster.json (before, each child failed in its log)."""
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    for var in ("ASTRO_MAX_N", "ASTRO_HTTP_BODY_TIMEOUT_S"):
+        r = CliRunner().invoke(app, ["serve", "--instances", "1", "--cluster-json", str(tmp_path / "c.json"),
+                                     "--run-dir", str(tmp_path / "run")], env={var: "abc", "COLUMNS": "200"})
+        assert r.exit_code == 2 and var in r.output and "default" in r.output, r.output
+        assert "Traceback" not in r.output and len(r.output.strip().splitlines()) == 1, r.output
+        assert not (tmp_path / "c.json").exists()

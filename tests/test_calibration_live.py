@@ -104,3 +104,14 @@ def test_scheduler_leans_on_load_for_an_untrusted_predictor(tmp_path):
         assert d["reason"].startswith("fallback: no predictor answered")
         m = httpx.get(sched.url + "/metrics").text
         assert prom_sum(m, "astro:predict_rpcs_total", outcome="untrusted") == 1
+
+
+def test_a_bad_calibration_mode_is_one_line_naming_the_flag():
+    from typer.testing import CliRunner
+
+    from rps_astro_cli.cli.main import app
+
+    r = CliRunner().invoke(app, ["serve", "predictor", "--engine-url", "http://127.0.0.1:9",
+                                 "--calibration", "sometimes"], env={"COLUMNS": "200"})
+    assert r.exit_code == 2 and "--calibration" in r.output and "online or off" in r.output, r.output
+    assert "Traceback" not in r.output

@@ -66,9 +66,13 @@ def cluster(
         return
     from rps_astro_cli.cli.common import console
     from rps_astro_cli.params import parse_assignments
+    from rps_astro_cli.protocol.limits import CostLimits, HttpLimits
     from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
     from rps_astro_cli.services.config import ClusterConfig, load_recipe, with_fleet, with_overrides
 
+    # a bad $ASTRO_MAX_* / $ASTRO_HTTP_* is one line here, before any child starts
+    CostLimits.from_env()
+    HttpLimits.from_env()
     cfg = load_recipe(recipe) if recipe else ClusterConfig()
     source = f"recipe {recipe}" if recipe else "defaults"
     cfg = with_fleet(cfg, instances=instances, profile=profile, predictor_profile=predictor_profile, source=source)
@@ -164,13 +168,15 @@ def predictor(
     """Serve a Predictor sidecar: POST /predict → predicted TTFT/E2E on its engine."""
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.protocol.internal_auth import internal_token
-    from rps_astro_cli.services.predictor import PredictorSettings, run_predictor
+    from rps_astro_cli.services.predictor import CALIBRATION_MODES, PredictorSettings, run_predictor
 
     if status_cache_ms < 0:
         raise AstroUserError(f"must be ≥ 0, got {status_cache_ms}", field="--status-cache-ms")
     if extension_tokens < 0 or default_output_tokens < 1:
         raise AstroUserError("--extension-tokens must be ≥ 0 and --default-output-tokens ≥ 1",
                              field="--extension-tokens")
+    if calibration not in CALIBRATION_MODES:
+        raise AstroUserError(f"got {calibration!r}", field="--calibration", fix="use online or off")
     settings = PredictorSettings(engine_url=engine_url, status_cache_s=status_cache_ms / 1000,
                                  status_max_age_s=status_max_age_ms / 1000, profile=profile,
                                  extension_tokens=extension_tokens, default_output_tokens=default_output_tokens,
