@@ -183,3 +183,18 @@ def test_virtual_fleet_of_mixed_profiles_runs_each_instance_on_its_own():
     with pytest.raises(AstroUserError, match="calibration"):
         simulate_cluster(_requests(5, 1.0, 0), 1, make_dispatch("round_robin"), PRIOR,
                          rng=np.random.default_rng(0), calibration="sometimes")
+
+
+def test_a_noisy_but_unbiased_engine_stays_trusted():
+    """Steps scattered ±40 % around the model (a shared CPU) leave its ranking useful: the
+    median absolute error is well over the 20 % bound (E|N(0, 0.4)| median ≈ 0.27), but the
+    median signed error is near 0, so it stays trusted; the same steps 1.6× slower are not."""
+    rng = np.random.default_rng(5)
+    noisy = StepCalibrator(PRIOR, learn=False)
+    noisy.observe_many(steps(PRIOR, 400, rng, noise=0.4))
+    # the median of −ε/(1 + ε) is 0 for symmetric ε; over the last 256 steps it is within ~0.1
+    assert noisy.recent_ape > 0.2 and abs(noisy.recent_bias) < 0.1 and noisy.trusted
+    slow = replace(true_engine(shape=1.6, per_seq=1.6, decode=1.6, prefill=1.6), base_s=1.6 * PRIOR.base_s)
+    off = StepCalibrator(PRIOR, learn=False)
+    off.observe_many(steps(slow, 400, rng, noise=0.4))
+    assert off.recent_bias < -0.3 and not off.trusted
