@@ -55,6 +55,7 @@ from fastapi.responses import JSONResponse
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.policies import build_instance_policy, make_policy
+from rps_astro_cli.protocol.http_server import off_loop
 from rps_astro_cli.protocol.internal_auth import guard, token_headers
 from rps_astro_cli.protocol.service_wire import PendingRequest, PredictReply, PredictRequest
 from rps_astro_cli.services.http_common import (
@@ -70,7 +71,7 @@ from rps_astro_cli.services.http_common import (
 )
 from rps_astro_cli.services.rpc import HostPool, RpcError
 from rps_astro_cli.sim import lookahead as _lookahead
-from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
+from rps_astro_cli.sim.calibration import CalibrationState, StepCalibrator, StepSample
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.policy import InstancePolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, load_profile
@@ -194,6 +195,9 @@ class Predictor:
         self.last_error: str | None = None  # why the last engine /status fetch failed (None: it did not)
         # the step model's calibrator (made with the first status: the engine may name the profile)
         self.calibrator: StepCalibrator | None = None
+        # its state after the last steps learned: read by the event loop while the worker
+        # thread may be learning (`learn` runs there)
+        self.calibration: CalibrationState | None = None
         self._steps_seq = 0  # engine steps learned up to (its `steps.seq`)
 
     async def ready(self) -> str | None:
@@ -260,7 +264,13 @@ class Predictor:
                 raise RpcError(f"engine /status answered {resp.status}")
             d = json.loads(body)
             st = InstanceStatus.from_dict(d)
-            self.learn(st, d.get("steps"))
+            steps = d.get("steps")
+            # a refit is milliseconds of numpy: on the worker thread, not the event loop
+            # the /predict requests share (late predictions are dropped by the scheduler)
+            if self.calibrator is not None and isinstance(steps, dict) and steps.get("rows"):
+                await off_loop(self.learn, st, steps)
+            else:
+                self.learn(st, steps)  # the first status (the calibrator is made) or no steps: cheap
         except BaseException as exc:
             self.last_error = f"engine {self.settings.engine_url} /status failed: {type(exc).__name__}: {exc}"[:200]
             self.on_fetch("error")
@@ -293,11 +303,13 @@ class Predictor:
         self._steps_seq = seq
         if self.calibrator.observe_many(samples):
             self._resolved = None  # a new fit: the next predict uses it
+        self.calibration = self.calibrator.state()  # what the event loop reads
 
     @property
     def trusted(self) -> bool:
-        """The step model may be relied on (`sim.calibration.StepCalibrator.trusted`)."""
-        return self.calibrator is None or self.calibrator.trusted
+        """The step model may be relied on (`sim.calibration.StepCalibrator.trusted`, as of
+        the last steps learned)."""
+        return self.calibration is None or self.calibration.trusted
 
     def latency_model(self, status: InstanceStatus) -> LatencyModel:
         if self.calibrator is not None:
@@ -410,7 +422,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         m_look.observe(look_s)
         m_age.observe(age_s)
         m_req.labels("ok").inc()
-        cal = pred.calibrator
+        cal = pred.calibration
         out = PredictReply(est.ttft_s, est.e2e_s, est.ttft_s if objective == "ttft" else est.e2e_s,
                            age_s, look_s * 1e6, status.instance_id, pred.trusted,
                            None if cal is None else cal.recent_ape)
@@ -419,11 +431,10 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
 
     def calibration_view() -> dict[str, Any]:
         pred: Predictor = app.state.predictor
-        cal = pred.calibrator
-        if cal is None:
+        cal, state = pred.calibrator, pred.calibration
+        if cal is None or state is None:
             return {"calibration": settings.calibration, "state": None, "profile": None}
-        return {"calibration": settings.calibration, "state": cal.state().to_dict(),
-                "profile": cal.profile.to_dict()}
+        return {"calibration": settings.calibration, "state": state.to_dict(), "profile": cal.profile.to_dict()}
 
     @app.get("/status")
     async def predictor_status(request: Request) -> JSONResponse:
@@ -434,7 +445,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         return JSONResponse(calibration_view())
 
     def _cal_value(name: str) -> float:
-        cal = app.state.predictor.calibrator
+        cal = app.state.predictor.calibration
         if cal is None:
             return float("nan")
         v = {"samples": cal.samples, "refits": cal.refits, "trusted": float(cal.trusted),
