@@ -186,3 +186,55 @@ def test_parse_k_accepts_ints_and_all():
 def test_power_of_k_unknown_objective():
     with pytest.raises(AstroUserError, match="objective"):
         make_dispatch("power_of_k", objective="throughput")
+
+
+# -- k="auto": bounded look-aheads on a large fleet (issue 32) ------------------------------
+def _status(i: int, free: int, running: int, hit: int | None = None) -> InstanceLoad:
+    return InstanceLoad(i, True, running, kv_blocks_free=free, kv_blocks_total=1000, num_running=running,
+                        num_waiting=0, waiting_blocks_needed=0, prefix_hit_tokens=hit)
+
+
+def test_auto_k_is_full_fanout_up_to_eight_instances():
+    pol = make_dispatch("power_of_k")  # the default k
+    assert pol.describe()["k"] == "auto"
+    for n in (1, 5, 8):
+        loads = [_status(i, 500 + 50 * i, 1) for i in range(n)]
+        assert sorted(pol.candidates(loads, np.random.default_rng(0))) == list(range(n))
+
+
+def test_auto_k_keeps_the_eight_least_loaded_of_a_larger_fleet():
+    # Llumnix- load (astrolabe) = -(free blocks) / running: instance i has 10·i free blocks
+    # per running request, so the least loaded are the highest indices
+    loads = [_status(i, 10 * i, 1) for i in range(20)]
+    pol = make_dispatch("power_of_k", kv_reserve_frac=0)
+    cands = pol.candidates(loads, np.random.default_rng(0))
+    assert sorted(cands) == list(range(12, 20))
+    # an instance holding the request's prefix is kept whatever its load, plus 7 least loaded
+    loads[3] = _status(3, 30, 1, hit=512)
+    cands = pol.candidates(loads, np.random.default_rng(0))
+    assert cands[0] == 3 and sorted(cands[1:]) == list(range(13, 20))
+
+
+def test_auto_k_ranks_instances_without_status_last_and_breaks_ties_at_random():
+    loads = [_status(i, 500, 1) for i in range(10)] + [InstanceLoad(10 + j, True, 0) for j in range(6)]
+    pol = make_dispatch("power_of_k", kv_reserve_frac=0)
+    seen = set()
+    for seed in range(30):
+        cands = pol.candidates(loads, np.random.default_rng(seed))
+        assert len(cands) == 8 and all(i < 10 for i in cands)  # the 6 without a status never
+        seen.update(cands)
+    assert seen == set(range(10))  # equal loads: each of the ten is drawn some time
+
+
+def test_auto_k_asks_at_most_eight_predictors():
+    from rps_astro_cli.dispatch import decide
+
+    loads = [_status(i, 10 * (i % 13), 1 + i % 3) for i in range(64)]
+    asked: list[list[int]] = []
+
+    def predict(cands):
+        asked.append(list(cands))
+        return {i: LatencyEstimate(0.01 * (i % 5), 1.0, 0, 0) for i in cands}
+
+    d = decide(make_dispatch("power_of_k"), loads, np.random.default_rng(1), predict)
+    assert len(asked) == 1 and len(asked[0]) == 8 and d.choice in asked[0]

@@ -181,9 +181,12 @@ def test_a_policys_inputs_are_its_stages_declared_reads_not_its_name():
         # the KV gate (status), the cache pin of a k < all sampler (hits), the look-ahead
         "power_of_k": {"status", "predictions"}}
     assert make_dispatch("power_of_k", k=2).inputs == {"status", "prefix_hits", "predictions"}
-    # no gate, no load tie-break: predictions alone (the tie-break by load reads status)
-    assert make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0).inputs == {"predictions"}
-    assert make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0.02).inputs == {"status", "predictions"}
+    # full fanout, no gate, no load tie-break: predictions alone (the tie-break by load reads status)
+    assert make_dispatch("power_of_k", k="all", kv_reserve_frac=0, tie_tolerance_s=0).inputs == {"predictions"}
+    assert make_dispatch("power_of_k", k="all", kv_reserve_frac=0, tie_tolerance_s=0.02).inputs == {"status",
+                                                                                                   "predictions"}
+    # k="auto" (the default) narrows a fleet past 8 instances by load: it reads status
+    assert make_dispatch("power_of_k", kv_reserve_frac=0, tie_tolerance_s=0).inputs == {"status", "predictions"}
 
 
 def test_one_rule_for_prefix_hits():

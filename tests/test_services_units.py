@@ -68,10 +68,12 @@ def test_recipe_k_above_instances_names_both_values():
     assert "scheduler.k 5 is more than instances 2" in str(ei.value)
     assert parse_config({"instances": 2, "scheduler": {"k": 2}}).scheduler.k == 2
     assert parse_config({"instances": 2, "scheduler": {"k": "all"}}).scheduler.k == "all"
-    # the default k ('all': every instance's Predictor) fits any cluster size
+    assert parse_config({"instances": 64, "scheduler": {"k": "auto"}}).scheduler.k == "auto"
+    # the default k ('auto': every instance's Predictor up to 8, else the 8 least loaded)
+    # fits any cluster size
     one = parse_config({"instances": 1})
-    assert one.scheduler.k == "all"
-    assert with_overrides(one, {"instances": 3}).scheduler.k == "all"
+    assert one.scheduler.k == "auto"
+    assert with_overrides(one, {"instances": 3}).scheduler.k == "auto"
 
 
 def test_recipe_yaml_errors_are_one_line_with_position(tmp_path):
@@ -90,7 +92,7 @@ def test_recipe_yaml_errors_are_one_line_with_position(tmp_path):
 
 
 def test_default_config_is_valid():
-    assert ClusterConfig().scheduler.k == "all" and ClusterConfig().scheduler.objective == "ttft"
+    assert ClusterConfig().scheduler.k == "auto" and ClusterConfig().scheduler.objective == "ttft"
 
 
 # -- baseline length model -------------------------------------------------------------

@@ -231,7 +231,7 @@ class LiveTarget:
         if policy is not None:
             recipe.setdefault("scheduler", {})["policy"] = policy
             if k is not None:
-                recipe["scheduler"]["k"] = k if k == "all" else int(k)
+                recipe["scheduler"]["k"] = k if k in ("all", "auto") else int(k)
             if self.cfg.cluster.policy_params:  # --param: to this policy when it declares the name
                 from rps_astro_cli.dispatch import dispatch_params
 

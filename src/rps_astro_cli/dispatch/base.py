@@ -125,14 +125,14 @@ class DispatchPolicy:
     def sample(self, pool: list[int], rng: np.random.Generator,
                loads: Sequence[InstanceLoad] | None = None) -> list[int]:
         """The sampler's candidates from the pool (`loads`: for a sampler that reads
-        `PREFIX_HITS`)."""
-        if loads is None:
+        `PREFIX_HITS` or `STATUS`; ignored for one that reads nothing)."""
+        if loads is None or not self.sampler.reads:
             return self.sampler(pool, rng)
         return self.sampler(pool, rng, {ld.index: ld for ld in loads})
 
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         """Instances to consider: every healthy one by default (all if none is healthy)."""
-        return self.sample(self.filter(loads), rng, loads if PREFIX_HITS in self.sampler.reads else None)
+        return self.sample(self.filter(loads), rng, loads)
 
     # -- stage 3, 4: score and pick ---------------------------------------------------------
     def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
@@ -257,7 +257,7 @@ def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random
     inputs = policy.inputs
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng, loads) if PREFIX_HITS in inputs else policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads)
     t2 = time.perf_counter()
     preds = predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
@@ -273,7 +273,7 @@ async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rn
     inputs = policy.inputs
     pool = policy.filter(loads)
     t1 = time.perf_counter()
-    cands = policy.sample(pool, rng, loads) if PREFIX_HITS in inputs else policy.sample(pool, rng)
+    cands = policy.sample(pool, rng, loads)
     t2 = time.perf_counter()
     preds = await predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()

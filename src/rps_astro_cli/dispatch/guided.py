@@ -24,6 +24,7 @@ from rps_astro_cli.dispatch.stages import (
     TIE_RESOLUTION_S,
     HealthFilter,
     KvHeadroomFilter,
+    LeastLoadedSampler,
     LlumnixLoadScorer,
     LoadScorer,
     PowerOfKSampler,
@@ -90,8 +91,10 @@ class LlumnixDispatch(DispatchPolicy):
         return self._load.load(ld)
 
 
-K = Param("k", int, "all", "instances sampled per request (power-of-k choices), or 'all' for full fanout", ge=1,
-          keywords=("all",), alias="k")
+AUTO_FANOUT = 8  # k="auto": look-aheads per request at most (full fanout up to this fleet size)
+K = Param("k", int, "auto", "instances sampled per request (power-of-k choices); 'all' = full fanout; 'auto' = "
+          f"all up to {AUTO_FANOUT} instances, else the {AUTO_FANOUT} least loaded (the cached one first)", ge=1,
+          keywords=("all", "auto"), alias="k")
 PIN_CACHED = Param("pin_cached", bool, True, "always sample the instance holding the longest cached prefix of the "
                    "request (plus k − 1 at random); no effect on traffic without prefix-cache hits")
 OBJECTIVE = Param("objective", str, "ttft", "the predicted latency minimised: e2e or ttft", choices=OBJECTIVES,
@@ -105,8 +108,8 @@ TIE_TOLERANCE_S = Param("tie_tolerance_s", float, 0.02,
                         "Llumnix- load (engine status), then at random (0 = exact ties only)", ge=0.0, le=60.0)
 
 
-def parse_k(k: int | str) -> int | None:
-    """`k` as an int ≥ 1, or None for full fanout (`"all"`).
+def parse_k(k: int | str) -> int | str | None:
+    """`k` as an int ≥ 1, None for full fanout (`"all"`), or `"auto"`.
 
     Raises:
         AstroUserError: anything else (names the field `k`).
@@ -120,10 +123,13 @@ class PowerOfK(DispatchPolicy):
     """Astrolabe's randomized one-shot dispatch (ARCHITECTURE.md §2).
 
     The sampler picks k distinct healthy instances uniformly (`k="all"` or k ≥ the
-    healthy count = full fanout) — among the instances with KV headroom when
-    `kv_reserve_frac` > 0 (`stages.KvHeadroomFilter`); with `pin_cached` (default) one
-    of them is the instance holding the longest cached prefix of the request, when any
-    holds one (`PowerOfKSampler`); the caller asks those instances' Predictors for a
+    healthy count = full fanout; the default `k="auto"` is full fanout up to
+    AUTO_FANOUT = 8 instances and beyond that the 8 least loaded by Llumnix- load,
+    `stages.LeastLoadedSampler`, so the look-aheads per request stay bounded) — among
+    the instances with KV headroom when `kv_reserve_frac` > 0
+    (`stages.KvHeadroomFilter`); with `pin_cached` (default) one of them is the
+    instance holding the longest cached prefix of the request, when any holds one
+    (`PowerOfKSampler`); the caller asks those instances' Predictors for a
     `LatencyEstimate` in parallel, with a deadline; the scorer takes the predicted
     `objective` (``"ttft"`` default, or ``"e2e"``, the paper's) and the lowest wins; ties (within
     TIE_RESOLUTION_S = 1 µs, or `tie_tolerance_s`, then compared by Llumnix- load) are
@@ -152,7 +158,7 @@ class PowerOfK(DispatchPolicy):
     params = (K, OBJECTIVE, PIN_CACHED, KV_RESERVE_FRAC, TIE_TOLERANCE_S)
     fallback = Fallback(FEWEST_OUTSTANDING, "filtered", "fallback: no predictor answered; fewest outstanding")
 
-    def __init__(self, k: int | str = "all", objective: str = "ttft", pin_cached: bool = True,
+    def __init__(self, k: int | str = "auto", objective: str = "ttft", pin_cached: bool = True,
                  kv_reserve_frac: float = 0.1, tie_tolerance_s: float = 0.02) -> None:
         self.k = parse_k(k)
         self.objective = OBJECTIVE.check(objective)
@@ -162,7 +168,8 @@ class PowerOfK(DispatchPolicy):
         self._tie_load = LlumnixLoadScorer("astrolabe", 0.0)
         if self.kv_reserve_frac > 0:
             self.filters = (HealthFilter(), KvHeadroomFilter(self.kv_reserve_frac))
-        self.sampler = PowerOfKSampler(self.k, self.pin_cached)
+        self.sampler = (LeastLoadedSampler(AUTO_FANOUT, self.pin_cached) if self.k == "auto"
+                        else PowerOfKSampler(self.k, self.pin_cached))  # type: ignore[arg-type]
         self.scorers = ((PredictedLatencyScorer(self.objective), 1.0),)
         if self.kv_reserve_frac > 0 or self.tie_tolerance_s > 0:
             # it reads the engines' status anyway: where predictions are missing or
@@ -200,4 +207,4 @@ class PowerOfK(DispatchPolicy):
                 "tie_tolerance_s": self.tie_tolerance_s}
 
 
-__all__ = ["LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]
+__all__ = ["AUTO_FANOUT", "LeastRequests", "LlumnixDispatch", "PowerOfK", "parse_k"]

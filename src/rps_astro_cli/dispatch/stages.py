@@ -199,6 +199,46 @@ class PowerOfKSampler(Sampler):
         return [pool[int(j)] for j in picked]
 
 
+class LeastLoadedSampler(Sampler):
+    """At most `limit` candidates, chosen by cheap signals before any look-ahead (issue
+    32: the decision's cost must not grow with the fleet): the whole pool when it holds
+    ≤ `limit` instances; else, with `pin_cached`, the instance holding the longest cached
+    prefix of the request, then the lowest Llumnix- load (astrolabe variant: free KV
+    blocks after the waiting queue, per running request; fewest outstanding requests
+    where a status is missing), ties broken at random. Why not a uniform draw of k: at
+    64 instances a draw of 8 misses the idle ones a load scan finds for free, and the
+    look-ahead then compares busy instances only (BENCHMARKS.md, "Fleet scale").
+    The pin uses `prefix_hit_tokens` where the caller filled them (see `reads`)."""
+
+    name = "least_loaded"
+
+    def __init__(self, limit: int, pin_cached: bool = False) -> None:
+        self.limit = limit
+        self.pin_cached = pin_cached
+        # hits are not declared: this sampler serves the look-ahead policy, whose caller
+        # fills them whenever some instance caches prefixes (`prefix_hits_wanted`); with
+        # caching off everywhere no hit can exist, and the request is not hashed for none
+        self.reads = frozenset({STATUS})
+        self._load = LlumnixLoadScorer("astrolabe", 0.0)
+
+    def __call__(self, pool: list[int], rng: np.random.Generator,
+                 by_index: Mapping[int, InstanceLoad] | None = None) -> list[int]:
+        if len(pool) <= self.limit or by_index is None:
+            return list(pool) if len(pool) <= self.limit else PowerOfKSampler(self.limit)(pool, rng)
+        pinned = cached_best(pool, by_index) if self.pin_cached else None
+        rest = [i for i in pool if i != pinned]
+        ranks = rng.random(len(rest))  # random tie-break among equal loads
+
+        def key(j: int) -> tuple[float, float, float]:
+            ld = by_index[rest[j]]
+            v = self._load.load(ld)
+            # instances without a status after every one with one, by outstanding requests
+            return (0.0, v, ranks[j]) if v is not None else (1.0, float(ld.outstanding_requests), ranks[j])
+        order = sorted(range(len(rest)), key=key)
+        picked = [rest[j] for j in order[:self.limit - (pinned is not None)]]
+        return [pinned, *picked] if pinned is not None else picked
+
+
 def cached_best(pool: Sequence[int], by_index: Mapping[int, InstanceLoad]) -> int | None:
     """The instance of `pool` with the longest cached prefix of the request (ties: fewest
     outstanding requests, then pool order), or None when no instance has a hit."""

@@ -111,7 +111,8 @@ class SchedulerSection(_Strict):
     policy: str = "power_of_k"
     params: dict[str, Any] = Field(default_factory=dict, description="dispatch-policy parameters by name "
                                    "(`astro serve --param NAME=VALUE`), checked against the policy's declaration")
-    k: int | Literal["all"] = Field("all", description="power_of_k sample size, or 'all' (full fanout)")
+    k: int | Literal["all", "auto"] = Field("auto", description="power_of_k sample size; 'all' = full fanout; "
+                                            "'auto' = all up to 8 instances, else the 8 least loaded")
     objective: str = Field("ttft", description="power_of_k objective: ttft | e2e")
     llumnix_variant: str = Field("astrolabe", description="llumnix load formula: astrolabe (Llumnix-) | code")
     predict_deadline_ms: float = Field(50.0, gt=0)
@@ -331,7 +332,7 @@ def parse_config(data: dict[str, Any], source: str = "recipe", names: dict[str, 
         names: dotted path → command-line flag for fields set by flags; errors in those
             fields name the flag instead of the path.
 
-    `scheduler.k` must be ≤ `instances` (or 'all', the default).
+    `scheduler.k` must be ≤ `instances` (or 'all', or 'auto', the default).
 
     Raises:
         AstroUserError: the first invalid field, named by its dotted path (or flag).
@@ -398,7 +399,7 @@ def _check_k(cfg: ClusterConfig, source: str, names: dict[str, str]) -> None:
     default k (2) shrinks to a 1-instance cluster."""
     k = cfg.scheduler.k
     n = cfg.num_instances
-    if k == "all" or k <= n:
+    if k in ("all", "auto") or k <= n:
         return
     if "k" not in cfg.scheduler.model_fields_set:
         cfg.scheduler.k = n
