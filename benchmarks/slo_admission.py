@@ -23,6 +23,8 @@ Arms: `off` = power_of_k (the shipped defaults) with no admission (today's astro
 `reject` = the same with admission reject (the defaults: margin 10 %, room required
 with 5 % of slots and KV blocks kept free, +5 % per priority level above 0, most
 headroom: the policy's lowest predicted TTFT among those meeting the SLO);
+`queue` = reject's rules, but a request in time without room anywhere waits in the
+router queue (priority, then deadline) and is decided again every 50 ms;
 `reject_noroom` = reject on the predicted TTFT alone (no room check); `reject_least`
 = reject, least headroom; `llumnix`, `least_requests` = the load-aware baselines (they
 read no predictions, so admission never applies to them).
@@ -61,6 +63,7 @@ SHARE_INTERACTIVE = 0.7
 ARMS: dict[str, tuple[str, Admission | None]] = {
     "off": ("power_of_k", None),
     "reject": ("power_of_k", Admission("reject")),
+    "queue": ("power_of_k", Admission("queue")),
     "reject_noroom": ("power_of_k", Admission("reject", require_room=False)),
     "reject_least": ("power_of_k", Admission("reject", prefer="least")),
     "llumnix": ("llumnix", None),

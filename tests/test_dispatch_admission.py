@@ -97,8 +97,14 @@ def test_lower_priority_needs_more_room() -> None:
 
 def test_bad_admission_settings_name_the_field() -> None:
     with pytest.raises(AstroUserError) as e:
-        Admission("queue")
+        Admission("hold")
     assert e.value.field == "admission"
+    with pytest.raises(AstroUserError) as e:
+        Admission("queue", queue_max=0)
+    assert e.value.field == "admission_queue_max"
+    with pytest.raises(AstroUserError) as e:
+        Admission("queue", queue_retry_s=float("inf"))
+    assert e.value.field == "admission_queue_retry_s"
     with pytest.raises(AstroUserError):
         Admission(prefer="middle")
     with pytest.raises(AstroUserError):
@@ -237,7 +243,9 @@ def test_scheduler_flags_and_recipe_carry_admission_and_classes() -> None:
     assert s.admission == "off" and s.slo_classes == CLASSES | {"batch": RequestSlo(30000.0, None, 1, "batch")}
     assert _scheduler_settings(DispatchFlags(**kw), decisions_kept=1, max_body_bytes=100,
                                api_key=None).admission == "reject"
-    for bad, field in ((dict(admission="queue"), "--admission"), (dict(slo_class=["x:ttft=1"]), "--slo-class"),
+    assert _scheduler_settings(DispatchFlags(**kw, admission="queue"), decisions_kept=1, max_body_bytes=100,
+                               api_key=None).admission == "queue"
+    for bad, field in ((dict(admission="hold"), "--admission"), (dict(slo_class=["x:ttft=1"]), "--slo-class"),
                        (dict(slo_class=["x:ttft_ms=-1"]), "--slo-class")):
         with pytest.raises(AstroUserError) as e:
             _scheduler_settings(DispatchFlags(**kw, **bad), decisions_kept=1, max_body_bytes=100, api_key=None)
@@ -249,3 +257,75 @@ def test_scheduler_flags_and_recipe_carry_admission_and_classes() -> None:
     with pytest.raises(AstroUserError) as e:
         parse_config({"instances": 2, "scheduler": {"slo_classes": {"gold": {"ttft": 500}}}}, "recipe x")
     assert e.value.field == "scheduler.slo_classes"
+
+
+# -- queue mode: the router queue (hand-computed) -----------------------------------------
+def test_queue_mode_waits_only_when_in_time_but_without_room() -> None:
+    from rps_astro_cli.dispatch.admission import NO_ROOM
+
+    q = Admission("queue")
+    # 0.1 s × 1.1 meets 1 s but neither has room: wait for room
+    v = judge(SLO_1S, [0, 1], {0: 0.1, 1: 0.5}, q, {0: False, 1: False})
+    assert not v.admit and v.reason == NO_ROOM
+    # no prediction meets it: waiting cannot help (the look-ahead counts the queue ahead)
+    v = judge(SLO_1S, [0, 1], {0: 2.0, 1: 3.5}, q, {0: True, 1: True})
+    assert not v.admit and v.reason == "slo_ttft_unmeetable" and v.retry_after_s == 2
+    # room somewhere: admitted as in reject mode
+    assert judge(SLO_1S, [0, 1], {0: 0.1, 1: 0.5}, q, {0: False, 1: True}).feasible == (1,)
+
+
+def test_router_queue_order_and_shedding() -> None:
+    from rps_astro_cli.dispatch.admission import RouterQueue, remaining_slo
+
+    rq = RouterQueue(3)
+    assert rq.offer("batch-late", 1, 30.0) is None
+    assert rq.offer("inter-late", 0, 5.0) is None
+    assert rq.offer("inter-early", 0, 2.0) is None
+    # full: a priority-1 arrival with a later deadline than the held one is the least important
+    assert rq.offer("batch-later", 1, 40.0) == "batch-later"
+    # a priority-0 arrival sheds the held priority-1 one
+    assert rq.offer("inter-mid", 0, 3.0) == "batch-late"
+    assert rq.take_all() == ["inter-early", "inter-mid", "inter-late"] and len(rq) == 0
+    # what is left of a 1,000 ms target 0.25 s after arrival; nothing left after 1 s
+    assert remaining_slo(SLO_1S, 10.0, 10.25).ttft_ms == pytest.approx(750.0)
+    assert remaining_slo(SLO_1S, 10.0, 11.0) is None
+
+
+def test_virtual_queue_mode_dispatches_when_room_appears() -> None:
+    # One instance with 2 batch slots. r0 (400 tok, 3 out): prefill 0–0.05, decodes
+    # 0.05–0.0601–0.0702 (10 ms + 0.1 ms/token). r1 (100 tok) arrives at 0.01: r0 holds
+    # one slot, so 2 − 1 − 1 = 0 slots would be left, under the 5 % reserve: no room.
+    # Its predicted TTFT meets the target, so "queue" holds it; retries at 0.06 (r0 still
+    # running) and 0.11 (done): dispatched at 0.11, prefill alone 10 + 0.1 × 100 = 20 ms,
+    # TTFT = 0.13 − 0.01 = 0.12 s. With an 80 ms target what is left at 0.11 is < 0:
+    # refused. "reject" refuses it at once.
+    cfg = InstanceConfig(block_size=16, num_gpu_blocks=1000, max_num_seqs=2, max_num_batched_tokens=512,
+                         max_model_len=4096)
+
+    def run(ttft_ms: float, mode: str):
+        reqs = [TimedRequest("r0", 0.0, 400, 3), TimedRequest("r1", 0.01, 100, 2, slo=RequestSlo(ttft_ms))]
+        return simulate_cluster(reqs, 1, make_dispatch("power_of_k"), HAND, cfg, None, np.random.default_rng(0),
+                                admission=Admission(mode)).records[1]
+
+    r1 = run(500.0, "queue")
+    assert r1.refused is None and r1.arrival_s == 0.01 and r1.dispatch_s == pytest.approx(0.11, abs=1e-12)
+    assert r1.ttft_s == pytest.approx(0.12, abs=1e-12)
+    late = run(80.0, "queue")
+    assert late.refused == "slo_ttft_unmeetable" and late.first_token_s is None and late.arrival_s == 0.01
+    assert run(500.0, "reject").refused == "slo_ttft_unmeetable"
+
+
+def test_virtual_queue_mode_sheds_the_less_important_first() -> None:
+    # as above, with a router queue of one: r1 (priority 1) is held, r2 (priority 0)
+    # arrives at 0.02 and takes its place: r1 is refused as shed; r2 is decided again at
+    # the queue's next turns, 0.06 (r0 running) and 0.11 (room): dispatched at 0.11
+    cfg = InstanceConfig(block_size=16, num_gpu_blocks=1000, max_num_seqs=2, max_num_batched_tokens=512,
+                         max_model_len=4096)
+    reqs = [TimedRequest("r0", 0.0, 400, 3),
+            TimedRequest("r1", 0.01, 100, 2, slo=RequestSlo(500.0, None, 1)),
+            TimedRequest("r2", 0.02, 100, 2, slo=RequestSlo(500.0, None, 0))]
+    res = simulate_cluster(reqs, 1, make_dispatch("power_of_k"), HAND, cfg, None, np.random.default_rng(0),
+                           admission=Admission("queue", queue_max=1))
+    r1, r2 = res.records[1], res.records[2]
+    assert r1.refused == "router_queue_full" and r1.dispatch_s == 0.02
+    assert r2.refused is None and r2.dispatch_s == pytest.approx(0.11, abs=1e-12)

@@ -67,3 +67,65 @@ def test_admission_off_serves_what_reject_refuses(length_model, profile_path):
             r = c.post("/v1/chat/completions", json=chat(), headers={"x-slo-ttft-ms": "0.001"})
             assert r.status_code == 200
             assert c.get("/decisions").json()[-1]["admission"] == "no_headroom_off"
+
+
+def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
+    """One engine with two batch slots (max_num_seqs 2), both busy with ~2 s requests: a
+    request with a 10 s TTFT target is in time but has no room (the 5 % slot reserve
+    needs a free slot after it). "reject" answers 429; "queue" holds it in the router
+    queue and serves it once the slots free; a 400 ms target that the wait outlives is
+    refused after its deadline passes."""
+    import threading
+    import time
+
+    from conftest import linear_profile
+    from rps_astro_cli.engine import sim_server
+    from rps_astro_cli.engine.sim_engine import SimEngine
+    from test_services_scheduler import MODEL, write_profile
+
+    prof = linear_profile(model=MODEL, gpu="none", num_gpu_blocks=256, max_model_len=1024, max_num_seqs=2)
+
+    def fill(url: str, eng_url: str) -> list[threading.Thread]:
+        ts = [threading.Thread(target=lambda: httpx.post(
+            url + "/v1/chat/completions", json=chat(max_tokens=200, ignore_eos=True), timeout=30)) for _ in range(2)]
+        for t in ts:
+            t.start()
+        deadline = time.monotonic() + 10
+        while len(httpx.get(eng_url + "/status", timeout=5).json()["running"]) < 2:
+            assert time.monotonic() < deadline, "the busy requests never ran"
+            time.sleep(0.01)
+        time.sleep(0.3)  # the scheduler's status poll (100 ms) sees them
+        return ts
+
+    for mode in ("reject", "queue"):
+        with ExitStack() as st:
+            eng = start(st, sim_server.create_app(SimEngine(prof, time_scale=1.0, instance_id="engine-0", seed=0)))
+            pr = start(st, pred_mod.create_app(pred_mod.PredictorSettings(eng.url,
+                                                                          profile=write_profile(tmp_path, prof))))
+            s = scheduler(st, [eng.url], [pr.url], policy="power_of_k", length_model=length_model,
+                          predict_deadline_s=2.0, admission=mode)
+            busy = fill(s.url, eng.url)
+            with httpx.Client(base_url=s.url, timeout=30) as c:
+                t0 = time.monotonic()
+                r = c.post("/v1/chat/completions", json=chat(), headers={"x-slo-ttft-ms": "10000"})
+                waited = time.monotonic() - t0
+                if mode == "reject":
+                    assert r.status_code == 429 and r.json()["error"]["type"] == "slo_unmeetable"
+                else:
+                    assert r.status_code == 200, r.text
+                    assert waited >= 0.5  # it waited for the busy requests' slots
+                    for t in busy:
+                        t.join(30)
+                    rec = [d for d in c.get("/decisions").json() if d.get("outcome") == "ok"][-1]
+                    assert rec["admission"] == "headroom"
+                    # busy again, now with a target the wait outlives: refused after its deadline
+                    busy = fill(s.url, eng.url)
+                    t0 = time.monotonic()
+                    # (the Predictor expects the busy requests' predicted 40 tokens + 10-token
+                    # extensions: a slot in ~0.11 s, so in time; they run 200 tokens: it is held
+                    # until what is left of its target is under the prediction, then refused)
+                    r = c.post("/v1/chat/completions", json=chat(), headers={"x-slo-ttft-ms": "400"})
+                    assert r.status_code == 429 and c.get("/decisions").json()[-1]["outcome"] == "refused"
+                    assert 0.2 <= time.monotonic() - t0 < 5
+            for t in busy:
+                t.join(30)

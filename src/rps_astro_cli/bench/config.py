@@ -185,12 +185,12 @@ class ClusterSection:
     max_num_seqs: int | None = None     # per-instance batch limit; None: the profile's
     schedulers: int = 1                 # stateless scheduler replicas, each dispatching on its own (virtual)
     status_interval_s: float = 0.0      # instance status copied every this many s (virtual; 0: live state)
-    admission: str = "reject"           # requests with an SLO no instance can meet: reject | off (virtual)
+    admission: str = "reject"           # requests with an SLO no instance can meet: reject | queue | off (virtual)
 
     def __post_init__(self) -> None:
-        if self.admission not in ("off", "reject"):
+        if self.admission not in ("off", "reject", "queue"):
             raise AstroUserError(f"unknown admission mode {self.admission!r}", field="--admission",
-                                 fix="use reject or off (queue is not built yet)")
+                                 fix="use reject, queue or off")
         if isinstance(self.schedulers, bool) or not isinstance(self.schedulers, int) or self.schedulers < 1:
             raise AstroUserError(f"must be a whole number ≥ 1, got {self.schedulers!r}", field="--schedulers")
         if not (math.isfinite(self.status_interval_s) and self.status_interval_s >= 0):

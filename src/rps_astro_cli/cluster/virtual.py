@@ -66,7 +66,16 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.dispatch.admission import DEFAULT_ADMISSION, Admission, RequestSlo
+from rps_astro_cli.dispatch.admission import (
+    DEFAULT_ADMISSION,
+    NO_ROOM,
+    QUEUE_FULL,
+    REFUSED_TTFT,
+    Admission,
+    RequestSlo,
+    RouterQueue,
+    remaining_slo,
+)
 from rps_astro_cli.dispatch.base import DispatchPolicy, decide
 from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, status_fields_of
 from rps_astro_cli.errors import AstroUserError
@@ -82,7 +91,7 @@ from rps_astro_cli.sim.remaining import OnlineRemaining, RemainingLength
 from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import CandidateRequest, InstanceConfig, LatencyEstimate
 
-_ARRIVAL, _ENQUEUE, _STEP_END = 0, 1, 2
+_ARRIVAL, _ENQUEUE, _STEP_END, _RETRY = 0, 1, 2, 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +303,10 @@ def simulate_cluster(
         Predictor also refits its model from its engine's steps (`StepCalibrator`).
     admission: how requests with a TTFT SLO (`TimedRequest.slo`) are judged
         (`dispatch.admission`; default reject, margin 10 %, 5 % room); a refused request is
-        recorded with `refused` set and never reaches an instance. Requests without an
+        recorded with `refused` set and never reaches an instance. In mode "queue" a
+        request in time but without room anywhere is held in the router queue and
+        decided again every `queue_retry_s` virtual seconds (its record's `arrival_s`
+        stays its arrival, `dispatch_s` is when it left the queue). Requests without an
         SLO are unaffected. None = never judged.
 
     Returns a `ClusterResult` (records in input order).
@@ -355,6 +367,10 @@ def simulate_cluster(
     herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
                     count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
     n_arrived = 0
+    # admission mode "queue": the held requests (indices), when each first arrived
+    router_q = RouterQueue(admission.queue_max) if admission is not None and admission.mode == "queue" else None
+    first_arrival: dict[int, float] = {}
+    retry_due = False
 
     n = len(requests)
     records: list[RequestRecord | None] = [None] * n
@@ -441,8 +457,20 @@ def simulate_cluster(
             if not stepping[i]:
                 wake(i, now)
             continue
+        if kind == _RETRY:  # the router queue's turn: its requests arrive again, in its order
+            retry_due = False
+            assert router_q is not None
+            for q in router_q.take_all():
+                seq += 1
+                heapq.heappush(heap, (now, _ARRIVAL, seq, q))
+            continue
         # arrival: dispatch
         req = requests[x]
+        arrived = first_arrival.setdefault(x, now) if router_q is not None else now
+        slo = req.slo
+        if arrived < now:  # back from the router queue: what is left of its TTFT target
+            assert slo is not None
+            slo = remaining_slo(slo, arrived, now)
         sched = n_arrived % len(schedulers)  # a round-robin Service in front of the scheduler replicas
         n_arrived += 1
         dispatch = schedulers[sched]
@@ -497,18 +525,38 @@ def simulate_cluster(
                                            est.steps_simulated, est.events)
             return preds
 
-        decision = decide(dispatch, loads, rng, predict, req.slo, admission)
+        if slo is None and req.slo is not None:  # its deadline passed in the router queue
+            decision = None
+            refused: str | None = REFUSED_TTFT
+        else:
+            decision = decide(dispatch, loads, rng, predict, slo, admission)
+            refused = decision.refused
         decide_us = (time.perf_counter() - t0) * 1e6
         slo_class = req.slo.slo_class if req.slo is not None else None
-        if decision.refused is not None:
+        if refused == NO_ROOM:  # queue mode: in time, no room now: hold it
+            assert router_q is not None and req.slo is not None and req.slo.ttft_s is not None
+            shed = router_q.offer(x, req.slo.priority, arrived + req.slo.ttft_s)
+            if not retry_due:
+                retry_due = True
+                seq += 1
+                heapq.heappush(heap, (now + admission.queue_retry_s, _RETRY, seq, -1))  # type: ignore[union-attr]
+            if shed is None:
+                continue
+            x, req, refused = shed, requests[shed], QUEUE_FULL
+            slo_class = req.slo.slo_class if req.slo is not None else None
+            arrived = first_arrival.get(x, now)
+            pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
+            pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
+        if refused is not None:
             records[x] = RequestRecord(
-                req.request_id, -1, now, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
+                req.request_id, -1, arrived, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
                 pred_len, 0, req.modality, req.req_class, decide_us=decide_us, session_id=req.session_id,
-                refused=decision.refused, slo_class=slo_class)
+                refused=refused, slo_class=slo_class)
             for nxt in followers.get(req.request_id, ()):
                 seq += 1  # a refused turn ends now; the next one follows after its think time
                 heapq.heappush(heap, (now + requests[nxt].think_s, _ARRIVAL, seq, nxt))
             continue
+        assert decision is not None
         i = decision.choice
         chosen = preds.get(i)
         outstanding[i] += 1
@@ -522,10 +570,11 @@ def simulate_cluster(
         enqueue_s = pre_start + req.preprocess_s
         if req.session_id is not None:
             last_instance[req.session_id] = i
+        waited = now - arrived  # in the router queue (queue mode), else 0
         records[x] = RequestRecord(
-            req.request_id, i, now, now, enqueue_s, None, None, None,
+            req.request_id, i, arrived, now, enqueue_s, None, None, None,
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
-            chosen.ttft_s if chosen else None, chosen.e2e_s if chosen else None, decide_us,
+            chosen.ttft_s + waited if chosen else None, chosen.e2e_s + waited if chosen else None, decide_us,
             session_id=req.session_id, preprocess_start_s=pre_start, untrusted_predictors=len(untrusted),
             slo_class=slo_class,
         )

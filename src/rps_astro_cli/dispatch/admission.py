@@ -36,6 +36,15 @@ reads `PREDICTIONS`:
 - when none meets it, by `mode`: ``"off"`` = dispatch as if no SLO (the scorers over
   every candidate), ``"reject"`` = refuse (`AdmissionVerdict.admit` False, reason
   ``"slo_ttft_unmeetable"``); the live scheduler answers HTTP 429 with `Retry-After`.
+  ``"queue"`` = refuse the same way when no candidate's predicted TTFT meets the target
+  (waiting cannot shorten a look-ahead that already counts the queue ahead), but when
+  some does and only lacks room now (reason ``"slo_no_room"``), hold the request in a
+  bounded router queue (`RouterQueue`: more important priority first, then earliest
+  deadline) and decide again every `queue_retry_s` against what is left of its target
+  (`remaining_slo`), until it is admitted, its deadline can no longer be met (refused
+  ``"slo_ttft_unmeetable"``), or a more important arrival takes its place in a full
+  queue (refused ``"router_queue_full"``). The virtual cluster and the live front door
+  (hence the endpoint picker) run this same loop.
 - no candidate's prediction arrived (Predictors down or late): admitted (fail open),
   reason ``"no_prediction"`` — astro cannot tell, and refusing on no evidence would turn
   a Predictor outage into an outage.
@@ -43,26 +52,27 @@ reads `PREDICTIONS`:
 Requests without a TTFT target are never judged: dispatch is bit-identical to before
 (`scripts/dispatch_equivalence.py`).
 
-Missing (issue 33): the ``"queue"`` mode (a bounded router queue by deadline then
-priority) is not built.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 
-ADMISSION_MODES = ("off", "reject")
+ADMISSION_MODES = ("off", "reject", "queue")
 PREFER = ("most", "least")
 MARGIN_FRAC = 0.1  # predicted TTFT × (1 + margin) must be ≤ the target
 TTFT_HEADER = "x-slo-ttft-ms"
 TPOT_HEADER = "x-slo-tpot-ms"
 CLASS_HEADER = "x-slo-class"
 REFUSED_TTFT = "slo_ttft_unmeetable"  # the refusal reason (Prometheus label, decision record)
+NO_ROOM = "slo_no_room"  # queue mode: a candidate's TTFT meets the target, none has room now: wait
+QUEUE_FULL = "router_queue_full"  # queue mode: shed from a full router queue
 
 
 @dataclass(frozen=True)
@@ -88,7 +98,7 @@ class RequestSlo:
 class Admission:
     """How the dispatcher treats requests with a TTFT target."""
 
-    # "off" | "reject" (module docstring)
+    # "off" | "reject" | "queue" (module docstring)
     mode: str = "reject"
     # predicted TTFT × (1 + margin_frac) must be ≤ the target (fraction ≥ 0)
     margin_frac: float = MARGIN_FRAC
@@ -104,11 +114,20 @@ class Admission:
     # lower priority is shed first: a request of priority p > 0 needs this much more room
     # per priority level (its reserve = room_reserve_frac + p × priority_reserve_frac)
     priority_reserve_frac: float = 0.05
+    # queue mode: requests held at most (a full queue sheds its least important)
+    queue_max: int = 256
+    # queue mode: seconds between decisions for the held requests
+    queue_retry_s: float = 0.05
 
     def __post_init__(self) -> None:
         if self.mode not in ADMISSION_MODES:
             raise AstroUserError(f"unknown admission mode {self.mode!r}", field="admission",
-                                 fix=f"use one of {', '.join(ADMISSION_MODES)} (queue is not built yet)")
+                                 fix=f"use one of {', '.join(ADMISSION_MODES)}")
+        if self.queue_max < 1:
+            raise AstroUserError(f"must be ≥ 1, got {self.queue_max}", field="admission_queue_max")
+        if not (self.queue_retry_s > 0 and math.isfinite(self.queue_retry_s)):
+            raise AstroUserError(f"must be a finite number > 0, got {self.queue_retry_s}",
+                                 field="admission_queue_retry_s")
         if self.prefer not in PREFER:
             raise AstroUserError(f"unknown headroom rule {self.prefer!r}", field="admission_prefer",
                                  fix=f"use one of {', '.join(PREFER)}")
@@ -162,7 +181,54 @@ def judge(slo: RequestSlo, candidates: Sequence[int], predicted_ttft_s: Mapping[
     if admission.mode == "off":
         return AdmissionVerdict(True, (), "no_headroom_off")
     best = min(predicted_ttft_s[i] for i in answered)
+    if admission.mode == "queue" and best * k <= target:  # in time, only no room now: wait for it
+        return AdmissionVerdict(False, (), NO_ROOM, 1)
     return AdmissionVerdict(False, (), REFUSED_TTFT, max(1, math.ceil(best * k - target)))
+
+
+def remaining_slo(slo: RequestSlo, arrival_s: float, now_s: float) -> RequestSlo | None:
+    """The request's SLO with its TTFT target cut to what is left at `now_s` of the one
+    it arrived with at `arrival_s` (same clock); None when nothing is left."""
+    assert slo.ttft_ms is not None
+    left_ms = slo.ttft_ms - (now_s - arrival_s) * 1000.0
+    return replace(slo, ttft_ms=left_ms) if left_ms > 0 else None
+
+
+class RouterQueue:
+    """The bounded router queue of `Admission` mode "queue" (module docstring): items in
+    the order they should be decided again — lower `priority` value (more important)
+    first, then earliest deadline, then arrival. Pure bookkeeping: the virtual cluster
+    and the live front door own the clock and the decisions."""
+
+    def __init__(self, max_len: int) -> None:
+        self.max_len = max_len
+        self._heap: list[tuple[int, float, int, Any]] = []
+        self._seq = 0
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def offer(self, item: Any, priority: int, deadline_s: float) -> Any | None:
+        """Hold `item`; when the queue is full, the least important of the held ones and
+        `item` (highest priority value, then latest deadline, then latest arrival) is
+        shed and returned (possibly `item` itself); None when nothing was shed."""
+        self._seq += 1
+        entry = (priority, deadline_s, self._seq, item)
+        if len(self._heap) < self.max_len:
+            heapq.heappush(self._heap, entry)
+            return None
+        worst = max(self._heap, key=lambda e: e[:3])
+        if entry[:3] >= worst[:3]:
+            return item
+        self._heap.remove(worst)
+        heapq.heapify(self._heap)
+        heapq.heappush(self._heap, entry)
+        return worst[3]
+
+    def take_all(self) -> list[Any]:
+        """Every held item, in decision order; the queue is left empty."""
+        out = [heapq.heappop(self._heap)[3] for _ in range(len(self._heap))]
+        return out
 
 
 def room_of(free_slots: int | None, free_blocks: int | None, min_slots: float = 0.0,
@@ -279,5 +345,6 @@ def parse_request_slo(headers: Mapping[str, str], priority: Any = None,
     )
 
 
-__all__ = ["ADMISSION_MODES", "DEFAULT_ADMISSION", "Admission", "AdmissionVerdict", "RequestSlo", "judge",
-           "least_headroom", "parse_request_slo", "parse_slo_class", "parse_slo_class_spec"]
+__all__ = ["ADMISSION_MODES", "DEFAULT_ADMISSION", "NO_ROOM", "QUEUE_FULL", "REFUSED_TTFT", "Admission",
+           "AdmissionVerdict", "RequestSlo", "RouterQueue", "judge", "least_headroom", "parse_request_slo",
+           "parse_slo_class", "parse_slo_class_spec", "remaining_slo"]

@@ -134,9 +134,11 @@ class SchedulerSection(_Strict):
                                         "ids are hashed")
     health_timeout_ms: float = Field(1000.0, gt=0, description="deadline of one health check or /status poll of an "
                                      "engine; a miss takes it out of rotation until a check passes")
-    admission: Literal["off", "reject"] = Field(
+    admission: Literal["off", "reject", "queue"] = Field(
         "reject", description="a request with a TTFT SLO (x-slo-ttft-ms / x-slo-class) that no instance is predicted "
-        "to meet: reject (HTTP 429, Retry-After) or off (dispatch it anyway); requests without an SLO are unaffected")
+        "to meet: reject (HTTP 429, Retry-After), queue (one in time but without room anywhere waits in a bounded "
+        "router queue, more important first, until room appears or its deadline passes), or off (dispatch it "
+        "anyway); requests without an SLO are unaffected")
     slo_classes: dict[str, dict[str, Any]] = Field(
         default_factory=dict, description="SLO classes by name: {ttft_ms, tpot_ms, priority}, chosen by the "
         "x-slo-class header or a class named like the request's model")

@@ -58,7 +58,15 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from rps_astro_cli.dispatch.admission import RequestSlo, parse_request_slo
+from rps_astro_cli.dispatch.admission import (
+    NO_ROOM,
+    QUEUE_FULL,
+    REFUSED_TTFT,
+    RequestSlo,
+    RouterQueue,
+    parse_request_slo,
+    remaining_slo,
+)
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol import openai as oa
 from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES, off_loop
@@ -146,6 +154,7 @@ class Route:
     tag_wait_us: float
     early: asyncio.Future[DispatchDecision | None] | None = None
     slo: RequestSlo | None = None  # its SLO (headers x-slo-*, body priority, recipe classes)
+    received_s: float = 0.0  # when its route began (time.perf_counter): its SLO's clock
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -171,6 +180,11 @@ class FrontDoor:
         self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
         self.cost = settings.cost_limits
         self._n = 0
+        adm = dispatcher.admission
+        # admission mode "queue": requests in time but without room anywhere now, decided
+        # again every `queue_retry_s` in the queue's order by one task (`_drain_queue`)
+        self.router_queue = RouterQueue(adm.queue_max) if adm.mode == "queue" else None
+        self._queue_task: asyncio.Task[None] | None = None
 
     def context_limit(self) -> int | None:
         """The largest context length (`max_model_len`, tokens) any instance reports in its
@@ -240,6 +254,7 @@ class FrontDoor:
         Raises:
             ApiError, HTTPUserError: the client's mistake (counted under `label`).
         """
+        received_s = time.perf_counter()
         tag_task = self.tags.start(raw)  # in parallel with parsing:
         if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
@@ -301,13 +316,62 @@ class FrontDoor:
         xargs = dict(body.get("vllm_xargs") or {})
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
-        return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early, slo)
+        return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early, slo, received_s)
 
     async def first_decision(self, r: Route, excluded: frozenset[int] = frozenset()) -> DispatchDecision | None:
-        """The route's decision: the early one when it was started, else one made now."""
-        if r.early is not None:
-            return await r.early
-        return await self.dispatcher.choose(r.cand, excluded, *r.blocks, slo=r.slo)
+        """The route's decision: the early one when it was started, else one made now. In
+        admission mode "queue", a request in time but without room anywhere waits in the
+        router queue for the decision that admits or finally refuses it (`_drain_queue`)."""
+        dec = await r.early if r.early is not None else await self.dispatcher.choose(r.cand, excluded, *r.blocks,
+                                                                                       slo=r.slo)
+        if dec is None or dec.refused != NO_ROOM or self.router_queue is None or r.slo is None:
+            return dec
+        assert r.slo.ttft_s is not None
+        fut: asyncio.Future[DispatchDecision | None] = asyncio.get_running_loop().create_future()
+        shed = self.router_queue.offer((r, excluded, fut), r.slo.priority, r.received_s + r.slo.ttft_s)
+        if shed is not None:
+            shed[2].set_result(replace(dec, refused=QUEUE_FULL, admission=QUEUE_FULL, retry_after_s=1,
+                                       reason=f"refused: {QUEUE_FULL}"))
+        if self._queue_task is None or self._queue_task.done():
+            self._queue_task = asyncio.ensure_future(self._drain_queue())
+        return await fut
+
+    async def _drain_queue(self) -> None:
+        """Every `queue_retry_s` while the router queue holds requests: decide each again
+        in the queue's order against what is left of its TTFT target; admitted ones go
+        on, ones out of time are refused, the rest wait for the next turn."""
+        assert self.router_queue is not None
+        while len(self.router_queue):
+            await asyncio.sleep(self.dispatcher.admission.queue_retry_s)
+            for item in self.router_queue.take_all():
+                r: Route = item[0]
+                excluded: frozenset[int] = item[1]
+                fut: asyncio.Future[DispatchDecision | None] = item[2]
+                if fut.done():  # the client left
+                    continue
+                assert r.slo is not None and r.slo.ttft_s is not None
+                slo = remaining_slo(r.slo, r.received_s, time.perf_counter())
+                try:
+                    dec = None if slo is None else await self.dispatcher.choose(r.cand, excluded, *r.blocks,
+                                                                                slo=slo)
+                except Exception as exc:  # noqa: BLE001 - one request's failure is its own
+                    if not fut.done():
+                        fut.set_exception(exc)
+                    continue
+                if fut.done():
+                    continue
+                if slo is None:
+                    fut.set_result(DispatchDecision(self.dispatcher.policy_name, (), -1,
+                                                    f"refused: {REFUSED_TTFT} (deadline passed in the router queue)",
+                                                    {}, refused=REFUSED_TTFT, admission=REFUSED_TTFT, retry_after_s=1))
+                elif dec is not None and dec.refused == NO_ROOM:
+                    shed = self.router_queue.offer(item, r.slo.priority, r.received_s + r.slo.ttft_s)
+                    if shed is not None:
+                        shed[2].set_result(replace(dec, refused=QUEUE_FULL, admission=QUEUE_FULL, retry_after_s=1,
+                                                   reason=f"refused: {QUEUE_FULL}"))
+                else:
+                    fut.set_result(dec)
+                    await asyncio.sleep(0)  # its handler takes the instance before the next decision
 
     async def handle(self, request: Request, endpoint: str) -> Response:
         t0, received_unix_s = time.perf_counter(), time.time()
@@ -468,8 +532,12 @@ class FrontDoor:
                               (slo.slo_class if slo is not None else None) or "").inc()
         self.m.requests.labels(label, "refused").inc()
         target = f"{slo.ttft_ms:g} ms" if slo is not None and slo.ttft_ms is not None else "its"
-        msg = (f"no instance is predicted to meet this request's TTFT SLO ({target}); retry after "
-               f"{dec.retry_after_s} s or relax x-slo-ttft-ms")
+        if reason == QUEUE_FULL:
+            msg = (f"the router queue is full of requests at least as important and urgent as this one "
+                   f"(TTFT SLO {target}); retry after {dec.retry_after_s} s")
+        else:
+            msg = (f"no instance is predicted to meet this request's TTFT SLO ({target}); retry after "
+                   f"{dec.retry_after_s} s or relax x-slo-ttft-ms")
         return msg, {"Retry-After": str(max(1, dec.retry_after_s))}
 
     def refusal(self, endpoint: str, dec: DispatchDecision, slo: RequestSlo | None) -> Response:

@@ -105,8 +105,10 @@ class SchedulerSettings:
     health_timeout_s: deadline of one engine health check or `/status` poll; a miss
         takes the engine out of rotation until a check passes.
     admission: what the dispatch does with a request whose TTFT SLO no candidate is
-        predicted to meet (`dispatch.admission`): "reject" (HTTP 429, `Retry-After`) or
-        "off" (dispatch it anyway). Requests without an SLO are never judged.
+        predicted to meet (`dispatch.admission`): "reject" (HTTP 429, `Retry-After`),
+        "queue" (one in time but without room anywhere waits in the router queue,
+        `FrontDoor.first_decision`), or "off" (dispatch it anyway). Requests without an
+        SLO are never judged.
     slo_classes: class name → its `RequestSlo` defaults, chosen by the `x-slo-class`
         header or a class named like the request's model.
     """
