@@ -39,4 +39,5 @@ def data_dir_problem() -> str | None:
     what = "is a file" if p.exists() else "does not exist"
     return (f"ASTRO_DATA_DIR={env} is not a folder (it {what}): NO data folder was used, so files "
             "the workload would read from it count as missing. Fix: set ASTRO_DATA_DIR to the data "
-            "folder (e.g. ../shared/data), or unset it")
+            "folder (e.g. ../shared/data), or unset it. docs/data.md says where to get ShareGPT, LLaVA, "
+            "BurstGPT and the Azure trace, and how to lay them out in that folder")
