@@ -154,7 +154,7 @@ def test_read_length_trace_and_simulate_cli(tmp_path) -> None:
     assert read_length_trace(trace).tolist() == [[20, 5], [40, 7]]  # failed row (0 reply) dropped
     out = tmp_path / "rec.jsonl"
     r = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "-n", "5", "--instances", "2",
-                                 "--rate", "50", "--out", str(out)])
+                                 "--rate", "50", "--policy", "round_robin", "--out", str(out)])
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [x["prompt_tokens"] for x in recs] == [20, 40, 20, 40, 20]

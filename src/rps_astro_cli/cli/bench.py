@@ -14,6 +14,7 @@ from rps_astro_cli.cli.common import (
     ParamOpt,
     console,
     err_console,
+    table_fits,
     user_errors,
     warn_key_on_command_line,
 )
@@ -73,7 +74,7 @@ def bench(
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="Virtual: in-instance policy (fcfs, rps, ...; default: the recipe's, else fcfs).")] = None,
     instance_policies: Annotated[str | None, typer.Option("--instance-policies", help="Compare in-instance policies, one run each, e.g. fcfs,rps (live: a fresh cluster from cluster.json's recipe per policy).")] = None,
     instance_param: InstanceParamOpt = None,
-    policies: Annotated[str | None, typer.Option("--policies", help="Compare dispatch policies, e.g. round_robin,llumnix,power_of_k.")] = None,
+    policies: Annotated[str | None, typer.Option("--policies", "--policy", help="Dispatch policy, or several to compare, e.g. round_robin,llumnix,power_of_k (--policy: the name astro simulate and astro serve use).  [default: power_of_k (virtual), or the recipe's; live: the cluster's]")] = None,
     k: Annotated[str | None, typer.Option("--k", help="power_of_k sample sizes, e.g. 2,4,all.")] = None,
     objective: Annotated[str | None, typer.Option("--objective", help="Virtual: power_of_k objective, ttft (default) or e2e (live: astro serve --objective).")] = None,
     param: ParamOpt = None,
@@ -99,7 +100,7 @@ def bench(
     workers: Annotated[int | None, typer.Option("--workers", help="--executor processes/ray (local): parallel runs (default: all cores).")] = None,
     fail_under: Annotated[float | None, typer.Option("--fail-under", help="Exit 1 when SLO attainment (good/all) is below this fraction.")] = None,
     slo_class: Annotated[list[str] | None, typer.Option("--slo-class", help="A per-request SLO class NAME:ttft_ms=1000,tpot_ms=100,share=0.7,priority=0 (repeat; shares ≤ 1 in all, the rest carry none): each request joins one by share (seeded by --seed), is sent with x-slo-class / x-slo-ttft-ms / x-slo-tpot-ms and its body priority (vLLM without --scheduling-policy priority rejects a nonzero one: use priority=0 there), and report.json's metrics.overall and metrics.NAME carry goodput_rps, slo_attainment and refused.")] = None,
-    admission: Annotated[str, typer.Option("--admission", help="Virtual: a request whose TTFT SLO no instance is predicted to meet (predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject (default; recorded as refused) | off (dispatched anyway). Live: the scheduler's own --admission decides.")] = "reject",
+    admission: Annotated[str, typer.Option("--admission", help="Virtual: a request whose TTFT SLO no instance is predicted to meet (predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject (default; recorded as refused) | queue (one in time but without room waits in the router queue, decided again every 50 ms) | off (dispatched anyway). Live: the scheduler's own --admission decides.")] = "reject",
     out: Annotated[str | None, typer.Option("--out", help="Report folder, new or existing (default bench-results/<workload>-<time>); checked before the run starts.")] = None,
     no_report: Annotated[bool, typer.Option("--no-report", help="Write no files.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json's content on stdout instead of the table.")] = False,
@@ -234,21 +235,18 @@ def _run_with_progress(cfg, run_bench):
             run = data["run"]
             state.setdefault("walls", []).append(run.wall_s)
             m = run.metrics["overall"]
-            prog.console.print(f"  done {run.label}: {m.num_completed}/{m.num_requests} ok, "
-                               f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, "
-                               f"{run.wall_s:.1f} s wall", highlight=False, soft_wrap=True)
+            _say(prog.console, f"done {run.label}: {m.num_completed}/{m.num_requests} ok, "
+                 f"P99 TTFT {_f(m.ttft_s.p99)} s, mean E2E {_f(m.e2e_s.mean)} s, {run.wall_s:.1f} s wall")
             if m.goodput_rps is not None:  # per-request SLO classes (--slo-class)
-                prog.console.print(f"  SLO classes: goodput {m.goodput_rps:.2f} req/s, attainment "
-                                   f"{m.slo_attainment:.1%}, refused {m.refused} (admission; not errors)",
-                                   highlight=False, soft_wrap=True)
+                _say(prog.console, f"SLO classes: goodput {m.goodput_rps:.2f} req/s, attainment "
+                     f"{m.slo_attainment:.1%}, refused {m.refused} (admission; not errors)")
             if m.num_failed:
                 from rps_astro_cli.bench.metrics import top_errors
 
                 prog.console.print(f"  [bold red]failed {m.num_failed}:[/] {top_errors(m.errors)}",
                                    highlight=False, soft_wrap=True)
         elif event == "probe":
-            prog.console.print(probe_line(data["search"], data["rate"], data["ok"], state), highlight=False,
-                               soft_wrap=True)
+            _say(prog.console, probe_line(data["search"], data["rate"], data["ok"], state))
         elif event == "request":
             key = "ok" if data["record"].success else "failed"
             state[key] += 1
@@ -256,6 +254,14 @@ def _run_with_progress(cfg, run_bench):
 
     with prog:
         return run_bench(cfg, on)
+
+
+def _say(con, text: str) -> None:
+    """One progress line, indented 2, wrapped at words to the console's width with the
+    continuation indented 6 (a label or number is never split)."""
+    from rps_astro_cli.cli.common import wrap_help
+
+    con.print(wrap_help(text.strip(), con.width, "  ", "      "), highlight=False, markup=False, soft_wrap=True)
 
 
 def _f(v) -> str:
@@ -293,11 +299,40 @@ COMPACT_COLUMNS = ("run", "ok/all", "TTFT mean", "TTFT p99", "TPOT mean", "ITL p
 """The default console table: fits 80 columns (the full one: --wide, report.md)."""
 
 
+def common_suffix(labels: list[str], sep: str = " @ ") -> str | None:
+    """The " @ <arrivals>" part every run label shares (None: they differ or have none),
+    e.g. ["round_robin @ poisson 5 req/s", "llumnix @ poisson 5 req/s"] → "poisson 5 req/s"."""
+    tails = {lab.split(sep, 1)[1] if sep in lab else None for lab in labels}
+    return tails.pop() if len(tails) == 1 else None
+
+
+def _label_table(out, title: str, caption: str | None, headers: list[str], rows: list[list[str]],
+                 left: int = 1):
+    """A compact table whose first column holds labels: when the labels as they are would
+    make it wider than `out`, they become numbers with a legend under the table (returned
+    as lines), so no row ever wraps and no label is cut. Returns (table, legend lines)."""
+    from rich import box
+    from rich.table import Table
+
+    def build(labels: list[str]) -> Table:
+        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, caption=caption)
+        for i, h in enumerate(headers):
+            t.add_column(h, no_wrap=True, justify="left" if i < left else "right")
+        for lab, row in zip(labels, rows):
+            t.add_row(lab, *row[1:])
+        return t
+
+    t = build([r[0] for r in rows])
+    if table_fits(out, t):
+        return t, []
+    return build([f"#{i}" for i in range(1, len(rows) + 1)]), [f"#{i} {r[0]}" for i, r in enumerate(rows, 1)]
+
+
 def print_summary(result, wide: bool = False) -> None:
     """Rich summary table (+ capacity table) of a `BenchResult`: the compact columns
-    (`COMPACT_COLUMNS`, 80 columns wide) by default, every column with `wide`. Numeric
-    cells never wrap; a long run label folds."""
-    from rich import box
+    (`COMPACT_COLUMNS`, fitting 80 columns: numeric cells and run labels never wrap; the
+    arrivals all runs share move to the title; labels too long for the width become #1,
+    #2, … with a legend) by default, every column with `wide`."""
     from rich.console import Console
     from rich.table import Table
 
@@ -306,8 +341,11 @@ def print_summary(result, wide: bool = False) -> None:
     out = console if console.is_terminal else Console(width=200) if wide else Console()
     rep = report_dict(result)
     tdef = "" if rep["target"].get("mode") == "virtual" else f"; TTFT/ITL: {rep['config'].get('ttft_definition')}"
-    title = f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}); {time_unit(rep)}{tdef}"
     rows = summary_rows(rep)  # class rows only when the run has more than one class
+    arrivals = common_suffix([r[0] for r in rows]) if not wide else None
+    at = f" @ {arrivals}" if arrivals else ""
+    title = f"astro bench — {rep['workload']['name']} ({rep['target'].get('mode')}){at}; {time_unit(rep)}{tdef}"
+    legend: list[str] = []
     if wide:
         t = Table(title=title, show_lines=False)
         for c in SUMMARY_COLUMNS:
@@ -315,43 +353,58 @@ def print_summary(result, wide: bool = False) -> None:
         for row in rows:
             t.add_row(*row)
     else:
-        t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, caption="seconds; every column: --wide, report.md")
         idx = [SUMMARY_COLUMNS.index(c) for c in COMPACT_COLUMNS[1:]]
-        t.add_column("run", overflow="fold", ratio=1)
-        for c in COMPACT_COLUMNS[1:]:
-            t.add_column(c.replace(" ", "\n"), no_wrap=True, justify="right")
+        short = []
         for row in rows:
-            label = row[0] if row[1] == "overall" else f"{row[0]} · {row[1]}"
-            t.add_row(label, *[row[i] for i in idx])
+            label = row[0].removesuffix(at) if at else row[0]
+            short.append([label if row[1] == "overall" else f"{label} · {row[1]}", *[row[i] for i in idx]])
+        headers = ["run", *(c.replace(" ", "\n") for c in COMPACT_COLUMNS[1:])]
+        t, legend = _label_table(out, title, "seconds; every column: --wide, report.md", headers, short)
     out.print(t)
+    for line in legend:
+        out.print(line, highlight=False, markup=False)
     if rep["capacity"]:
+        _print_capacity(out, rep["capacity"], fmt, wide)
+
+
+def _print_capacity(out, capacity: list[dict], fmt, wide: bool) -> None:
+    """The SLO-capacity table: one line per policy (the goal, when all share it, in the
+    title) and each policy's note below it as a paragraph, wrapped at words."""
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    goals = {c["goal"] for c in capacity}
+    one_goal = len(goals) == 1 and not wide
+    if wide:
         ct = Table(title="SLO capacity")
         for c in ("policy", "goal", "capacity req/s", "interpolated", "probes", "note"):
             ct.add_column(c)
-        for c in rep["capacity"]:
+        for c in capacity:
             ct.add_row(c["label"], c["goal"], fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
                        str(len(c["probes"])), c["note"])
         out.print(ct)
-
-
-def _plain_help_command():
-    """A Typer command class with click's plain help: bench has ~60 options, and Rich's
-    option table cut their names at 80 columns (`--max-prompt-toke…`); click's layout
-    never cuts a name (a long one gets its help on the next line)."""
-    from typer.core import TyperCommand
-
-    class PlainHelpCommand(TyperCommand):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.rich_markup_mode = None
-
-    return PlainHelpCommand
+        return
+    headers = ["policy", *([] if one_goal else ["goal"]), "capacity\nreq/s", "interpolated\nreq/s", "probes"]
+    rows = [[c["label"], *([] if one_goal else [c["goal"]]), fmt(c["capacity_rps"]), fmt(c["interpolated_rps"]),
+             str(len(c["probes"]))] for c in capacity]
+    title = f"SLO capacity — {goals.pop()}" if one_goal else "SLO capacity"
+    ct, legend = _label_table(out, title, None, headers, rows, left=1 if one_goal else 2)
+    out.print(ct)
+    for line in legend:
+        out.print(line, highlight=False, markup=False)
+    for c in capacity:
+        if c["note"]:
+            out.print(Padding(Text(f"{c['label']}: {c['note']}"), (0, 0, 0, 2)), highlight=False)
 
 
 def register(app: typer.Typer) -> None:
     """Add `astro bench` to the root app."""
-    app.command("bench", cls=_plain_help_command(),
-                context_settings={"max_content_width": 100})(bench)
+    from rps_astro_cli.cli.common import HELP_CLASSES
+
+    # click's plain help (as every astro command, `cli.main`): bench has ~60 options, and
+    # Rich's option table cut their names at 80 columns (`--max-prompt-toke…`)
+    app.command("bench", cls=HELP_CLASSES[0], context_settings={"max_content_width": 100})(bench)
 
 
 __all__ = ["bench", "register", "print_summary"]

@@ -28,6 +28,64 @@ def policy_rows() -> list[dict]:
     return rows
 
 
+def short_description(summary: str, room: int) -> str:
+    """The summary's first sentence, cut at a word to `room` characters ("…" marks a cut)."""
+    import re
+
+    first = re.split(r"(?<=[.!?])\s+(?=[A-Z`])", summary, maxsplit=1)[0]
+    if len(first) <= room:
+        return first
+    cut = first[: max(room - 1, 1)]
+    if " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" ,;:—-") + "…"
+
+
+def _print_compact(rows: list[dict], width: int) -> None:
+    """One line per policy (name, parameter count, first sentence of its summary), grouped
+    by family; every line fits `width`."""
+    nw = max([len("name")] + [len(r["name"]) for r in rows])
+    head = {"dispatch": "dispatch policies: --policy NAME, --param NAME=VALUE",
+            "instance": "instance policies: --instance-policy NAME, --instance-param NAME=VALUE"}
+    lines: list[str] = []
+    for fam in ("dispatch", "instance"):
+        group = [r for r in rows if r["family"] == fam]
+        if not group:
+            continue
+        if lines:
+            lines.append("")
+        lines += [head[fam], f"  {'name':<{nw}}  params  description"]
+        room = max(width - nw - 12, 10)
+        lines += [f"  {r['name']:<{nw}}  {len(r['params']):>6}  {short_description(r['summary'], room)}"
+                  for r in group]
+    lines += ["", "parameters, defaults and full descriptions: astro policies --verbose"]
+    for line in lines:
+        typer.echo(line)
+
+
+def _print_verbose(rows: list[dict], width: int) -> None:
+    """Each policy: its summary, then each parameter (accepted values, default, recipe key,
+    help), wrapped at words to `width`."""
+    from rps_astro_cli.cli.common import wrap_help
+
+    out: list[str] = []
+    for r in rows:
+        if out:
+            out.append("")
+        out.append(wrap_help(f"{r['name']} ({r['family']} policy; {r['flag']} NAME=VALUE)", width, "", "    "))
+        out.append(wrap_help(r["summary"], width, "  ", "  "))
+        for p in r["params"]:
+            key = f"; recipe key {p['recipe_key']}" if p.get("recipe_key") else ""
+            out.append(wrap_help(f"{p['name']}: {p['accepts']}; default {p['default']!r}{key}", width,
+                                 "  - ", "      "))
+            if p["help"]:
+                out.append(wrap_help(p["help"], width, "      ", "      "))
+        if not r["params"]:
+            out.append("  (no parameters)")
+    for line in "\n".join(out).splitlines():
+        typer.echo(line)
+
+
 def register(app: typer.Typer) -> None:
     """Add the `policies` command to the root app."""
 
@@ -35,9 +93,12 @@ def register(app: typer.Typer) -> None:
     @user_errors
     def policies(
         family: Annotated[str | None, typer.Option("--family", help="dispatch | instance (default both).")] = None,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Each policy's full description and its "
+                                              "parameters (accepted values, default, help).")] = False,
         as_json: JsonOpt = False,
     ) -> None:
-        """List dispatch and instance policies with their declared parameters."""
+        """List dispatch and instance policies: one line each (name, parameter count, short
+        description); --verbose adds their parameters."""
         import json
 
         from rps_astro_cli.errors import AstroUserError
@@ -48,13 +109,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, default=str))
             return
-        from rich.table import Table
-
-        t = Table(title="astro policies (set parameters with --param / --instance-param NAME=VALUE)")
-        for c in ("family", "name", "parameters", "summary"):
-            t.add_column(c, overflow="fold")
-        for r in rows:
-            ps = "\n".join(f"{p['name']}: {p['accepts']} (default {p['default']!r}) — {p['help']}"
-                           for p in r["params"]) or "—"
-            t.add_row(r["family"], r["name"], ps, r["summary"])
-        console.print(t)
+        if verbose:
+            _print_verbose(rows, console.width)
+        else:
+            _print_compact(rows, console.width)

@@ -31,6 +31,38 @@ def _summary(p) -> dict:  # p: ExecutionProfile
     }
 
 
+def _definitions(pairs: list[tuple[str, str]], width: int, indent: str = "  ", col_max: int = 30) -> list[str]:
+    """`term  value` lines, values wrapped at words under their column (a term wider than
+    `col_max` gets its value on the next line): fits `width` and never splits a word."""
+    from rps_astro_cli.cli.common import wrap_help
+
+    col = min(max((len(k) for k, _ in pairs), default=0), col_max) + 2
+    pad = indent + " " * col
+    lines: list[str] = []
+    for k, v in pairs:
+        body = wrap_help(v, max(width - len(pad), 20)).splitlines() or [""]
+        if len(k) <= col - 2:
+            lines.append(f"{indent}{k:<{col}}{body[0]}".rstrip())
+        else:
+            lines += [f"{indent}{k}", pad + body[0]]
+        lines += [pad + b for b in body[1:]]
+    return lines
+
+
+def _tree(obj: dict, width: int, indent: str) -> list[str]:
+    """A nested dict as indented `key: value` lines, wrapped at words to `width`."""
+    from rps_astro_cli.cli.common import wrap_help
+
+    lines: list[str] = []
+    for k, v in obj.items():
+        if isinstance(v, dict):
+            lines.append(f"{indent}{k}:")
+            lines += _tree(v, width, indent + "  ")
+        else:
+            lines += wrap_help(f"{k}: {v}", width, indent, indent + "    ").splitlines()
+    return lines
+
+
 def register(app: typer.Typer) -> None:
     """Add the `profiles` group to the root app."""
     grp = typer.Typer(help="Execution-time profiles (step-latency coefficients per model × GPU × TP).",
@@ -50,18 +82,21 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
             return
-        t = Table(title="shipped execution profiles (artifacts/profiles/)", box=box.SIMPLE_HEAD, show_edge=False, padding=0, collapse_padding=True)
+        t = Table(title="shipped execution profiles (artifacts/profiles/)", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1), pad_edge=False, collapse_padding=True)
         t.add_column("id", no_wrap=True)
         t.add_column("GPU×TP", no_wrap=True)
-        for col in ("blocks", "dec1 ms", "dec48 ms", "pf512 ms", "MAPE%"):
+        for col in ("blocks", "dec1", "dec48", "pf512", "MAPE%"):
             t.add_column(col, justify="right", no_wrap=True)
         for r in rows:
             t.add_row(r["profile_id"], f"{r['gpu']}×{r['tp']}", str(r["num_gpu_blocks"]),
                       f"{r['decode_b1_ctx500_ms']:.1f}", f"{r['decode_b48_ctx500_ms']:.1f}",
                       f"{r['prefill_512_ms']:.1f}", str(r["linear_holdout_mape_pct"]))
         console.print(t)
-        console.print("dec1/dec48: decode step at batch 1/48, 500 context tokens each; pf512: one 512-token "
-                      "prefill chunk; MAPE%: held-out error of the linear-layer fit (astro profiles show ID)")
+        for line in ("", "dec1, dec48: decode step (ms) at batch 1 / 48, 500 context tokens each",
+                     "pf512: one 512-token prefill chunk (ms)",
+                     "MAPE%: held-out error of the linear-layer fit (astro profiles show ID)"):
+            typer.echo(line)
 
     @grp.command("show")
     @user_errors
@@ -70,8 +105,6 @@ def register(app: typer.Typer) -> None:
         as_json: JsonOpt = False,
     ) -> None:
         """Coefficients, limits, fit errors and sources of one profile."""
-        from rich.table import Table
-
         from rps_astro_cli.sim.profile import load_profile
 
         p = load_profile(profile_id)
@@ -79,26 +112,25 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(p.to_dict(), indent=2))
             return
         s = _summary(p)
-        console.print(f"[bold]{p.profile_id}[/]: {p.model} on {p.gpu}, TP{p.tp}")
-        t = Table(title="step model (seconds unless named)")
-        t.add_column("term")
-        t.add_column("value")
-        for k, v in (("base_s", p.base_s), ("per_seq_s", p.per_seq_s),
-                     ("decode_attn_s_per_ctx_token", p.decode_attn_s_per_ctx_token),
-                     ("prefill_attn_s_per_token_pair", p.prefill_attn_s_per_token_pair)):
-            t.add_row(k, f"{v:.4g}")
-        t.add_row("linear_s(tokens) ms", ", ".join(f"{k}:{v * 1e3:.1f}" for k, v in zip(p.token_knots, p.token_s)))
-        t.add_row("limits", f"blocks {p.num_gpu_blocks} × {p.block_size} tokens, max_num_seqs {p.max_num_seqs}, "
-                  f"max_num_batched_tokens {p.max_num_batched_tokens}, max_model_len {p.max_model_len}")
-        t.add_row("output_len", f"lognormal mu {p.output_len.mu}, sigma {p.output_len.sigma}, max {p.output_len.max_tokens}")
+        width = console.width
+        out = [f"{p.profile_id}: {p.model} on {p.gpu}, TP{p.tp}", "", "step model (seconds unless named)"]
+        terms = [(k, f"{v:.4g}") for k, v in (("base_s", p.base_s), ("per_seq_s", p.per_seq_s),
+                                              ("decode_attn_s_per_ctx_token", p.decode_attn_s_per_ctx_token),
+                                              ("prefill_attn_s_per_token_pair", p.prefill_attn_s_per_token_pair))]
+        terms.append(("linear_s(tokens) ms", ", ".join(f"{k}:{v * 1e3:.1f}" for k, v in zip(p.token_knots, p.token_s))))
+        terms.append(("limits", f"blocks {p.num_gpu_blocks} × {p.block_size} tokens, max_num_seqs {p.max_num_seqs}, "
+                      f"max_num_batched_tokens {p.max_num_batched_tokens}, max_model_len {p.max_model_len}"))
+        terms.append(("output_len", f"lognormal mu {p.output_len.mu}, sigma {p.output_len.sigma}, "
+                      f"max {p.output_len.max_tokens}"))
         if p.vision:
-            t.add_row("vision", json.dumps(p.vision.__dict__))
-        t.add_row("decode b1 / b48 (ctx 500) ms", f"{s['decode_b1_ctx500_ms']} / {s['decode_b48_ctx500_ms']}")
-        t.add_row("prefill 512 ms", str(s["prefill_512_ms"]))
-        console.print(t)
-        console.print("[bold]fit (held-out error):[/]")
-        console.print_json(json.dumps(p.fit))
-        console.print("[bold]sources:[/] see `astro profiles show " + p.profile_id + " --json` (field 'sources')")
+            terms.append(("vision", json.dumps(p.vision.__dict__)))
+        terms.append(("decode b1 / b48 (ctx 500) ms", f"{s['decode_b1_ctx500_ms']} / {s['decode_b48_ctx500_ms']}"))
+        terms.append(("prefill 512 ms", str(s["prefill_512_ms"])))
+        out += _definitions(terms, width)
+        out += ["", "fit (held-out error)"] + _tree(p.fit, width, "  ")
+        out += ["", f"sources: astro profiles show {p.profile_id} --json (field 'sources')"]
+        for line in out:
+            typer.echo(line)
 
     @grp.command("fit")
     @user_errors

@@ -35,30 +35,30 @@ BodyOpt = Annotated[int, typer.Option("--max-body-bytes", help="Largest request 
 @user_errors
 def cluster(
     ctx: typer.Context,
-    instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).")] = None,
+    instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).  [default: 4, or the recipe's]")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe YAML (path or name under recipes/).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (power_of_k, llumnix, least_kv, "
-                                               "...; `astro policies` lists them with their parameters).")] = None,
-    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, or 'all' (full fanout).")] = None,
-    objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.")] = None,
+                                               "...; `astro policies` lists them with their parameters).  [default: power_of_k, or the recipe's]")] = None,
+    k: Annotated[str | None, typer.Option("--k", help="power_of_k sample size, 'all' (full fanout) or 'auto' (full fanout up to 8 engines, else the 8 least loaded).  [default: auto, or the recipe's]")] = None,
+    objective: Annotated[str | None, typer.Option("--objective", help="power_of_k objective: e2e | ttft.  [default: ttft, or the recipe's]")] = None,
     param: ParamOpt = None,
     profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path: one for every engine, or P1,P2,... one per engine (a heterogeneous fleet; as many as --instances).")] = None,
     predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="The profile the Predictors simulate: one for all, or P1,P2,... one per engine (default: each its engine's; another one = a model-mismatch experiment).")] = None,
     calibration: Annotated[str | None, typer.Option("--calibration", help="online (default): each Predictor refits its step model from its engine's steps; off: keep the profile, only track its error.")] = None,
-    time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).")] = None,
-    instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.")] = None,
+    time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).  [default: 1.0, or the recipe's]")] = None,
+    instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.  [default: fcfs, or the recipe's]")] = None,
     instance_param: InstanceParamOpt = None,
-    backend: Annotated[str | None, typer.Option("--backend", help="Engine backend of every instance: sim | vllm.")] = None,
+    backend: Annotated[str | None, typer.Option("--backend", help="Engine backend of every instance: sim | vllm.  [default: sim, or the recipe's]")] = None,
     model: Annotated[str | None, typer.Option("--model", help="vllm backend: model path or name (added to the engines' vLLM flags).")] = None,
     engine_arg: Annotated[list[str] | None, typer.Option("--engine-arg", help="vllm backend: one more vLLM flag or value for every engine (repeat).")] = None,
-    host: Annotated[str | None, typer.Option("--host", help="Scheduler bind address (default 127.0.0.1).")] = None,
-    port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).")] = None,
+    host: Annotated[str | None, typer.Option("--host", help="Scheduler bind address.  [default: 127.0.0.1, or the recipe's]")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="Scheduler port (0 = any free port).  [default: 0, or the recipe's]")] = None,
     api_key: KeyOpt = None,
-    restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child within 60 s (older ones are forgiven).")] = None,
+    restart_crashed: Annotated[int | None, typer.Option("--restart-crashed", help="Restarts per crashed child within 60 s (older ones are forgiven).  [default: 3, or the recipe's]")] = None,
     oracle_lengths: Annotated[bool | None, typer.Option("--oracle-lengths/--no-oracle-lengths", help="Scheduler uses the true lengths the bench sends (ablation).")] = None,
-    admission: Annotated[str | None, typer.Option("--admission", help="Requests with a TTFT SLO no instance is predicted to meet: reject (HTTP 429; default) | off (recipe scheduler.admission).")] = None,
+    admission: Annotated[str | None, typer.Option("--admission", help="Requests with a TTFT SLO no instance is predicted to meet: reject (HTTP 429; default) | queue (one in time but without room waits in a bounded router queue) | off (recipe scheduler.admission).")] = None,
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
-    run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder (default runs/serve-<time>).")] = None,
+    run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder.  [default: runs/serve-<time>]")] = None,
 ) -> None:
     """With no role: start N sim engines + N Predictors + tagger + scheduler on loopback,
     print their endpoints, write cluster.json, and supervise them until Ctrl-C."""
@@ -127,26 +127,42 @@ def _fleet_text(sup) -> str:
 
 
 def _print_table(info: dict, cluster_json: str) -> None:
+    """The cluster's endpoints, one row per process: URLs never cut or wrapped (users copy
+    them). When the profile column would make the table wider than the console, the
+    profiles go below it, one line per engine, instead."""
+    from rich import box
     from rich.table import Table
 
-    from rps_astro_cli.cli.common import console
+    from rps_astro_cli.cli.common import console, table_fits
 
-    t = Table(title=f"astro cluster '{info['name']}' — policy {info['policy']}")
-    t.add_column("role")
-    t.add_column("name")
-    t.add_column("url", no_wrap=True)  # copied by users: never cut
-    t.add_column("pid", justify="right")
-    t.add_column("profile", overflow="fold")
-    t.add_row("scheduler", "scheduler", info["scheduler"]["openai_base_url"], str(info["scheduler"]["pid"]), "")
+    rows = [("scheduler", "scheduler", info["scheduler"]["openai_base_url"], str(info["scheduler"]["pid"]), "")]
     if info["tagger"]:
-        t.add_row("tagger", "tagger", info["tagger"]["url"], str(info["tagger"]["pid"]), "")
+        rows.append(("tagger", "tagger", info["tagger"]["url"], str(info["tagger"]["pid"]), ""))
     for inst in info["instances"]:
-        t.add_row("engine", inst["name"], inst["engine_url"], str(inst["engine_pid"]), inst.get("profile") or "")
+        rows.append(("engine", inst["name"], inst["engine_url"], str(inst["engine_pid"]), inst.get("profile") or ""))
         if inst["predictor_url"]:
-            t.add_row("predictor", inst["name"].replace("engine", "predictor"), inst["predictor_url"],
-                      str(inst["predictor_pid"]), inst.get("assumed_profile") or "")
-    console.print(t)
-    console.print(f"endpoints written to {cluster_json}; model {info['model']}; Ctrl-C stops every child")
+            rows.append(("predictor", inst["name"].replace("engine", "predictor"), inst["predictor_url"],
+                         str(inst["predictor_pid"]), inst.get("assumed_profile") or ""))
+
+    def build(with_profile: bool) -> Table:
+        t = Table(title=f"astro cluster '{info['name']}' — policy {info['policy']}", box=box.SIMPLE_HEAD,
+                  show_edge=False, pad_edge=False, collapse_padding=True)
+        for c in ("role", "name", "url", "pid", *(("profile",) if with_profile else ())):
+            t.add_column(c, no_wrap=True, justify="right" if c == "pid" else "left")
+        for r in rows:
+            t.add_row(*(r if with_profile else r[:4]))
+        return t
+
+    t = build(True)
+    below = not table_fits(console, t)
+    console.print(build(False) if below else t)
+    if below:
+        console.print()
+        for r in rows:
+            if r[4]:
+                console.print(f"{r[1]}: profile {r[4]}", highlight=False, markup=False)
+    console.print(f"endpoints written to {cluster_json}; model {info['model']}; Ctrl-C stops every child",
+                  highlight=False)
 
 
 @serve_app.command("predictor")
@@ -217,7 +233,7 @@ DiscoverNamespaceOpt = Annotated[str | None, typer.Option(
 TaggerOpt = Annotated[str | None, typer.Option("--tagger", help="Tagger URL (default: tag in-process).")]
 PolicyOpt = Annotated[str, typer.Option("--policy", help="Dispatch policy (`astro policies` lists them).")]
 KOpt = Annotated[str | None, typer.Option(
-    "--k", help="power_of_k sample size (≤ engines) or 'all' (the default: every engine's Predictor is asked).")]
+    "--k", help="power_of_k sample size (≤ engines), 'all' (every engine's Predictor is asked) or 'auto' (all up to 8 engines, else the 8 least loaded).  [default: auto]")]
 ObjectiveOpt = Annotated[str, typer.Option("--objective", help="power_of_k objective: ttft (default) | e2e.")]
 LlumnixVariantOpt = Annotated[str, typer.Option("--llumnix-variant", help="astrolabe (Llumnix-) | code.")]
 PredictDeadlineOpt = Annotated[float, typer.Option("--predict-deadline-ms", help="Predict RPC deadline (ms).")]
@@ -243,8 +259,10 @@ TokenizeDeadlineOpt = Annotated[float, typer.Option(
     "--tokenize-deadline-ms", help="Deadline of that /tokenize RPC (ms); then the fallback ids are hashed.")]
 AdmissionOpt = Annotated[str, typer.Option(
     "--admission", help="A request with a TTFT SLO (x-slo-ttft-ms, x-slo-class) that no instance is predicted to meet "
-    "(predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject (default; HTTP 429 + Retry-After) or off (dispatch it anyway). Requests "
-    "without an SLO are unaffected. (queue: not built yet.)")]
+    "(predicted TTFT x 1.1 over it, or no room now: 5 % of batch slots and KV blocks free after it): reject "
+    "(default; HTTP 429 + Retry-After), queue (one in time but without room waits in a bounded router queue, "
+    "more important first, until room appears or its deadline passes) or off (dispatch it anyway). Requests "
+    "without an SLO are unaffected.")]
 SloClassOpt = Annotated[list[str] | None, typer.Option(
     "--slo-class", help="An SLO class NAME:ttft_ms=1000,tpot_ms=100,priority=0 (repeat), chosen by the x-slo-class "
     "header or a class named like the request's model.")]

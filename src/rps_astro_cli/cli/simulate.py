@@ -16,12 +16,24 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, SeedOpt, console, user_errors
+from rps_astro_cli.cli.common import (
+    InstanceParamOpt,
+    ParamOpt,
+    SeedOpt,
+    console,
+    deprecated_alias,
+    pick_alias,
+    user_errors,
+)
 
 if TYPE_CHECKING:
     import numpy as np
 
     from rps_astro_cli.cluster import TimedRequest
+
+DEFAULT_POLICY = "power_of_k"
+"""Dispatch policy without --policy or a recipe: the one `astro bench --virtual` and
+`astro serve` use."""
 
 _DATASETS = {
     "astrolabe-sharegpt": "traces/astrolabe_sharegpt_val_10k_llama2.csv",
@@ -50,7 +62,7 @@ def _mooncake_requests(path: Path, num_requests: int, rate: float, max_model_len
     from rps_astro_cli.tokens import token_ids_fallback
 
     if not rate > 0:
-        raise AstroUserError(f"must be > 0, got {rate}", field="--rate")
+        raise AstroUserError(f"must be > 0, got {rate}", field="--request-rate")
     opts = WorkloadOptions(path=path, num_requests=num_requests, max_prompt_tokens=max(1, max_model_len - 512),
                            max_total_tokens=max_model_len)
     wl = load_workload("mooncake", opts, rng)
@@ -65,13 +77,14 @@ def register(app: typer.Typer) -> None:
     @app.command("simulate")
     @user_errors
     def simulate(
-        trace: Annotated[Path | None, typer.Option("--trace", help="CSV length trace (prompt/output token columns), or a Mooncake block-hash trace (*.jsonl: prompts share blocks as its hash_ids do; docs/workloads-mooncake.md).")] = None,
-        dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --trace: {', '.join(_DATASETS)}.")] = None,
+        ctx: typer.Context,
+        path: Annotated[Path | None, typer.Option("--path", help="CSV length trace (prompt/output token columns), or a Mooncake block-hash trace (*.jsonl: prompts share blocks as its hash_ids do; docs/workloads-mooncake.md).")] = None,
+        dataset: Annotated[str | None, typer.Option("--dataset", help=f"Named trace from the sample-data folder (not shipped with the package: set ASTRO_DATA_DIR, default ../shared/data) instead of --path: {', '.join(_DATASETS)}.")] = None,
         recipe: Annotated[str | None, typer.Option("--recipe", help="An astro serve recipe (name under recipes/ or YAML path): its instances (or instance groups, each with its profile and limits), instance policy and dispatch policy; flags given win.")] = None,
         instances: Annotated[int | None, typer.Option("--instances", help="Number of simulated instances (≥ 1; default: the recipe's, else one per --profile listed, else 12).")] = None,
-        rate: Annotated[float, typer.Option("--rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
+        request_rate: Annotated[float, typer.Option("--request-rate", help="Poisson arrival rate (requests/s, > 0).")] = 30.0,
         num_requests: Annotated[int, typer.Option("--num-requests", "-n", help="Requests to simulate (trace rows cycle).")] = 1000,
-        policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`; default: the recipe's with its parameters, else round_robin).")] = None,
+        policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (round_robin, power_of_k, least_kv, ...; see `astro policies`).  [default: power_of_k, or the recipe's with its parameters]")] = None,
         k: Annotated[str | None, typer.Option("--k", help="power_of_k: sample size (int or 'all').")] = None,
         param: ParamOpt = None,
         instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy (fcfs, ...; default: the recipe's, else fcfs).")] = None,
@@ -80,6 +93,8 @@ def register(app: typer.Typer) -> None:
         predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="The profile the Predictors' look-ahead is told: one for all, or P1,P2,... one per instance (default: each its instance's own).")] = None,
         seed: SeedOpt = 0,
         out: Annotated[Path, typer.Option("--out", help="Records file (JSON lines, one per request).")] = Path("records.jsonl"),
+        old_trace: Annotated[Path | None, typer.Option("--trace", hidden=True, callback=deprecated_alias("--trace", "--path"))] = None,
+        old_rate: Annotated[float | None, typer.Option("--rate", hidden=True, callback=deprecated_alias("--rate", "--request-rate"))] = None,
     ) -> None:
         """Simulate a cluster in virtual time: trace lengths, Poisson arrivals, a dispatch
         policy; writes per-request records (arrival, dispatch, first token, finish,
@@ -99,8 +114,10 @@ def register(app: typer.Typer) -> None:
         from rps_astro_cli.services.config import parse_config, split_profiles, with_fleet
         from rps_astro_cli.types import InstanceConfig
 
+        trace = pick_alias(ctx, "--path", path, "--trace", old_trace)
+        rate = pick_alias(ctx, "--request-rate", request_rate, "--rate", old_rate)
         if (trace is None) == (dataset is None):
-            raise AstroUserError("give exactly one of --trace FILE or --dataset NAME", field="--trace")
+            raise AstroUserError("give exactly one of --path FILE or --dataset NAME", field="--path")
         if dataset is not None:
             if dataset not in _DATASETS:
                 raise AstroUserError(f"unknown dataset {dataset!r}", field="--dataset",
@@ -109,11 +126,11 @@ def register(app: typer.Typer) -> None:
             if root is None:
                 raise AstroUserError(f"--dataset {dataset} needs the sample-data folder and none was found",
                                      fix=f"set ASTRO_DATA_DIR to the folder holding {_DATASETS[dataset]}, "
-                                         "or pass --trace FILE")
+                                         "or pass --path FILE")
             trace = root / _DATASETS[dataset]
             if not trace.is_file():
                 raise AstroUserError(f"--dataset {dataset}: {trace} is missing from the sample-data folder {root}",
-                                     fix="point ASTRO_DATA_DIR at a folder holding it, or pass --trace FILE")
+                                     fix="point ASTRO_DATA_DIR at a folder holding it, or pass --path FILE")
         if instances is not None and instances < 1:
             raise AstroUserError(f"must be ≥ 1, got {instances}", field="--instances")
         rc = load_bench_recipe(recipe) if recipe else None
@@ -139,15 +156,23 @@ def register(app: typer.Typer) -> None:
         fields.update({n: f"--param {n}" for n in given})
         if k is not None:
             params["k"], fields["k"] = k, "--k"
-        policy = policy or (rc.scheduler.policy if rc else "round_robin")
+        policy = policy or (rc.scheduler.policy if rc else DEFAULT_POLICY)
         dispatch = make_dispatch(policy, fields=fields, **params)
         rng = np.random.default_rng(seed)
         max_len = min(c.max_model_len for c in configs)
-        assert trace is not None  # --trace, or --dataset's file (checked above)
-        if trace.suffix == ".jsonl":
-            reqs = _mooncake_requests(trace, num_requests, rate, max_len, rng)
-        else:
-            reqs = poisson_workload(read_length_trace(trace), num_requests, rate, max_len, rng)
+        assert trace is not None  # --path, or --dataset's file (checked above)
+        try:
+            if trace.suffix == ".jsonl":
+                reqs = _mooncake_requests(trace, num_requests, rate, max_len, rng)
+            else:
+                reqs = poisson_workload(read_length_trace(trace), num_requests, rate, max_len, rng)
+        except AstroUserError as exc:  # the library names the old flags: name the ones given
+            renames = {old: new for old, new, given in (("--trace", "--path", old_trace is None),
+                                                         ("--rate", "--request-rate", old_rate is None)) if given}
+            if exc.field not in renames:
+                raise
+            raise AstroUserError(str(exc).replace(exc.field, renames[exc.field]),
+                                 field=renames[exc.field]) from None
         hetero = fleet.heterogeneous
         extra = {} if fleet.assumed is None else {"predictor_latency": list(fleet.assumed)}
         res = simulate_cluster(reqs, len(configs), dispatch, list(fleet.profiles) if hetero else prof,
