@@ -288,3 +288,18 @@ def test_serve_endpoint_table_keeps_urls_and_profiles_whole(capsys, monkeypatch)
     assert not _long_lines(out), _long_lines(out)
     _assert_no_wrapped_row(out, ["http://127.0.0.1:45678/v1", "http://127.0.0.1:45801", *profiles],
                            last_filled=False)
+
+
+def test_live_and_virtual_runs_of_the_default_policy_share_a_label():
+    """A live cluster's policy (cluster.json) shows its k only when it is not the default,
+    as a virtual run of `power_of_k` without --k does."""
+    from rps_astro_cli.bench.arrivals import ArrivalSpec
+    from rps_astro_cli.bench.runner import _label
+
+    spec = ArrivalSpec("poisson", 5.0)
+    virtual = _label("power_of_k", None, spec)
+    assert virtual.startswith("power_of_k @ ")
+    assert _label(None, None, spec, {"policy": {"name": "power_of_k", "k": "auto"}}) == virtual
+    assert _label(None, None, spec, {"policy": {"name": "power_of_k", "k": 2}}).startswith("power_of_k k=2 @ ")
+    assert _label(None, None, spec, {"policy": {"name": "power_of_k", "k": "all"}}).startswith("power_of_k k=all @")
+    assert _label(None, None, spec, None).startswith("server @ ")

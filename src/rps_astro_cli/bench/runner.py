@@ -230,10 +230,15 @@ def _variants(cfg: BenchConfig) -> list[tuple[str | None, str | None]]:
 
 def _label(policy: str | None, k: str | None, spec: ArrivalSpec, target: dict[str, Any] | None = None) -> str:
     """Run label: "<policy>[ k=K] @ <arrivals>"; a live target without --policies is named
-    by its own policy (cluster.json) or "server" (a plain OpenAI-compatible URL)."""
+    by its own policy (cluster.json; its k only when not the default, so a live and a
+    virtual run of the same policy carry the same label) or "server" (a plain
+    OpenAI-compatible URL)."""
     if policy is None:
+        from rps_astro_cli.dispatch.guided import K
+
         pol = (target or {}).get("policy") or {}
-        who = (pol.get("name", "cluster") + (f" k={pol['k']}" if "k" in pol else "")) if pol else "server"
+        shown_k = "k" in pol and str(pol["k"]) != str(K.default)
+        who = (pol.get("name", "cluster") + (f" k={pol['k']}" if shown_k else "")) if pol else "server"
     else:
         who = policy + (f" k={k}" if k else "")
     return f"{who} @ {spec.describe()}"
