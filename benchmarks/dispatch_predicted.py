@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+from rps_astro_cli.cluster.virtual import simulate_cluster
+from rps_astro_cli.cluster.workload import TimedRequest
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies import make_policy
 from rps_astro_cli.sim.latency import LatencyModel

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rps_astro_cli.cluster.virtual import poisson_workload, read_length_trace, simulate_cluster
+from rps_astro_cli.cluster.virtual import simulate_cluster
+from rps_astro_cli.cluster.workload import poisson_workload, read_length_trace
 from rps_astro_cli.data_paths import data_dir
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.sim.profile import load_profile

@@ -32,7 +32,8 @@ import numpy as np
 
 from rps_astro_cli.bench.workload_base import WorkloadOptions
 from rps_astro_cli.bench.workloads import load_workload
-from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+from rps_astro_cli.cluster.virtual import simulate_cluster
+from rps_astro_cli.cluster.workload import TimedRequest
 from rps_astro_cli.dispatch import make_dispatch
 from rps_astro_cli.policies.build import build_instance_policy
 from rps_astro_cli.rps.classes import CLASSES

@@ -48,7 +48,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dispatch_predicted import _default_data, held_out_pool, workload  # noqa: E402
 
-from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster  # noqa: E402
+from rps_astro_cli.cluster.virtual import simulate_cluster  # noqa: E402
+from rps_astro_cli.cluster.workload import TimedRequest  # noqa: E402
 from rps_astro_cli.dispatch import make_dispatch  # noqa: E402
 from rps_astro_cli.dispatch.admission import Admission, RequestSlo  # noqa: E402
 from rps_astro_cli.policies import make_policy  # noqa: E402

@@ -8,7 +8,9 @@ from __future__ import annotations
 from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.report import load_over_time, log_worthy, markdown, plots, report_dict, summary_rows
+from rps_astro_cli.bench.report import report_dict
+from rps_astro_cli.bench.report_html import load_over_time, log_worthy, plots
+from rps_astro_cli.bench.report_md import markdown, summary_rows
 from rps_astro_cli.bench.runner import BenchResult, RunResult
 
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.report import fmt, write_report
+from rps_astro_cli.bench.report import write_report
+from rps_astro_cli.bench.report_md import fmt
 from rps_astro_cli.bench.runner import BenchResult, RunResult
 from rps_astro_cli.cli.main import app
 

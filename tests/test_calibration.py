@@ -123,7 +123,7 @@ def test_bad_steps_are_ignored():
 
 # -- in the virtual cluster -----------------------------------------------------------------
 def _requests(n: int, rate: float, seed: int):
-    from rps_astro_cli.cluster.virtual import TimedRequest
+    from rps_astro_cli.cluster.workload import TimedRequest
 
     rng = np.random.default_rng(seed)
     t = np.cumsum(rng.exponential(1 / rate, n))

@@ -15,7 +15,8 @@ import pytest
 from rps_astro_cli.bench.config import BenchConfig
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
-from rps_astro_cli.bench.report import markdown, report_dict, write_report
+from rps_astro_cli.bench.report import report_dict, write_report
+from rps_astro_cli.bench.report_md import markdown
 from rps_astro_cli.bench.runner import BenchResult, RunResult, run_bench
 
 # step = 10 ms + 0.1 ms per token (the hand profile of test_bench_cli / test_bench_executors)

@@ -87,7 +87,8 @@ def test_instance_param_must_be_declared_by_some_policy():
 # -- the harness's TTFT and its single front end (issue 15) ------------------------------------
 def _two_on_one_front_end(slots):
     """A video (0.2 s preprocessing) then, 0.05 s later, a text request, on one instance."""
-    from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+    from rps_astro_cli.cluster.virtual import simulate_cluster
+    from rps_astro_cli.cluster.workload import TimedRequest
     from rps_astro_cli.dispatch import make_dispatch
 
     reqs = [TimedRequest("v", 0.0, 1000, 2, modality="video", vision_tokens=900, preprocess_s=0.2),

@@ -35,7 +35,8 @@ DEFAULT_SELECT_SEEDS = (101, 102, 103)
 def _replay(rows: Sequence[ProfileRecord], times: np.ndarray, profile: Any, chunked_prefill: bool,
             preprocess_slots: int | None, policy: str, params: Mapping[str, Any], seed: int) -> float:
     """Mean TTFT (s, from the send) of `rows` sent at `times` to one instance."""
-    from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+    from rps_astro_cli.cluster.virtual import simulate_cluster
+    from rps_astro_cli.cluster.workload import TimedRequest
     from rps_astro_cli.dispatch import make_dispatch
     from rps_astro_cli.policies.build import build_instance_policy
     from rps_astro_cli.types import InstanceConfig

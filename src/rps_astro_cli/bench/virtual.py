@@ -501,7 +501,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     "herding": `ClusterResult.herding`). A heterogeneous `fleet`: one profile and one
     `InstanceConfig` (from that profile) per instance; Predictors told other profiles:
     `predictor_latency`, one per instance."""
-    from rps_astro_cli.cluster.virtual import TimedRequest, simulate_cluster
+    from rps_astro_cli.cluster.virtual import simulate_cluster
+    from rps_astro_cli.cluster.workload import TimedRequest
     from rps_astro_cli.types import InstanceConfig
 
     profile = fleet.profiles[0]

@@ -336,7 +336,8 @@ def print_summary(result, wide: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from rps_astro_cli.bench.report import SUMMARY_COLUMNS, fmt, report_dict, summary_rows, time_unit
+    from rps_astro_cli.bench.report import report_dict
+    from rps_astro_cli.bench.report_md import SUMMARY_COLUMNS, fmt, summary_rows, time_unit
 
     out = console if console.is_terminal else Console(width=200) if wide else Console()
     rep = report_dict(result)

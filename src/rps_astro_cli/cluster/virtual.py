@@ -56,32 +56,33 @@ All randomness (the dispatch policy's sampling and tie-breaks) comes from the on
 
 from __future__ import annotations
 
-import copy
+import functools
 import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from rps_astro_cli.cluster.instance import VirtualInstance
+from rps_astro_cli.cluster.views import _Herding, _LiveSeen, _Seen
+from rps_astro_cli.cluster.workload import TimedRequest
 from rps_astro_cli.dispatch.admission import (
     DEFAULT_ADMISSION,
     NO_ROOM,
     QUEUE_FULL,
     REFUSED_TTFT,
     Admission,
-    RequestSlo,
     RouterQueue,
     remaining_slo,
 )
 from rps_astro_cli.dispatch.base import DispatchPolicy, decide
-from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow, loads_for, status_fields_of
+from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.fcfs import FCFSPolicy
-from rps_astro_cli.sim.instance import InstanceSim, StatusNames
+from rps_astro_cli.sim.instance import InstanceSim
 from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.lookahead import predict_instance
 from rps_astro_cli.sim.policy import InstancePolicy
@@ -92,46 +93,6 @@ from rps_astro_cli.sim.request import SimRequest
 from rps_astro_cli.types import CandidateRequest, InstanceConfig, LatencyEstimate
 
 _ARRIVAL, _ENQUEUE, _STEP_END, _RETRY = 0, 1, 2, 3
-
-
-@dataclass(frozen=True, slots=True)
-class TimedRequest:
-    """One request of a virtual workload.
-
-    request_id: unique id. arrival_s: arrival at the dispatcher (virtual seconds).
-    prompt_tokens: prompt length incl. vision tokens (tokens, ≥ 1).
-    output_tokens: true output length; the engine generates exactly this many (≥ 1).
-    predicted_output_tokens: what the dispatcher and Predictors see (tokens); None =
-        the true length (oracle). Clipped to [1, max_model_len - prompt_tokens].
-    modality: text / image / video. vision_tokens: tokens from media (included in
-        prompt_tokens). encoder_s: vision-encoder seconds charged to the step holding
-        its first prefill chunk. preprocess_s: CPU preprocessing seconds between
-        dispatch and the engine queue. req_class: sand / pebbles / rocks or None.
-    deadline_s: absolute deadline (virtual seconds) for deadline-aware policies, or None.
-    token_ids: the prompt's token ids, then the reply's when known (a multi-turn replay
-        knows them); None = unknown, no prefix caching for this request.
-    session_id: the conversation it belongs to (None = none). follows: request_id of
-        the previous turn; this one arrives `think_s` seconds after that one finishes.
-    slo: its TTFT/TPOT targets and priority; with a TTFT target it is judged by
-        `simulate_cluster`'s `admission` (None = today's behaviour).
-    """
-
-    request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    predicted_output_tokens: int | None = None
-    modality: str = "text"
-    vision_tokens: int = 0
-    encoder_s: float = 0.0
-    preprocess_s: float = 0.0
-    req_class: str | None = None
-    deadline_s: float | None = None
-    token_ids: tuple[int, ...] | None = None
-    session_id: str | None = None
-    follows: str | None = None
-    think_s: float = 0.0
-    slo: RequestSlo | None = None  # its SLO and priority (`dispatch.admission`); None = none
 
 
 @dataclass(slots=True)
@@ -347,271 +308,19 @@ def simulate_cluster(
     _validate(requests, cfg)
     factory = instance_policy_factory or FCFSPolicy
     sims = [InstanceSim(cfgs[i], lats[i], factory()) for i in range(num_instances)]
-    bs = cfg.block_size
-    max_len = cfg.max_model_len
     # each instance's Predictor: its step model (None: the engine's own) and, with
     # `calibration`, its calibrator (which holds the model in force)
     cals = None if calibration is None else [
         StepCalibrator((plats[i] if plats is not None else lats[i]).profile, learn=calibration == "online")
         for i in range(num_instances)]
-    busy_until = [0.0] * num_instances
-    stepping = [False] * num_instances
-    pending_finished: list[list[SimRequest]] = [[] for _ in range(num_instances)]
-    arriving: list[list[SimRequest]] = [[] for _ in range(num_instances)]  # dispatched, still preprocessing
-    outstanding = [0] * num_instances
-    dispatched = [0] * num_instances
-    # per instance: when each front-end preprocessing slot is next free (virtual s)
-    frontend = [[0.0] * preprocess_slots for _ in range(num_instances)] if preprocess_slots else None
-    learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
-    inputs = frozenset().union(*(d.inputs for d in schedulers))
-    herd = _Herding(sims, arriving, outstanding, busy_until, stepping, len(schedulers), status_interval_s,
-                    count_pending) if len(schedulers) > 1 or status_interval_s > 0 else None
-    n_arrived = 0
-    # admission mode "queue": the held requests (indices), when each first arrived
-    router_q = RouterQueue(admission.queue_max) if admission is not None and admission.mode == "queue" else None
-    first_arrival: dict[int, float] = {}
-    retry_due = False
-
-    n = len(requests)
-    records: list[RequestRecord | None] = [None] * n
-    sim_reqs: list[SimRequest | None] = [None] * n
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-    followers: dict[str, list[int]] = {}
-    for idx, r in enumerate(requests):
-        if r.follows is None:
-            heap.append((r.arrival_s, _ARRIVAL, idx, idx))
-        else:
-            followers.setdefault(r.follows, []).append(idx)
-    seq = n
-    last_instance: dict[str, int] = {}  # session → instance of its latest turn
-    # each instance as this process's scheduler sees it (dispatch.loads.InstanceView)
-    own_views = [_Seen(i, sim, outstanding, cfgs[i], last_instance) for i, sim in enumerate(sims)]
-    heapq.heapify(heap)
-    index_of: dict[int, int] = {}
-    makespan = 0.0
-    t_wall = time.perf_counter()
-
-    def start_step(i: int, now: float) -> None:
-        nonlocal seq
-        res = sims[i].step(now)
-        if cals is not None and res.scheduled:  # the Predictor learns from its engine's step
-            cals[i].observe(StepSample.of(res.shape, res.duration_s))
-        if res.scheduled:
-            end = now + res.duration_s
-            busy_until[i] = end
-            stepping[i] = True
-            pending_finished[i] = res.finished
-            seq += 1
-            heapq.heappush(heap, (end, _STEP_END, seq, i))
-        elif res.preempted:
-            # the pass preempted the request it served and nothing ran (vLLM V1 stops
-            # the pass); the next step forms at once
-            wake(i, now)
-        else:
-            stepping[i] = False
-
-    def wake(i: int, now: float) -> None:
-        # an idle instance forms its next step at `now`, after every arrival and
-        # enqueue of that same instant (event kind order)
-        nonlocal seq
-        stepping[i] = True
-        busy_until[i] = now
-        seq += 1
-        heapq.heappush(heap, (now, _STEP_END, seq, i))
-
-    while heap:
-        now, kind, _s, x = heapq.heappop(heap)
-        if herd is not None:
-            herd.refresh(now)
-        if kind == _STEP_END:
-            i = x
-            fin = pending_finished[i]
-            if fin:
-                outstanding[i] -= len(fin)
-                for sr in fin:
-                    if learn is not None:  # the scheduler sees the true length when a request ends
-                        learn(sr.predicted_output_tokens, sr.num_generated_tokens)
-                    rec = records[index_of[id(sr)]]
-                    assert rec is not None
-                    rec.first_scheduled_s = sr.first_scheduled_s
-                    rec.first_token_s = sr.first_token_s
-                    rec.finish_s = sr.finish_s
-                    rec.num_preemptions = sr.num_preemptions
-                    rec.req_class = sr.req_class  # the class the instance policy used
-                    rec.cached_tokens = sr.num_cached_tokens
-                    for nxt in followers.get(sr.request_id, ()):
-                        seq += 1  # the next turn: after the reply plus the think time
-                        heapq.heappush(heap, (now + requests[nxt].think_s, _ARRIVAL, seq, nxt))
-                makespan = now
-            pending_finished[i] = []
-            start_step(i, now)
-            continue
-        if kind == _ENQUEUE:
-            i = records[x].instance  # type: ignore[union-attr]
-            sr = sim_reqs[x]
-            assert sr is not None
-            arriving[i].remove(sr)
-            sr.arrival_s = now
-            sims[i].add(sr)
-            if not stepping[i]:
-                wake(i, now)
-            continue
-        if kind == _RETRY:  # the router queue's turn: its requests arrive again, in its order
-            retry_due = False
-            assert router_q is not None
-            for q in router_q.take_all():
-                seq += 1
-                heapq.heappush(heap, (now, _ARRIVAL, seq, q))
-            continue
-        # arrival: dispatch
-        req = requests[x]
-        arrived = first_arrival.setdefault(x, now) if router_q is not None else now
-        slo = req.slo
-        if arrived < now:  # back from the router queue: what is left of its TTFT target
-            assert slo is not None
-            slo = remaining_slo(slo, arrived, now)
-        sched = n_arrived % len(schedulers)  # a round-robin Service in front of the scheduler replicas
-        n_arrived += 1
-        dispatch = schedulers[sched]
-        pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
-        pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
-        t0 = time.perf_counter()
-        hashes = block_hashes(req.token_ids, bs) if req.token_ids else ()
-        max_hit = (req.prompt_tokens - 1) // bs
-        # what this scheduler sees: the live instances, or (stale status) the copies + its pending list
-        views: Sequence[Any] = sims
-        seen_out, seen_busy, seen_stepping, seen_arriving = outstanding, busy_until, stepping, arriving
-        if herd is not None:
-            views, seen_out, seen_busy, seen_stepping, seen_arriving = herd.views(sched, now)
-        seen = own_views if herd is None else [_Seen(i, sim, seen_out, cfgs[i], last_instance)
-                                               for i, sim in enumerate(views)]
-        loads = loads_for(seen, DispatchRequest(req.prompt_tokens, hashes, bs, req.session_id), inputs)
-        preds: dict[int, LatencyEstimate] = {}
-        untrusted: list[int] = []
-
-        # called by `decide` at once, inside this iteration: binding the loop's values
-        # as defaults only says so to the linter (B023)
-        def predict(cands: list[int], req=req, pred_len=pred_len, now=now, preds=preds, hashes=hashes,
-                    max_hit=max_hit, views=views, busy_until=seen_busy, stepping=seen_stepping,
-                    arriving=seen_arriving, untrusted=untrusted) -> dict[int, LatencyEstimate]:
-            cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
-                                    req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
-            for i in cands:
-                plat = None if plats is None else plats[i]
-                if cals is not None:
-                    if not cals[i].trusted:  # its model is off: not asked, load decides for it
-                        untrusted.append(i)
-                        continue
-                    plat = cals[i].latency
-                t_snap = busy_until[i] if stepping[i] and busy_until[i] > now else now
-                c = cand
-                pre_i = req.preprocess_s
-                if frontend is not None:  # the wait for a front-end slot, then its own preprocessing
-                    pre_i += max(0.0, min(frontend[i]) - now)
-                    cand = c = replace(cand, preprocess_s=pre_i)
-                cache = sims[i].cache
-                if hashes and cache is not None:  # the candidate's prefix-cache hit there
-                    hit = cache.lookup(hashes, max_hit)[0] * bs
-                    if hit:
-                        c = replace(c, cached_tokens=hit)
-                if t_snap > now:  # from the step's end: keeps the hit set above
-                    c = replace(c, preprocess_s=max(0.0, now + pre_i - t_snap))
-                est = predict_instance(views[i], t_snap, c, arriving=arriving[i], extension_tokens=extension_tokens,
-                                       default_output_tokens=default_output_tokens, remaining=remaining,
-                                       waiting_hits=waiting_hits, latency=plat)
-                shift = t_snap - now
-                preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
-                                           est.steps_simulated, est.events)
-            return preds
-
-        if slo is None and req.slo is not None:  # its deadline passed in the router queue
-            decision = None
-            refused: str | None = REFUSED_TTFT
-        else:
-            decision = decide(dispatch, loads, rng, predict, slo, admission)
-            refused = decision.refused
-        decide_us = (time.perf_counter() - t0) * 1e6
-        slo_class = req.slo.slo_class if req.slo is not None else None
-        if refused == NO_ROOM:  # queue mode: in time, no room now: hold it
-            assert router_q is not None and req.slo is not None and req.slo.ttft_s is not None
-            shed = router_q.offer(x, req.slo.priority, arrived + req.slo.ttft_s)
-            if not retry_due:
-                retry_due = True
-                seq += 1
-                heapq.heappush(heap, (now + admission.queue_retry_s, _RETRY, seq, -1))  # type: ignore[union-attr]
-            if shed is None:
-                continue
-            x, req, refused = shed, requests[shed], QUEUE_FULL
-            slo_class = req.slo.slo_class if req.slo is not None else None
-            arrived = first_arrival.get(x, now)
-            pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
-            pred_len = max(1, min(int(pred_len), max_len - req.prompt_tokens))
-        if refused is not None:
-            records[x] = RequestRecord(
-                req.request_id, -1, arrived, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
-                pred_len, 0, req.modality, req.req_class, decide_us=decide_us, session_id=req.session_id,
-                refused=refused, slo_class=slo_class)
-            for nxt in followers.get(req.request_id, ()):
-                seq += 1  # a refused turn ends now; the next one follows after its think time
-                heapq.heappush(heap, (now + requests[nxt].think_s, _ARRIVAL, seq, nxt))
-            continue
-        assert decision is not None
-        i = decision.choice
-        chosen = preds.get(i)
-        outstanding[i] += 1
-        dispatched[i] += 1
-        pre_start = now
-        if frontend is not None:  # FIFO: the earliest-free slot of the chosen instance's front end
-            slots = frontend[i]
-            j = slots.index(min(slots))
-            pre_start = max(now, slots[j])
-            slots[j] = pre_start + req.preprocess_s
-        enqueue_s = pre_start + req.preprocess_s
-        if req.session_id is not None:
-            last_instance[req.session_id] = i
-        waited = now - arrived  # in the router queue (queue mode), else 0
-        records[x] = RequestRecord(
-            req.request_id, i, arrived, now, enqueue_s, None, None, None,
-            req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
-            chosen.ttft_s + waited if chosen else None, chosen.e2e_s + waited if chosen else None, decide_us,
-            session_id=req.session_id, preprocess_start_s=pre_start, untrusted_predictors=len(untrusted),
-            slo_class=slo_class,
-        )
-        sr = SimRequest(
-            request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
-            target_output_tokens=req.output_tokens, modality=req.modality,
-            vision_tokens=req.vision_tokens, encoder_s=req.encoder_s, req_class=req.req_class,
-            predicted_output_tokens=pred_len, deadline_s=req.deadline_s, block_hashes=hashes,
-        )
-        sim_reqs[x] = sr
-        index_of[id(sr)] = x
-        if enqueue_s > now:
-            seq += 1
-            heapq.heappush(heap, (enqueue_s, _ENQUEUE, seq, x))
-            arriving[i].append(sr)  # what a Predictor sees as `arriving` until then
-        else:
-            sims[i].add(sr)
-            if not stepping[i]:
-                wake(i, now)
-        if herd is not None:
-            herd.sent(sched, i, sr)
-
-    out = [r for r in records if r is not None]
-    assert len(out) == n
-    return ClusterResult(
-        records=out,
-        preemptions_per_instance=[s.num_preemptions_total for s in sims],
-        steps_per_instance=[s.num_steps_total for s in sims],
-        requests_per_instance=dispatched,
-        makespan_s=makespan,
-        wall_s=time.perf_counter() - t_wall,
-        dispatch=dispatch.describe(),
-        prefix_cache_queries_tokens=sum(s.prefix_cache_queries_tokens for s in sims),
-        prefix_cache_hits_tokens=sum(s.prefix_cache_hits_tokens for s in sims),
-        herding=herd.summary() if herd is not None else None,
-        calibration=None if cals is None else [c.state().to_dict() for c in cals],
-    )
+    instances = [
+        VirtualInstance(i, sims[i], cfgs[i], None if cals is None else cals[i], None if plats is None else plats[i],
+                        [0.0] * preprocess_slots if preprocess_slots else None)
+        for i in range(num_instances)]
+    run = _Run(requests, instances, schedulers, rng, cfg, admission, status_interval_s, count_pending,
+               extension_tokens=extension_tokens, default_output_tokens=default_output_tokens, remaining=remaining,
+               waiting_hits=waiting_hits)
+    return run.run()
 
 
 def _per_instance(models: Any, n: int, field_name: str) -> list[LatencyModel]:
@@ -634,205 +343,297 @@ def _per_instance(models: Any, n: int, field_name: str) -> list[LatencyModel]:
     return out
 
 
-class _StatusView(StatusNames):
-    """An instance as a status copy shows it: what `predict_instance` and the loads read."""
+class _Run:
+    """One `simulate_cluster` run: the instances (`VirtualInstance`), the event heap and
+    one method per event kind (`_arrival`, `_enqueue`, `_step_end`, `_retry`; module
+    docstring). Heap entries are (time, kind, sequence, x): x is the request's index for
+    an arrival or an enqueue, the instance's for a step end."""
 
-    def __init__(self, sim: InstanceSim, running: list[SimRequest], waiting: list[SimRequest], free_blocks: int):
-        self.config, self.latency, self.policy, self.cache = sim.config, sim.latency, sim.policy, sim.cache
-        self.running, self.waiting, self.free_blocks = running, waiting, free_blocks
-        self.num_preemptions_total = sim.num_preemptions_total
-
-
-class _Seen:
-    """One instance as a scheduler of the virtual cluster sees it when it dispatches (a
-    `dispatch.loads.InstanceView`): the instance (or its stale copy), its outstanding
-    requests, and the sessions' last instances."""
-
-    __slots__ = ("index", "sim", "counts", "cfg", "sessions")
-    healthy = True
-
-    def __init__(self, index: int, sim: Any, counts: list[int], cfg: InstanceConfig, sessions: dict[str, int]):
-        self.index, self.sim, self.counts, self.cfg, self.sessions = index, sim, counts, cfg, sessions
-
-    @property
-    def outstanding(self) -> int:
-        return self.counts[self.index]
-
-    @property
-    def caches_prefixes(self) -> bool:
-        return self.sim.cache is not None
-
-    def status_row(self) -> StatusRow:
-        return status_fields_of(self.sim)
-
-    def prefix_hit_tokens(self, req: DispatchRequest) -> int | None:
-        cache = self.sim.cache
-        if cache is None:
-            return None
-        return cache.lookup(req.block_hashes, (req.prompt_tokens - 1) // req.block_size)[0] * req.block_size
-
-    def served_session(self, session_id: str | None) -> bool:
-        return session_id is not None and self.sessions.get(session_id) == self.index
-
-
-class _Herding:
-    """Status copies refreshed every Δ, each scheduler's pending list, and the herding
-    figures (module docstring). Δ = 0: the schedulers read the live instances.
-
-    summary(): schedulers, status_interval_s, count_pending; requests_per_scheduler;
-    refreshes (status copies taken); queue_spread_mean — over the decisions, the mean of
-    (longest − shortest) true queue (waiting + preprocessing requests) across the
-    instances just after the request joined; unseen_sends_mean — over the decisions, the
-    mean number of requests the other schedulers had sent to the chosen instance since
-    its status copy (sends this scheduler could not know of; 0 when Δ = 0).
-    """
-
-    def __init__(self, sims: list[InstanceSim], arriving: list[list[SimRequest]], outstanding: list[int],
-                 busy_until: list[float], stepping: list[bool], s: int, interval_s: float, count_pending: bool):
-        n = len(sims)
-        self.sims, self.live_arriving, self.live_out = sims, arriving, outstanding
-        self.live_busy, self.live_stepping = busy_until, stepping
-        self.n, self.s, self.interval, self.count_pending = n, s, interval_s, count_pending
-        self.snaps: list[_StatusView] = []
-        self.snap_t: float | None = None
-        self.snap_out = list(outstanding)
-        self.snap_busy = list(busy_until)
-        self.snap_stepping = list(stepping)
-        self.snap_arriving: list[list[SimRequest]] = [[] for _ in range(n)]
-        self.pending: list[list[list[SimRequest]]] = [[[] for _ in range(n)] for _ in range(s)]  # [sched][inst]
-        self.per_sched = [0] * s
-        self.refreshes = 0
-        self._spread_sum = 0.0
-        self._unseen_sum = 0
-        self._decisions = 0
-
-    @property
-    def live(self) -> bool:
-        return self.interval <= 0
-
-    def refresh(self, now: float) -> None:
-        """Before the event at `now`: a new copy when a refresh time kΔ ≤ now has passed
-        since the last one (the state then is the state after every earlier event)."""
-        if self.live:
-            return
-        tick = float(np.floor(now / self.interval) * self.interval)
-        if self.snap_t is not None and tick <= self.snap_t:
-            return
-        self.snap_t = tick
-        self.refreshes += 1
-        self.snaps = [_StatusView(sim, [copy.copy(r) for r in sim.running], [copy.copy(r) for r in sim.waiting],
-                                  sim.free_blocks) for sim in self.sims]
-        self.snap_out = list(self.live_out)
-        self.snap_busy = list(self.live_busy)
-        self.snap_stepping = list(self.live_stepping)
-        self.snap_arriving = [[copy.copy(r) for r in a] for a in self.live_arriving]
-        for per in self.pending:  # sent before the copy: the status shows them now
-            for q in per:
-                q.clear()
-
-    def views(self, sched: int, now: float) -> tuple[list[Any], list[int], list[float], list[bool],
-                                                     list[list[SimRequest]]]:
-        """(instances, outstanding, busy_until, stepping, arriving) as scheduler `sched`
-        sees them at `now`: the status copies plus its own pending list — sent requests
-        already at the engine queue join the copy's waiting queue, those still
-        preprocessing its arriving list."""
-        if self.live:
-            return self.sims, self.live_out, self.live_busy, self.live_stepping, self.live_arriving
-        views: list[Any] = []
-        out, arr = [], []
-        for i, v in enumerate(self.snaps):
-            own = self.pending[sched][i] if self.count_pending else []
-            if own:
-                queued = [r for r in own if r.arrival_s <= now]
-                views.append(_StatusView(v, v.running, v.waiting + queued, v.free_blocks))
-                arr.append(self.snap_arriving[i] + [r for r in own if r.arrival_s > now])
+    def __init__(self, requests: Sequence[TimedRequest], instances: list[VirtualInstance],
+                 schedulers: list[DispatchPolicy], rng: np.random.Generator, cfg: InstanceConfig,
+                 admission: Admission | None, status_interval_s: float, count_pending: bool, *,
+                 extension_tokens: int, default_output_tokens: int,
+                 remaining: RemainingLength | OnlineRemaining | None, waiting_hits: bool):
+        self.requests, self.instances, self.schedulers, self.rng = requests, instances, schedulers, rng
+        self.dispatch = schedulers[0]  # the latest arrival's scheduler (`ClusterResult.dispatch` describes it)
+        self.bs, self.max_len = cfg.block_size, cfg.max_model_len
+        self.admission = admission
+        self.extension_tokens, self.default_output_tokens = extension_tokens, default_output_tokens
+        self.remaining, self.waiting_hits = remaining, waiting_hits
+        self.learn = getattr(remaining, "observe", None)  # an online table learns from finished requests
+        self.inputs = frozenset().union(*(d.inputs for d in schedulers))
+        self.last_instance: dict[str, int] = {}  # session → instance of its latest turn
+        # each instance as this process's scheduler sees it (dispatch.loads.InstanceView)
+        self.own_views = [_LiveSeen(inst, self.last_instance) for inst in instances]
+        self.herd = _Herding(self.own_views, len(schedulers), status_interval_s, count_pending) \
+            if len(schedulers) > 1 or status_interval_s > 0 else None
+        self.n_arrived = 0
+        # admission mode "queue": the held requests (indices), when each first arrived
+        self.router_q = RouterQueue(admission.queue_max) if admission is not None and admission.mode == "queue" \
+            else None
+        self.first_arrival: dict[int, float] = {}
+        self.retry_due = False
+        n = len(requests)
+        self.records: list[RequestRecord | None] = [None] * n
+        self.sim_reqs: list[SimRequest | None] = [None] * n
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.followers: dict[str, list[int]] = {}
+        for idx, r in enumerate(requests):
+            if r.follows is None:
+                self.heap.append((r.arrival_s, _ARRIVAL, idx, idx))
             else:
-                views.append(v)
-                arr.append(self.snap_arriving[i])
-            out.append(self.snap_out[i] + len(own))
-        return views, out, self.snap_busy, self.snap_stepping, arr
+                self.followers.setdefault(r.follows, []).append(idx)
+        self.seq = n
+        heapq.heapify(self.heap)
+        self.index_of: dict[int, int] = {}
+        self.makespan = 0.0
 
-    def sent(self, sched: int, i: int, sr: SimRequest) -> None:
-        """Scheduler `sched` sent `sr` to instance `i` (after the instance got it)."""
-        unseen = 0 if self.live else sum(len(self.pending[o][i]) for o in range(self.s) if o != sched)
-        if not self.live:
-            self.pending[sched][i].append(copy.copy(sr))
-        self.per_sched[sched] += 1
-        queues = [len(sim.waiting) + len(a) for sim, a in zip(self.sims, self.live_arriving)]
-        self._spread_sum += max(queues) - min(queues)
-        self._unseen_sum += unseen
-        self._decisions += 1
+    def run(self) -> ClusterResult:
+        t_wall = time.perf_counter()
+        heap, herd = self.heap, self.herd
+        arrival, enqueue, step_end, retry = self._arrival, self._enqueue, self._step_end, self._retry
+        while heap:
+            now, kind, _s, x = heapq.heappop(heap)
+            if herd is not None:
+                herd.refresh(now)
+            if kind == _STEP_END:
+                step_end(now, x)
+            elif kind == _ENQUEUE:
+                enqueue(now, x)
+            elif kind == _RETRY:
+                retry(now)
+            else:
+                arrival(now, x)
+        out = [r for r in self.records if r is not None]
+        assert len(out) == len(self.requests)
+        insts = self.instances
+        return ClusterResult(
+            records=out,
+            preemptions_per_instance=[inst.sim.num_preemptions_total for inst in insts],
+            steps_per_instance=[inst.sim.num_steps_total for inst in insts],
+            requests_per_instance=[inst.dispatched for inst in insts],
+            makespan_s=self.makespan,
+            wall_s=time.perf_counter() - t_wall,
+            dispatch=self.dispatch.describe(),
+            prefix_cache_queries_tokens=sum(inst.sim.prefix_cache_queries_tokens for inst in insts),
+            prefix_cache_hits_tokens=sum(inst.sim.prefix_cache_hits_tokens for inst in insts),
+            herding=herd.summary() if herd is not None else None,
+            calibration=None if insts[0].calibrator is None
+            else [inst.calibrator.state().to_dict() for inst in insts if inst.calibrator is not None],
+        )
 
-    def summary(self) -> dict[str, Any]:
-        d = max(1, self._decisions)
-        return {"schedulers": self.s, "status_interval_s": self.interval, "count_pending": self.count_pending,
-                "requests_per_scheduler": list(self.per_sched), "refreshes": self.refreshes,
-                "queue_spread_mean": self._spread_sum / d, "unseen_sends_mean": self._unseen_sum / d}
+    def _push(self, t: float, kind: int, x: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, kind, self.seq, x))
 
+    # -- an instance's steps ----------------------------------------------------------
+    def _wake(self, inst: VirtualInstance, now: float) -> None:
+        # an idle instance forms its next step at `now`, after every arrival and
+        # enqueue of that same instant (event kind order)
+        inst.stepping = True
+        inst.busy_until = now
+        self._push(now, _STEP_END, inst.index)
 
-# -- a minimal length-trace workload (the bench issue builds richer ones) ---------------
-_PROMPT_COLS = ("num_prefill_tokens", "prompt_tokens", "ContextTokens", "Request tokens")
-_OUTPUT_COLS = ("num_decode_tokens", "output_tokens", "GeneratedTokens", "Response tokens")
+    def _step_end(self, now: float, i: int) -> None:
+        """Instance `i`'s step completes (or an idle instance is woken): its finished
+        requests are recorded (their next turns scheduled) and its next step starts at
+        once if work remains."""
+        inst = self.instances[i]
+        fin = inst.pending_finished
+        if fin:
+            inst.outstanding -= len(fin)
+            learn, records, index_of, requests = self.learn, self.records, self.index_of, self.requests
+            for sr in fin:
+                if learn is not None:  # the scheduler sees the true length when a request ends
+                    learn(sr.predicted_output_tokens, sr.num_generated_tokens)
+                rec = records[index_of[id(sr)]]
+                assert rec is not None
+                rec.first_scheduled_s = sr.first_scheduled_s
+                rec.first_token_s = sr.first_token_s
+                rec.finish_s = sr.finish_s
+                rec.num_preemptions = sr.num_preemptions
+                rec.req_class = sr.req_class  # the class the instance policy used
+                rec.cached_tokens = sr.num_cached_tokens
+                for nxt in self.followers.get(sr.request_id, ()):
+                    # the next turn: after the reply plus the think time
+                    self._push(now + requests[nxt].think_s, _ARRIVAL, nxt)
+            self.makespan = now
+        inst.pending_finished = []
+        # the next step, formed at once (`InstanceSim.step`)
+        res = inst.sim.step(now)
+        cal = inst.calibrator
+        if cal is not None and res.scheduled:  # the Predictor learns from its engine's step
+            cal.observe(StepSample.of(res.shape, res.duration_s))
+        if res.scheduled:
+            end = now + res.duration_s
+            inst.busy_until = end
+            inst.stepping = True
+            inst.pending_finished = res.finished
+            self.seq += 1
+            heapq.heappush(self.heap, (end, _STEP_END, self.seq, i))
+        elif res.preempted:
+            # the pass preempted the request it served and nothing ran (vLLM V1 stops
+            # the pass); the next step forms at once
+            self._wake(inst, now)
+        else:
+            inst.stepping = False
 
+    def _enqueue(self, now: float, x: int) -> None:
+        """Request `x` reaches its instance's waiting queue (its preprocessing is done)."""
+        inst = self.instances[self.records[x].instance]  # type: ignore[union-attr]
+        sr = self.sim_reqs[x]
+        assert sr is not None
+        inst.arriving.remove(sr)
+        sr.arrival_s = now
+        inst.sim.add(sr)
+        if not inst.stepping:
+            self._wake(inst, now)
 
-def read_length_trace(path: str | Path) -> np.ndarray:
-    """(prompt_tokens, output_tokens) rows of a CSV length trace, shape (n, 2), int64.
+    def _retry(self, now: float) -> None:
+        """The router queue's turn: its requests arrive again, in its order."""
+        self.retry_due = False
+        assert self.router_q is not None
+        for q in self.router_q.take_all():
+            self._push(now, _ARRIVAL, q)
 
-    Accepts the Astrolabe/Vidur trace (`num_prefill_tokens,num_decode_tokens,...`), the
-    Azure LLM inference trace (`ContextTokens,GeneratedTokens`), BurstGPT
-    (`Request tokens,Response tokens`) or plain `prompt_tokens,output_tokens` headers.
-    Rows with a non-positive prompt or output (e.g. BurstGPT failures) are dropped.
+    # -- dispatch -----------------------------------------------------------------------
+    def _pred_len(self, req: TimedRequest) -> int:
+        pred_len = req.predicted_output_tokens if req.predicted_output_tokens is not None else req.output_tokens
+        return max(1, min(int(pred_len), self.max_len - req.prompt_tokens))
 
-    Raises:
-        AstroUserError: unreadable file, or no recognised prompt/output columns.
-    """
-    import csv
+    def _arrival(self, now: float, x: int) -> None:
+        """Request `x` reaches the dispatcher: the scheduler whose turn it is decides
+        (admission first, for a request with an SLO); it is refused, held in the router
+        queue, or sent to its instance's front end."""
+        requests, bs = self.requests, self.bs
+        req = requests[x]
+        arrived = self.first_arrival.setdefault(x, now) if self.router_q is not None else now
+        slo = req.slo
+        if arrived < now:  # back from the router queue: what is left of its TTFT target
+            assert slo is not None
+            slo = remaining_slo(slo, arrived, now)
+        sched = self.n_arrived % len(self.schedulers)  # a round-robin Service in front of the scheduler replicas
+        self.n_arrived += 1
+        dispatch = self.dispatch = self.schedulers[sched]
+        pred_len = self._pred_len(req)
+        t0 = time.perf_counter()
+        hashes = block_hashes(req.token_ids, bs) if req.token_ids else ()
+        # what this scheduler sees: the live instances, or (stale status) the copies + its pending list
+        herd = self.herd
+        seen = self.own_views if herd is None else herd.views(sched, now)
+        loads = loads_for(seen, DispatchRequest(req.prompt_tokens, hashes, bs, req.session_id), self.inputs)
+        preds: dict[int, LatencyEstimate] = {}
+        untrusted: list[int] = []
+        predict = functools.partial(self._predict, req, pred_len, now, hashes, seen, preds, untrusted)
+        if slo is None and req.slo is not None:  # its deadline passed in the router queue
+            decision = None
+            refused: str | None = REFUSED_TTFT
+        else:
+            decision = decide(dispatch, loads, self.rng, predict, slo, self.admission)
+            refused = decision.refused
+        decide_us = (time.perf_counter() - t0) * 1e6
+        slo_class = req.slo.slo_class if req.slo is not None else None
+        if refused == NO_ROOM:  # queue mode: in time, no room now: hold it
+            router_q = self.router_q
+            assert router_q is not None and req.slo is not None and req.slo.ttft_s is not None
+            shed = router_q.offer(x, req.slo.priority, arrived + req.slo.ttft_s)
+            if not self.retry_due:
+                self.retry_due = True
+                self._push(now + self.admission.queue_retry_s, _RETRY, -1)  # type: ignore[union-attr]
+            if shed is None:
+                return
+            x, req, refused = shed, requests[shed], QUEUE_FULL
+            slo_class = req.slo.slo_class if req.slo is not None else None
+            arrived = self.first_arrival.get(x, now)
+            pred_len = self._pred_len(req)
+        if refused is not None:
+            self.records[x] = RequestRecord(
+                req.request_id, -1, arrived, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
+                pred_len, 0, req.modality, req.req_class, decide_us=decide_us, session_id=req.session_id,
+                refused=refused, slo_class=slo_class)
+            for nxt in self.followers.get(req.request_id, ()):
+                # a refused turn ends now; the next one follows after its think time
+                self._push(now + requests[nxt].think_s, _ARRIVAL, nxt)
+            return
+        assert decision is not None
+        i = decision.choice
+        inst = self.instances[i]
+        chosen = preds.get(i)
+        inst.outstanding += 1
+        inst.dispatched += 1
+        pre_start = now
+        slots = inst.frontend
+        if slots is not None:  # FIFO: the earliest-free slot of the chosen instance's front end
+            j = slots.index(min(slots))
+            pre_start = max(now, slots[j])
+            slots[j] = pre_start + req.preprocess_s
+        enqueue_s = pre_start + req.preprocess_s
+        if req.session_id is not None:
+            self.last_instance[req.session_id] = i
+        waited = now - arrived  # in the router queue (queue mode), else 0
+        self.records[x] = RequestRecord(
+            req.request_id, i, arrived, now, enqueue_s, None, None, None,
+            req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
+            chosen.ttft_s + waited if chosen else None, chosen.e2e_s + waited if chosen else None, decide_us,
+            session_id=req.session_id, preprocess_start_s=pre_start, untrusted_predictors=len(untrusted),
+            slo_class=slo_class,
+        )
+        sr = SimRequest(
+            request_id=req.request_id, arrival_s=enqueue_s, prompt_tokens=req.prompt_tokens,
+            target_output_tokens=req.output_tokens, modality=req.modality,
+            vision_tokens=req.vision_tokens, encoder_s=req.encoder_s, req_class=req.req_class,
+            predicted_output_tokens=pred_len, deadline_s=req.deadline_s, block_hashes=hashes,
+        )
+        self.sim_reqs[x] = sr
+        self.index_of[id(sr)] = x
+        if enqueue_s > now:
+            self._push(enqueue_s, _ENQUEUE, x)
+            inst.arriving.append(sr)  # what a Predictor sees as `arriving` until then
+        else:
+            inst.sim.add(sr)
+            if not inst.stepping:
+                self._wake(inst, now)
+        if herd is not None:
+            herd.sent(sched, i, sr)
 
-    p = Path(path)
-    if not p.is_file():
-        raise AstroUserError(f"no such trace file: {p}", field="--trace")
-    with p.open(newline="") as f:
-        reader = csv.reader(f)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise AstroUserError(f"{p} is empty", field="--trace") from None
-        pc = next((header.index(c) for c in _PROMPT_COLS if c in header), None)
-        oc = next((header.index(c) for c in _OUTPUT_COLS if c in header), None)
-        if pc is None or oc is None:
-            raise AstroUserError(
-                f"{p}: no prompt/output token columns in header {header}", field="--trace",
-                fix=f"name them one of {_PROMPT_COLS} and {_OUTPUT_COLS}",
-            )
-        rows = []
-        for n, row in enumerate(reader, start=2):
-            try:
-                a, b = int(float(row[pc])), int(float(row[oc]))
-            except (ValueError, IndexError):
-                raise AstroUserError(f"{p}:{n}: not a number in the token columns", field="--trace") from None
-            if a > 0 and b > 0:
-                rows.append((a, b))
-    if not rows:
-        raise AstroUserError(f"{p}: no usable rows", field="--trace")
-    return np.asarray(rows, dtype=np.int64)
-
-
-def poisson_workload(lengths: np.ndarray, num_requests: int, rate_per_s: float, max_model_len: int,
-                     rng: np.random.Generator) -> list[TimedRequest]:
-    """`num_requests` text requests cycling through `lengths` rows (those with prompt +
-    output ≤ max_model_len, in file order) with Poisson arrivals at `rate_per_s`
-    (exponential gaps from `rng`), oracle predicted lengths.
-
-    Raises:
-        AstroUserError: rate ≤ 0, num_requests < 1, or no row fits max_model_len.
-    """
-    if not rate_per_s > 0:
-        raise AstroUserError(f"must be > 0, got {rate_per_s}", field="--rate")
-    if num_requests < 1:
-        raise AstroUserError(f"must be ≥ 1, got {num_requests}", field="--num-requests")
-    fit = lengths[lengths.sum(axis=1) <= max_model_len]
-    if len(fit) == 0:
-        raise AstroUserError(f"no trace row fits max_model_len {max_model_len}", field="--trace")
-    rows = fit[np.arange(num_requests) % len(fit)]
-    t = np.cumsum(rng.exponential(1.0 / rate_per_s, size=num_requests))
-    return [TimedRequest(f"req-{i}", float(t[i]), int(p), int(o)) for i, (p, o) in enumerate(rows)]
+    def _predict(self, req: TimedRequest, pred_len: int, now: float, hashes: tuple[int, ...],
+                 seen: Sequence[_Seen | _LiveSeen], preds: dict[int, LatencyEstimate], untrusted: list[int],
+                 cands: list[int]) -> dict[int, LatencyEstimate]:
+        """`decide`'s predict stage for `req` at `now`: the jump look-ahead of each
+        candidate as the scheduler sees it (`seen`), in seconds from now, into `preds`;
+        an untrusted Predictor (`calibration`) is not asked, its index goes to `untrusted`."""
+        bs = self.bs
+        max_hit = (req.prompt_tokens - 1) // bs
+        cand = CandidateRequest(req.prompt_tokens, pred_len, req.modality, req.vision_tokens,
+                                req.encoder_s, req.preprocess_s, req.req_class, req.deadline_s)
+        for i in cands:
+            inst = self.instances[i]
+            plat = inst.predictor_latency
+            cal = inst.calibrator
+            if cal is not None:
+                if not cal.trusted:  # its model is off: not asked, load decides for it
+                    untrusted.append(i)
+                    continue
+                plat = cal.latency
+            s = seen[i]
+            busy_until = s.busy_until
+            t_snap = busy_until if s.stepping and busy_until > now else now
+            c = cand
+            pre_i = req.preprocess_s
+            if inst.frontend is not None:  # the wait for a front-end slot, then its own preprocessing
+                pre_i += max(0.0, min(inst.frontend) - now)
+                cand = c = replace(cand, preprocess_s=pre_i)
+            cache = inst.sim.cache
+            if hashes and cache is not None:  # the candidate's prefix-cache hit there
+                hit = cache.lookup(hashes, max_hit)[0] * bs
+                if hit:
+                    c = replace(c, cached_tokens=hit)
+            if t_snap > now:  # from the step's end: keeps the hit set above
+                c = replace(c, preprocess_s=max(0.0, now + pre_i - t_snap))
+            est = predict_instance(s.sim, t_snap, c, arriving=s.arriving, extension_tokens=self.extension_tokens,
+                                   default_output_tokens=self.default_output_tokens, remaining=self.remaining,
+                                   waiting_hits=self.waiting_hits, latency=plat)
+            shift = t_snap - now
+            preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
+                                       est.steps_simulated, est.events)
+        return preds

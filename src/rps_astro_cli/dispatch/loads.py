@@ -5,7 +5,7 @@
 
 The callers are views over their own state — the live scheduler's `InstanceState`
 (`services/scheduler/instances.py`, also the endpoint picker's) and the virtual
-cluster's instance view (`cluster/virtual.py`) — so a new per-instance input is a field
+cluster's instance views (`cluster/views.py`) — so a new per-instance input is a field
 of `InstanceLoad` (`types.py`), its place in `status_fields_of` / `STATUS_ROW` when it
 comes from the engine's state, and the stage that reads it (CONTRIBUTING.md, "Add a dispatch input").
 """
