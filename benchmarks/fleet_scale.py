@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--capacity-seeds", type=int, default=1)
     ap.add_argument("--capacity-tol", type=float, default=0.03, help="relative")
     ap.add_argument("--per-instance-guess", type=float, default=2.0, help="req/s per instance to start the search")
+    ap.add_argument("--capacity-per-instance", type=float, default=None,
+                    help="skip the search: the fleet's capacity is this many req/s per instance")
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--data", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
@@ -143,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     for n in [int(x) for x in args.sizes.split(",")]:
         nreq = min(args.requests_per_instance * n, args.max_requests)
-        cap = capacity(pool, n, args.per_instance_guess, nreq, args.capacity_tol, args.capacity_seeds, lat, icfg, log)
+        cap = (args.capacity_per_instance * n if args.capacity_per_instance is not None else
+               capacity(pool, n, args.per_instance_guess, nreq, args.capacity_tol, args.capacity_seeds, lat, icfg, log))
         out["sizes"][str(n)] = {"capacity_rps": cap, "requests": nreq, "loads": {}}
         for load in [float(x) for x in args.loads.split(",")]:
             here = [a for a in arms if not (a == "all" and n > args.all_max)]
