@@ -916,6 +916,8 @@ def parse_args(argv: list[str] | None = None):
                     help="sharegpt conversations replayed turn by turn, closed loop (rates: session starts/s)")
     ap.add_argument("--sessions", type=int, default=None,
                     help="--multi-turn: whole sessions per run (instead of -n turns)")
+    ap.add_argument("--max-prompt-tokens", type=int, default=None,
+                    help="cut longer prompts (at a block, -w mooncake) to this many tokens")
     ap.add_argument("--think-time", type=float, default=2.0,
                     help="--multi-turn: mean think time before a next turn (engine s)")
     ap.add_argument("--max-total-tokens", type=int, default=None,
@@ -1000,6 +1002,8 @@ def workload_options(args) -> WorkloadOptions:
     kw: dict[str, Any] = {"path": Path(args.path) if args.path else None, "num_requests": args.num_requests}
     if args.max_total_tokens is not None:
         kw["max_total_tokens"] = args.max_total_tokens
+    if args.max_prompt_tokens is not None:  # e.g. -w mooncake: its prompts cut to the profile's context
+        kw["max_prompt_tokens"] = args.max_prompt_tokens
     if args.multi_turn:
         kw.update(multi_turn=True, think_time_s=args.think_time)
         if args.sessions is not None:
