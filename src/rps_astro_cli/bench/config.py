@@ -217,7 +217,7 @@ class ClusterSection:
                 alias_param("k").convert(k)
             except ParamError:
                 raise AstroUserError(f"got {k!r}", field="--k",
-                                     fix="use positive integers or all, e.g. --k 2,4,all") from None
+                                     fix="use positive integers, all or auto, e.g. --k 2,4,all") from None
 
 
 @dataclass(frozen=True)

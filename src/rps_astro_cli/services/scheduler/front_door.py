@@ -328,13 +328,21 @@ class FrontDoor:
             return dec
         assert r.slo.ttft_s is not None
         fut: asyncio.Future[DispatchDecision | None] = asyncio.get_running_loop().create_future()
-        shed = self.router_queue.offer((r, excluded, fut), r.slo.priority, r.received_s + r.slo.ttft_s)
-        if shed is not None:
-            shed[2].set_result(replace(dec, refused=QUEUE_FULL, admission=QUEUE_FULL, retry_after_s=1,
-                                       reason=f"refused: {QUEUE_FULL}"))
+        self._hold((r, excluded, fut), dec)
         if self._queue_task is None or self._queue_task.done():
             self._queue_task = asyncio.ensure_future(self._drain_queue())
         return await fut
+
+    def _hold(self, item: tuple[Route, frozenset[int], asyncio.Future[DispatchDecision | None]],
+              dec: DispatchDecision) -> None:
+        """Put a (route, excluded, future) in the router queue; when the full queue sheds
+        one (it, or a less important one), that one's future gets `dec` as a refusal."""
+        r = item[0]
+        assert self.router_queue is not None and r.slo is not None and r.slo.ttft_s is not None
+        shed = self.router_queue.offer(item, r.slo.priority, r.received_s + r.slo.ttft_s)
+        if shed is not None:
+            shed[2].set_result(replace(dec, refused=QUEUE_FULL, admission=QUEUE_FULL, retry_after_s=1,
+                                       reason=f"refused: {QUEUE_FULL}"))
 
     async def _drain_queue(self) -> None:
         """Every `queue_retry_s` while the router queue holds requests: decide each again
@@ -365,10 +373,7 @@ class FrontDoor:
                                                     f"refused: {REFUSED_TTFT} (deadline passed in the router queue)",
                                                     {}, refused=REFUSED_TTFT, admission=REFUSED_TTFT, retry_after_s=1))
                 elif dec is not None and dec.refused == NO_ROOM:
-                    shed = self.router_queue.offer(item, r.slo.priority, r.received_s + r.slo.ttft_s)
-                    if shed is not None:
-                        shed[2].set_result(replace(dec, refused=QUEUE_FULL, admission=QUEUE_FULL, retry_after_s=1,
-                                                   reason=f"refused: {QUEUE_FULL}"))
+                    self._hold(item, dec)
                 else:
                     fut.set_result(dec)
                     await asyncio.sleep(0)  # its handler takes the instance before the next decision
