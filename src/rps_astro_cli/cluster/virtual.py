@@ -79,6 +79,7 @@ from rps_astro_cli.dispatch.admission import (
 )
 from rps_astro_cli.dispatch.base import DispatchPolicy, decide
 from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
+from rps_astro_cli.dispatch.outcome import OutcomeCorrection
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.calibration import StepCalibrator, StepSample
 from rps_astro_cli.sim.fcfs import FCFSPolicy
@@ -180,6 +181,8 @@ class ClusterResult:
     herding: dict[str, Any] | None = None  # several schedulers / a stale status only (`_Herding.summary`)
     # with `calibration`: each Predictor's calibrator at the end (`CalibrationState.to_dict`)
     calibration: list[dict[str, Any]] | None = None
+    # with calibration online: each instance's outcome correction at the end (`dispatch.outcome`)
+    outcome_correction: dict[str, Any] | None = None
 
     @property
     def num_preemptions(self) -> int:
@@ -317,9 +320,11 @@ def simulate_cluster(
         VirtualInstance(i, sims[i], cfgs[i], None if cals is None else cals[i], None if plats is None else plats[i],
                         [0.0] * preprocess_slots if preprocess_slots else None)
         for i in range(num_instances)]
+    # online: the Predictors' estimates are also corrected by what each instance's requests took
+    outcomes = OutcomeCorrection() if calibration == "online" else None
     run = _Run(requests, instances, schedulers, rng, cfg, admission, status_interval_s, count_pending,
                extension_tokens=extension_tokens, default_output_tokens=default_output_tokens, remaining=remaining,
-               waiting_hits=waiting_hits)
+               waiting_hits=waiting_hits, outcomes=outcomes)
     return run.run()
 
 
@@ -353,8 +358,13 @@ class _Run:
                  schedulers: list[DispatchPolicy], rng: np.random.Generator, cfg: InstanceConfig,
                  admission: Admission | None, status_interval_s: float, count_pending: bool, *,
                  extension_tokens: int, default_output_tokens: int,
-                 remaining: RemainingLength | OnlineRemaining | None, waiting_hits: bool):
+                 remaining: RemainingLength | OnlineRemaining | None, waiting_hits: bool,
+                 outcomes: OutcomeCorrection | None = None):
         self.requests, self.instances, self.schedulers, self.rng = requests, instances, schedulers, rng
+        # `dispatch.outcome` (calibration online): corrections by served latencies, fed as requests
+        # end; the chosen instance's raw estimate of each request until then
+        self.outcomes = outcomes
+        self.raw_pred: dict[int, tuple[float, float]] = {}
         self.dispatch = schedulers[0]  # the latest arrival's scheduler (`ClusterResult.dispatch` describes it)
         self.bs, self.max_len = cfg.block_size, cfg.max_model_len
         self.admission = admission
@@ -420,6 +430,7 @@ class _Run:
             herding=herd.summary() if herd is not None else None,
             calibration=None if insts[0].calibrator is None
             else [inst.calibrator.state().to_dict() for inst in insts if inst.calibrator is not None],
+            outcome_correction=None if self.outcomes is None else self.outcomes.state(),
         )
 
     def _push(self, t: float, kind: int, x: int) -> None:
@@ -443,14 +454,21 @@ class _Run:
         if fin:
             inst.outstanding -= len(fin)
             learn, records, index_of, requests = self.learn, self.records, self.index_of, self.requests
+            outcomes = self.outcomes
             for sr in fin:
                 if learn is not None:  # the scheduler sees the true length when a request ends
                     learn(sr.predicted_output_tokens, sr.num_generated_tokens)
-                rec = records[index_of[id(sr)]]
+                x = index_of[id(sr)]
+                rec = records[x]
                 assert rec is not None
                 rec.first_scheduled_s = sr.first_scheduled_s
                 rec.first_token_s = sr.first_token_s
                 rec.finish_s = sr.finish_s
+                raw = self.raw_pred.pop(x, None) if outcomes is not None else None
+                if raw is not None and sr.first_token_s is not None and sr.finish_s is not None:
+                    assert outcomes is not None
+                    served = (sr.first_token_s - rec.dispatch_s, sr.finish_s - rec.dispatch_s)
+                    outcomes.observe(rec.instance, raw, served)
                 rec.num_preemptions = sr.num_preemptions
                 rec.req_class = sr.req_class  # the class the instance policy used
                 rec.cached_tokens = sr.num_cached_tokens
@@ -522,9 +540,10 @@ class _Run:
         herd = self.herd
         seen = self.own_views if herd is None else herd.views(sched, now)
         loads = loads_for(seen, DispatchRequest(req.prompt_tokens, hashes, bs, req.session_id), self.inputs)
-        preds: dict[int, LatencyEstimate] = {}
+        preds: dict[int, LatencyEstimate] = {}  # the Predictors' own estimates
+        used: dict[int, LatencyEstimate] = {}  # what the dispatch compared (outcome-corrected)
         untrusted: list[int] = []
-        predict = functools.partial(self._predict, req, pred_len, now, hashes, seen, preds, untrusted)
+        predict = functools.partial(self._predict, req, pred_len, now, hashes, seen, preds, untrusted, used)
         if slo is None and req.slo is not None:  # its deadline passed in the router queue
             decision = None
             refused: str | None = REFUSED_TTFT
@@ -558,7 +577,10 @@ class _Run:
         assert decision is not None
         i = decision.choice
         inst = self.instances[i]
-        chosen = preds.get(i)
+        chosen = used.get(i)
+        raw = preds.get(i)
+        if self.outcomes is not None and raw is not None:
+            self.raw_pred[x] = (raw.ttft_s, raw.e2e_s)
         inst.outstanding += 1
         inst.dispatched += 1
         pre_start = now
@@ -598,7 +620,7 @@ class _Run:
 
     def _predict(self, req: TimedRequest, pred_len: int, now: float, hashes: tuple[int, ...],
                  seen: Sequence[_Seen | _LiveSeen], preds: dict[int, LatencyEstimate], untrusted: list[int],
-                 cands: list[int]) -> dict[int, LatencyEstimate]:
+                 used: dict[int, LatencyEstimate], cands: list[int]) -> dict[int, LatencyEstimate]:
         """`decide`'s predict stage for `req` at `now`: the jump look-ahead of each
         candidate as the scheduler sees it (`seen`), in seconds from now, into `preds`;
         an untrusted Predictor (`calibration`) is not asked, its index goes to `untrusted`."""
@@ -636,4 +658,6 @@ class _Run:
             shift = t_snap - now
             preds[i] = LatencyEstimate(est.ttft_s + shift, est.e2e_s + shift,
                                        est.steps_simulated, est.events)
-        return preds
+        outcomes = self.outcomes
+        used.update(preds if outcomes is None else {i: outcomes.correct(i, p) for i, p in preds.items()})
+        return used

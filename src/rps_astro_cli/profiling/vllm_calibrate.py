@@ -9,8 +9,9 @@ P, and the step's wall time (s). `fit_step_log` fits the sim's step model
              + prefill_attn_s_per_token_pair·P
 
 with `linear_s` a piecewise-linear table over token knots (hat-function basis; base_s is
-folded into the table, i.e. written as 0), all coefficients ≥ 0 (non-negative least
-squares, `scipy.optimize.nnls`), i.e. the conditional mean step time, which is what sums
+folded into the table, i.e. written as 0), all coefficients ≥ 0 and the table
+non-decreasing (non-negative least squares on the table's increments,
+`scipy.optimize.nnls`), i.e. the conditional mean step time, which is what sums
 into a request's E2E. Slow steps on a shared machine are real time the requests waited,
 so they are kept by default; `outlier_mads` drops steps whose residual exceeds that many
 median absolute residuals (at most 2 refits) when a clean per-step model is wanted
@@ -117,9 +118,21 @@ def fit_step_log(steps: np.ndarray, profile_id: str, model: str, limits: dict[st
     hold = np.arange(len(y)) % 5 == 4
     train = ~hold
     keep = train.copy()
+    k = len(knots)
+    # the knots' values as non-negative increments (token_s = cumsum(δ), δ ≥ 0): a step does
+    # not get faster with more tokens, so linear_s and its extrapolation past the last knot
+    # never fall (a free fit on a noisy CPU ended on a lower knot and extrapolated a long
+    # prefill to a negative time); one non-negative least-squares solve finds the best such curve
+    inc = np.eye(3 + k)
+    inc[1:1 + k, 1:1 + k] = np.tril(np.ones((k, k)))
+
+    def solve(rows: np.ndarray) -> np.ndarray:
+        delta, _ = nnls(_design(x[rows], knots) @ inc, y[rows])
+        return inc @ delta
+
     coef = None
     for _ in range(3 if outlier_mads else 1):
-        coef, _ = nnls(_design(x[keep], knots), y[keep])
+        coef = solve(keep)
         if not outlier_mads:
             break
         res = np.abs(_design(x, knots) @ coef - y)
@@ -133,7 +146,6 @@ def fit_step_log(steps: np.ndarray, profile_id: str, model: str, limits: dict[st
     h = hold & (y > 0)
     mape = float(np.mean(np.abs(pred[h] - y[h]) / y[h]) * 100) if h.any() else float("nan")
     bias = float((pred[h].sum() - y[h].sum()) / y[h].sum() * 100) if h.any() else float("nan")
-    k = len(knots)
     return ExecutionProfile(
         profile_id=profile_id, model=model, gpu=gpu, tp=1, base_s=0.0,
         per_seq_s=float(coef[0]), token_knots=tuple(knots),

@@ -307,7 +307,8 @@ class ClusterSupervisor:
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             argv += [] if s.early_dispatch else ["--no-early-dispatch"]
             argv += ["--prefix-tokenizer", s.prefix_tokenizer, "--tokenize-deadline-ms", repr(s.tokenize_deadline_ms),
-                     "--health-timeout-ms", repr(s.health_timeout_ms), "--admission", s.admission]
+                     "--health-timeout-ms", repr(s.health_timeout_ms), "--admission", s.admission,
+                     "--calibration", cfg.predictor.calibration]
             for name, spec in s.slo_classes.items():  # checked by the recipe
                 argv += ["--slo-class", f"{name}:" + ",".join(f"{k}={v}" for k, v in spec.items() if v is not None)]
             if cfg.predictor.enabled and cfg.predictor.in_process:  # the look-ahead per engine: its own profile

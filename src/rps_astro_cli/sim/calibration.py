@@ -252,6 +252,30 @@ def _design(prior: ExecutionProfile, rows: list[StepSample]) -> tuple[np.ndarray
     return X, y, off
 
 
+def non_decreasing(v: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence nearest `v` in least squares (pool adjacent violators:
+    a run that falls is replaced by its mean)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for x in v:
+        blocks.append([float(x), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks[-1]
+            blocks[-1] = [(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2]
+    return np.array([m for m, n in blocks for _ in range(int(n))])
+
+
+def _active_floor(X: np.ndarray, y: np.ndarray, frac: float) -> np.ndarray:
+    """Per column j: `frac` × the mean step time over the rows where feature j is active,
+    divided by the feature's mean there (1e-15 for a column never active)."""
+    out = np.full(X.shape[1], 1e-15)
+    for j in range(X.shape[1]):
+        act = X[:, j] > 0
+        if act.any():
+            out[j] = max(frac * float(y[act].mean()) / float(X[act, j].mean()), 1e-15)
+    return out
+
+
 def _theta(p: ExecutionProfile) -> np.ndarray:
     return np.array([p.per_seq_s, *p.token_s, p.decode_attn_s_per_ctx_token, p.prefill_attn_s_per_token_pair])
 
@@ -313,11 +337,19 @@ def fit_arrays(prior: ExecutionProfile, X: np.ndarray, y: np.ndarray, off: np.nd
     scaled[2 + k] *= sc[2]
     # base_s stays the prior's (an offset): its share of the shape scale goes into the knots
     scaled[1: 1 + k] += (sc[0] - 1.0) * prior.base_s
-    # 2. refine toward the scaled prior: prior rows sqrt(ridge)·(θ_j − θ̂_j)/|θ̂_j|, each
-    # worth `ridge` steps' relative residuals
-    size = np.maximum(np.abs(scaled), 1e-15)
+    # 2. refine toward the scaled prior: prior rows sqrt(ridge)·(θ_j − θ̂_j)/size_j, each
+    # worth `ridge` steps' relative residuals; size_j = |θ̂_j|, but at least the value at
+    # which term j alone would be a quarter of a step where it is active — else a term the
+    # prior holds at 0 (an offline fit's non-negative least squares zeroes some) could never
+    # be learned: its penalty would be infinite
+    size = np.maximum(np.abs(scaled), _active_floor(X, y, 0.25))
     P = np.diag(math.sqrt(ridge) / size)
     theta = np.maximum(_robust_wls(X, y - off, w, (P, P @ scaled)), 0.0)
+    # a step does not get faster with more tokens: the knots' values never decrease (so
+    # neither does linear_s, nor its extrapolation past the last knot) — the nearest
+    # non-decreasing sequence (pool-adjacent-violators), not a running maximum, which would
+    # lift every later knot to one noisy value
+    theta[1: 1 + k] = non_decreasing(theta[1: 1 + k])
     fitted = replace(prior, per_seq_s=float(theta[0]), token_s=tuple(float(v) for v in theta[1: 1 + k]),
                      decode_attn_s_per_ctx_token=float(theta[1 + k]),
                      prefill_attn_s_per_token_pair=float(theta[2 + k]),

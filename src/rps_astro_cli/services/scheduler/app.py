@@ -182,11 +182,14 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     @app.get("/instances", response_model=None)
     async def instances(request: Request) -> list[dict[str, Any]]:
         check_api_key(request, settings.api_key)
+        outcomes = door.dispatcher.outcomes
         return [{"name": st.ep.name, "engine_url": st.ep.engine_url, "predictor_url": st.ep.predictor_url,
                  "healthy": st.healthy, "dispatchable": st.dispatchable, "phase": st.phase,
                  "outstanding_requests": st.outstanding, "dispatched": st.dispatched,
                  "engine_error": st.engine_error, "predictor_error": st.predictor_error,
-                 "prefix_cached_blocks": len(st.prefix.hashes)}
+                 "prefix_cached_blocks": len(st.prefix.hashes),
+                 # `dispatch.outcome`: its predictions' correction by what its requests took
+                 "outcome_correction": None if outcomes is None else outcomes.state().get(st.ep.name)}
                 for st in sched.instances]
 
     @app.get("/decisions", response_model=None)

@@ -21,6 +21,7 @@ import numpy as np
 from rps_astro_cli.dispatch import STATUS, decide_async, make_dispatch, prefix_hits_wanted
 from rps_astro_cli.dispatch.admission import Admission, RequestSlo
 from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
+from rps_astro_cli.dispatch.outcome import OutcomeCorrection
 from rps_astro_cli.protocol.service_wire import PredictRequest
 from rps_astro_cli.services.scheduler.instances import Instances
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
@@ -44,6 +45,9 @@ class Dispatcher:
         self.m = metrics
         self.objective: str = self.policy.describe().get("objective") or "e2e"
         self.admission = Admission(settings.admission)
+        # each instance's estimates corrected by what its requests then took (`dispatch.outcome`),
+        # keyed by instance name; fed by the front door as requests end
+        self.outcomes = OutcomeCorrection() if settings.outcome_correction else None
 
     @property
     def needs_status(self) -> bool:
@@ -101,24 +105,33 @@ class Dispatcher:
                   if block_hashes else None)
 
         untrusted: list[int] = []  # instance indices whose Predictor's model is not trusted now
+        uncorrected: dict[int, tuple[float, float]] = {}  # positions → raw estimates outcome correction changed
+        outcomes = self.outcomes
 
         async def predict(cands: list[int]) -> dict[int, LatencyEstimate]:
             if identity:
-                return await self.predict.predict_many(cands, query, cached, untrusted)
-            got = await self.predict.predict_many([pool[j].index for j in cands], query, cached, untrusted)
-            position = {pool[j].index: j for j in cands}
-            return {position[i]: est for i, est in got.items()}
+                got = await self.predict.predict_many(cands, query, cached, untrusted)
+            else:
+                got = await self.predict.predict_many([pool[j].index for j in cands], query, cached, untrusted)
+                position = {pool[j].index: j for j in cands}
+                got = {position[i]: est for i, est in got.items()}
+            if outcomes is None or not got:
+                return got
+            return outcomes.correct_all({j: pool[j].ep.name for j in got}, got, uncorrected)
 
         dec = await decide_async(self.policy, loads, self.rng, predict, slo, self.admission)
         if untrusted:
             dec = replace(dec, untrusted=tuple(untrusted))
+        if uncorrected:
+            dec = replace(dec, uncorrected=uncorrected)
         dt = time.perf_counter() - t0
         if identity:
             dec = replace(dec, decide_us=dt * 1e6)
         else:
             dec = replace(dec, decide_us=dt * 1e6, choice=pool[dec.choice].index if dec.refused is None else -1,
                           candidates=tuple(pool[j].index for j in dec.candidates),
-                          predictions={pool[j].index: p for j, p in dec.predictions.items()})
+                          predictions={pool[j].index: p for j, p in dec.predictions.items()},
+                          uncorrected={pool[j].index: p for j, p in dec.uncorrected.items()})
         self.m.decisions.labels(self.policy_name, dec.reason).inc()
         self.m.decide.labels(self.policy_name).observe(dt)
         self.m.record_decision(self.policy_name, dec.reason, dec.stage_us)

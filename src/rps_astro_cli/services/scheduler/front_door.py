@@ -566,10 +566,15 @@ class FrontDoor:
         if outcome == "ok" and dec is not None and rec.instance and dec.choice in dec.predictions:
             ttft_s, e2e_s = dec.predictions[dec.choice]
             ts = self.s.time_scale  # the engines' seconds, as the predictions are
+            served = (None if rec.observed_ttft_s is None else rec.observed_ttft_s / ts,
+                      None if rec.observed_e2e_s is None else rec.observed_e2e_s / ts)
             # an early decision's e2e assumed the default reply length: not an E2E prediction
             self.m.record_outcome(rec.instance, {"ttft": ttft_s, "e2e": None if rec.early_dispatch else e2e_s},
-                                  {"ttft": None if rec.observed_ttft_s is None else rec.observed_ttft_s / ts,
-                                   "e2e": None if rec.observed_e2e_s is None else rec.observed_e2e_s / ts})
+                                  {"ttft": served[0], "e2e": served[1]})
+            outcomes = self.dispatcher.outcomes
+            if outcomes is not None:  # what the instance's Predictor said, before correction
+                raw = dec.uncorrected.get(dec.choice, (ttft_s, e2e_s))
+                outcomes.observe(rec.instance, (raw[0], None if rec.early_dispatch else raw[1]), served)
 
 
 def _error_text(data: bytes) -> str:

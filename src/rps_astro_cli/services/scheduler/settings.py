@@ -111,6 +111,11 @@ class SchedulerSettings:
         SLO are never judged.
     slo_classes: class name → its `RequestSlo` defaults, chosen by the `x-slo-class`
         header or a class named like the request's model.
+    outcome_correction: correct each instance's predicted TTFT / E2E by what its own
+        requests were then served with (`dispatch.outcome`: a robust affine fit per
+        instance, applied only while it beats the raw estimate) — the part of a real
+        engine's latency no step model sees (API server, HTTP, later arrivals). On with
+        the recipe's `predictor.calibration: online`.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -146,6 +151,7 @@ class SchedulerSettings:
     health_timeout_s: float = 1.0
     admission: str = "reject"
     slo_classes: Mapping[str, RequestSlo] = field(default_factory=dict)
+    outcome_correction: bool = True
     # what one request may ask for (n, output tokens, logprobs; $ASTRO_MAX_*) and the most
     # response bytes relayed for it
     cost_limits: CostLimits = field(default_factory=CostLimits.from_env)
