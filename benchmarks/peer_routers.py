@@ -42,8 +42,15 @@ turns ≥ 2 (turn index ≥ 1; mean and P99) and the prefix-cache hit rate from 
 `vllm:prefix_cache_queries_total` / `hits_total` deltas (tokens; the caches are reset before
 each run).
 
+Heterogeneous fleets: `--profile P1,P2,…` gives one execution profile per engine in order
+(its count must equal `--instances`, which it sets when not given), or `--recipe NAME` takes
+the fleet of an `astro serve` recipe (`instances:` groups, e.g.
+hetero-2xa100-2xa30-llama2-7b); both through `services.config.with_fleet`, as `astro serve`
+does. Each engine runs its own profile and its Predictor simulates that one; the
+`-local` arm's in-process look-aheads get it per engine (`--predictor-profile`).
+
 Load points: `--loads` fractions of the virtual SLO capacity of the same fleet (same
-instances, profile, workload — multi-turn included — and seed; `bench.runner.run_bench --virtual --capacity`,
+recipe, instances, profile(s), workload — multi-turn included — and seed; `bench.runner.run_bench --virtual --capacity`,
 P99 TTFT ≤ 10 s with steady state, policy `--capacity-policy`), or `--rates` directly.
 
 Trust on a shared machine: repeats interleave (repeat, load, arm) with the arm order
@@ -78,6 +85,9 @@ mean E2E, throughput; paired ratio of P99 TTFT to the reference arm in the same 
     .venv/bin/pip install -e '.[peers]'
     .venv/bin/python benchmarks/peer_routers.py --instances 4 --loads 0.85,0.95 \
         --repeats 3 -n 300 --out bench-results/peers
+    .venv/bin/python benchmarks/peer_routers.py --instances 4 \
+        --profile llama-2-7b-a100,llama-2-7b-a100,llama-2-7b-a30,llama-2-7b-a30 \
+        --loads 0.85,0.95 --repeats 3 -n 300 --out bench-results/peers-hetero
 """
 
 from __future__ import annotations
@@ -110,8 +120,16 @@ from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workload_base import BenchRequest, WorkloadOptions
 from rps_astro_cli.bench.workloads import load_workload
+from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.services.cluster import ClusterSupervisor, die_with_parent
-from rps_astro_cli.services.config import parse_config
+from rps_astro_cli.services.config import (
+    ClusterConfig,
+    instance_specs,
+    load_recipe,
+    parse_config,
+    with_fleet,
+    with_overrides,
+)
 
 
 @dataclass(frozen=True)
@@ -292,8 +310,14 @@ class Router:
             cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler"]
             for u in engines:
                 cmd += ["--engine", u]
-            for i in fleet["instances"] if not arm.predict_in_process else ():
-                cmd += ["--predictor", i["predictor_url"]]
+            # look-aheads in the scheduler (the -local arm, or a fleet without Predictor sidecars):
+            # each engine's own profile (or its Predictor's assumed one), as `astro serve` passes them
+            local = arm.predict_in_process or not all(i.get("predictor_url") for i in fleet["instances"])
+            for i in fleet["instances"]:
+                cmd += ["--predictor-profile", i.get("assumed_profile") or i["profile"]] if local \
+                    else ["--predictor", i["predictor_url"]]
+            if local and "--predict-in-process" not in arm.args:
+                cmd.append("--predict-in-process")
             if fleet.get("tagger") and not arm.tag_in_process:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
@@ -379,22 +403,65 @@ def _tail(p: Path, n: int = 6) -> str:
         return ""
 
 
+DEFAULT_PROFILE = "llama-2-7b-a30"
+
+
+def fleet_config(instances: int | None, profile: str | None, recipe: str | None, time_scale: float,
+                 prefix_cache: bool) -> ClusterConfig:
+    """The sim fleet as `astro serve` would run it: the recipe's (`--recipe`), else
+    `instances` × DEFAULT_PROFILE, with `--instances` / `--profile` (`P` or `P1,P2,…`, one
+    per instance: a heterogeneous fleet) applied by `services.config.with_fleet`.
+
+    Prefix caching off by default: every arm of a repeat sends the same prompts, and a
+    cache left by the previous arm would favour whoever routes to it next (astro reads the
+    engines' cached blocks; the peers keep their own per-run view). With `prefix_cache` on,
+    every run starts with the engines' caches reset (`POST /reset_prefix_cache`, vLLM's
+    route) once they are drained. internal_token off: the peer routers forward to the
+    engines and cannot send astro's token. Predictor sidecars on (`predictor.in_process`
+    false, whatever the recipe or astro's default says): the astro arms ask them, the
+    `-local` arm runs the look-aheads in its scheduler instead. The supervisor's own
+    scheduler is stopped at once.
+
+    Raises:
+        AstroUserError: one line naming the flag (`--profile` count ≠ instances, an unknown
+            profile, `--instances` against the recipe's groups, a missing recipe).
+    """
+    engine = {"time_scale": time_scale, "enable_prefix_caching": prefix_cache}
+    if recipe:
+        base = load_recipe(recipe)
+        base = with_overrides(base, {"engine." + k: v for k, v in engine.items()}
+                              | {"internal_token": False, "predictor.in_process": False},
+                              {"engine.time_scale": "--time-scale"}, f"recipe {recipe}")
+    else:
+        base = parse_config({"engine": {"profile": DEFAULT_PROFILE, **engine}, "scheduler": {"policy": "round_robin"},
+                             "predictor": {"in_process": False}, "internal_token": False}, "peer harness")
+    return with_fleet(base, instances=instances, profile=profile,
+                      source=f"recipe {recipe}" if recipe else "peer harness")
+
+
+def fleet_text(meta: dict[str, Any]) -> str:
+    """"4 × sim `p`", or per profile in instance order "2 × sim `a` + 2 × sim `b`" for a
+    heterogeneous fleet (meta "profiles": one per instance; older JSONs: "profile" only)."""
+    profs = meta.get("profiles") or [meta["profile"]] * int(meta["instances"])
+    runs: list[list[Any]] = []
+    for p in profs:
+        if runs and runs[-1][1] == p:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, p])
+    text = " + ".join(f"{n} × sim `{p}`" for n, p in runs)
+    return text + (f" (recipe `{meta['recipe']}`)" if meta.get("recipe") else "")
+
+
 class Fleet:
     """The sim fleet: engines + Predictors + tagger via `ClusterSupervisor` (its own
     scheduler is stopped at once: every run brings its own front door)."""
 
-    def __init__(self, instances: int, profile: str, time_scale: float, run_dir: Path, prefix_cache: bool = False,
-                 pinning: Pinning | None = None):
-        # prefix caching off by default: every arm of a repeat sends the same prompts, and a
-        # cache left by the previous arm would favour whoever routes to it next (astro reads
-        # the engines' cached blocks; the peers keep their own per-run view). With
-        # `prefix_cache` on, every run starts with the engines' caches reset
-        # (`POST /reset_prefix_cache`, vLLM's route) once they are drained. internal_token
-        # off: the peer routers forward to the engines and cannot send astro's token
-        self.prefix_cache = prefix_cache
-        self.cfg = parse_config({"instances": instances, "engine": {"profile": profile, "time_scale": time_scale,
-                                                                    "enable_prefix_caching": prefix_cache},
-                                 "scheduler": {"policy": "round_robin"}, "internal_token": False}, "peer harness")
+    def __init__(self, cfg: ClusterConfig, run_dir: Path, pinning: Pinning | None = None):
+        # `cfg`: `fleet_config` (the recipe or defaults, the fleet flags via `with_fleet`,
+        # heterogeneous fleets included; prefix caching and internal_token from the flags)
+        self.prefix_cache = cfg.engine.enable_prefix_caching
+        self.cfg = cfg
         self.run_dir = run_dir
         self.sup: ClusterSupervisor | None = None
         self.info: dict[str, Any] = {}
@@ -813,7 +880,7 @@ def _rejected_lines(summary: list[dict[str, Any]], unit: str) -> list[str]:
 def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str, meta: dict[str, Any]) -> str:
     if meta.get("multi_turn"):
         return markdown_sessions(summary, loads, ref, meta)
-    lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}; "
+    lines = [f"Fleet: {fleet_text(meta)} at time scale {meta['time_scale']:g}; "
              f"{meta['workload']} ({meta.get('source', '?')}) {meta['num_requests']} requests/run, Poisson; {meta['repeats']} repeats "
              f"(seeds {meta['seed']}…{meta['seed'] + meta['repeats'] - 1}); times in engine seconds. "
              f"Median [min–max] over accepted runs; × ref = median of per-repeat P99 TTFT ratios to `{ref}`. "
@@ -858,7 +925,7 @@ def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, 
                       meta: dict[str, Any]) -> str:
     """The multi-turn table: load in session starts per engine s; TTFT overall and of
     turns ≥ 2, mean E2E, the engines' prefix-cache hit rate, the run's engine lag."""
-    lines = [f"Fleet: {meta['instances']} × sim `{meta['profile']}` at time scale {meta['time_scale']:g}, prefix "
+    lines = [f"Fleet: {fleet_text(meta)} at time scale {meta['time_scale']:g}, prefix "
              f"caching {'on' if meta.get('prefix_cache') else 'OFF'} (reset before every run); {meta['workload']} "
              f"--multi-turn ({meta.get('source', '?')}), {_turns(meta)}, Poisson session starts, "
              f"think time mean {meta.get('think_time_s', 2.0):g} s; {meta['repeats']} repeats "
@@ -885,7 +952,9 @@ def markdown_sessions(summary: list[dict[str, Any]], loads: list[float] | None, 
 # -- main --------------------------------------------------------------------------------------
 
 def virtual_capacity(args) -> dict[str, Any]:
-    """SLO capacity (P99 TTFT ≤ 10 s, steady) of the same fleet on the virtual cluster."""
+    """SLO capacity (P99 TTFT ≤ 10 s, steady) of the same fleet on the virtual cluster
+    (`astro bench --virtual`: the same recipe, instance count and profile(s), so a
+    heterogeneous `--profile P1,P2,…` runs each virtual instance on its own profile)."""
     from rps_astro_cli.bench.config import BenchConfig
     from rps_astro_cli.bench.runner import run_bench
 
@@ -894,7 +963,7 @@ def virtual_capacity(args) -> dict[str, Any]:
     if args.multi_turn:  # the same sessions: capacity in session starts per s
         extra = {"multi_turn": True, "think_time": args.think_time, "max_total_tokens": args.max_total_tokens}
     cfg = make(workload=args.workload, path=args.path, num_requests=args.capacity_requests, seed=args.seed,
-               virtual=True, instances=args.instances, profile=args.profile,
+               virtual=True, instances=args.instances, profile=args.profile, recipe=args.recipe,
                policies=[args.capacity_policy], capacity=True, **extra)
     res = run_bench(cfg)
     c = res.capacity[0]
@@ -904,8 +973,14 @@ def virtual_capacity(args) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--instances", type=int, default=4, help="sim engines in the fleet")
-    ap.add_argument("--profile", default="llama-2-7b-a30", help="execution profile of the engines")
+    ap.add_argument("--instances", type=int, default=None,
+                    help="sim engines in the fleet (default: the recipe's, else the --profile list's, else 4)")
+    ap.add_argument("--profile", default=None,
+                    help=f"execution profile of the engines: one for all, or P1,P2,... one per instance in order "
+                         f"(a heterogeneous fleet; default: the recipe's, else {DEFAULT_PROFILE})")
+    ap.add_argument("--recipe", default=None,
+                    help="an astro serve recipe (name under recipes/ or YAML path) for the fleet: its instances "
+                         "(groups), profiles and engine limits; --instances / --profile given win")
     ap.add_argument("--time-scale", type=float, default=1.0, help="sim wall s per engine s (≥ 1 keeps lag low)")
     ap.add_argument("--prefix-cache", action="store_true",
                     help="engines cache prefixes; each run starts with every engine's cache reset")
@@ -981,7 +1056,7 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--loads/--rates: comma-separated numbers, e.g. 0.85,0.95")
     if any(v <= 0 for v in (args.load_list or args.rate_list or [0])):
         ap.error("--loads/--rates: every value must be > 0")
-    if min(args.instances, args.repeats, args.num_requests, args.client_procs) < 1 or args.time_scale <= 0:
+    if min(args.instances or 1, args.repeats, args.num_requests, args.client_procs) < 1 or args.time_scale <= 0:
         ap.error("--instances, --repeats, -n, --client-procs must be ≥ 1 and --time-scale > 0")
     if (args.sessions is not None or args.think_time != 2.0) and not args.multi_turn:
         ap.error("--sessions / --think-time: only with --multi-turn")
@@ -993,6 +1068,16 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--think-time: must be ≥ 0 (engine s)")
     if args.max_total_tokens is not None and args.max_total_tokens < 8:
         ap.error("--max-total-tokens: must be ≥ 8")
+    try:  # the fleet as `astro serve` builds it; a bad --profile count etc. is one line, no usage
+        args.fleet_cfg = fleet_config(args.instances, args.profile, args.recipe, args.time_scale, args.prefix_cache)
+    except AstroUserError as e:
+        print(f"{ap.prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    specs = instance_specs(args.fleet_cfg)
+    args.instances = len(specs)
+    args.profiles = [s.profile for s in specs]  # one per engine, in order
+    if args.profile is None:
+        args.profile = ",".join(args.profiles) if len(set(args.profiles)) > 1 else args.profiles[0]
     return args
 
 
@@ -1032,6 +1117,7 @@ def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
     arms = [Arm(**a) for a in doc["arms"]]
     cfg = doc["config"]
     meta = {k: cfg[k] for k in ("instances", "profile", "time_scale", "workload", "num_requests", "repeats", "seed")}
+    meta.update(profiles=cfg.get("profiles"), recipe=cfg.get("recipe"))
     meta["source"] = (doc.get("workload_sources") or ["?"])[0]
     meta.update(multi_turn=cfg.get("multi_turn", False), think_time_s=cfg.get("think_time", 2.0),
                 prefix_cache=cfg.get("prefix_cache", False), cpu_pinning=doc.get("cpu_pinning"))
@@ -1079,8 +1165,7 @@ def main(argv: list[str] | None = None) -> int:
     pins: dict[str, Any] = {}
     if args.pinning is not None:  # this process first: the pool, Predictors, tagger and routers inherit the set
         pins = {**args.pinning.describe(), "harness": pin_tree(os.getpid(), args.pinning.front)}
-    fleet = Fleet(args.instances, args.profile, args.time_scale, log_dir, prefix_cache=args.prefix_cache,
-                  pinning=args.pinning)
+    fleet = Fleet(args.fleet_cfg, log_dir, pinning=args.pinning)
     runs: list[dict[str, Any]] = []
     retries: dict[tuple[int, int, str], int] = {}
 
@@ -1095,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, _term)
-    meta = {"instances": args.instances, "profile": args.profile, "time_scale": args.time_scale,
+    meta = {"instances": args.instances, "profile": args.profile, "profiles": args.profiles, "recipe": args.recipe,
+            "time_scale": args.time_scale,
             "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats,
             "seed": args.seed, "source": sources[0], "multi_turn": args.multi_turn, "think_time_s": args.think_time,
             "prefix_cache": args.prefix_cache, "sessions": args.sessions,
@@ -1116,7 +1202,8 @@ def main(argv: list[str] | None = None) -> int:
         md = markdown(summary, args.load_list, args.reference, meta)
         doc = {"schema": "astro.peer_routers/1", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "complete": done, "started_unix_s": t_start, "wall_s": time.time() - t_start,
-               "config": {k: v for k, v in vars(args).items() if k not in ("arm_list", "pinning")},
+               "config": {k: v for k, v in vars(args).items() if k not in ("arm_list", "pinning", "fleet_cfg")},
+               "fleet": args.fleet_cfg.model_dump(mode="json", exclude={"api_key"}),
                "cpu_pinning": {**pins, "fleet": fleet.pins} if pins else None,
                "arms": [a.__dict__ for a in args.arm_list], "peer_versions": versions, "capacity": capacity,
                "rates_rps": rates, "workload_sources": sources, "fleet_starts": fleet.starts, "log_dir": str(log_dir),

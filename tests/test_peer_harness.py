@@ -83,6 +83,35 @@ def test_bad_arm_is_a_one_line_error(capsys) -> None:
     assert "--arms: unknown arm(s) astro/bogus" in capsys.readouterr().err
 
 
+HETERO = ["llama-2-7b-a100", "llama-2-7b-a100", "llama-2-7b-a30", "llama-2-7b-a30"]
+
+
+def test_heterogeneous_fleet_from_profile_list_or_recipe(capsys) -> None:
+    """`--profile P1,…,PN` (or a recipe's `instances:` groups) gives each engine its own
+    profile through `with_fleet`, Predictor sidecars on; a count that is not `--instances`
+    is one line naming `--profile` (no usage, no traceback)."""
+    from rps_astro_cli.services.config import instance_specs
+
+    for argv in (["--instances", "4", "--profile", ",".join(HETERO)], ["--profile", ",".join(HETERO)],
+                 ["--recipe", "hetero-2xa100-2xa30-llama2-7b"]):
+        args = pr.parse_args(argv + ["--arms", "astro/round_robin", "--time-scale", "0.5"])
+        assert args.instances == 4 and args.profiles == HETERO and args.profile == ",".join(HETERO)
+        assert [s.profile for s in instance_specs(args.fleet_cfg)] == HETERO
+        assert args.fleet_cfg.predictor.in_process is False and args.fleet_cfg.internal_token is False
+        assert {s.engine.time_scale for s in instance_specs(args.fleet_cfg)} == {0.5}
+    meta = {"instances": 4, "profile": args.profile, "profiles": HETERO}
+    assert pr.fleet_text(meta) == "2 × sim `llama-2-7b-a100` + 2 × sim `llama-2-7b-a30`"
+    assert pr.fleet_text({"instances": 4, "profile": "p"}) == "4 × sim `p`"  # an older JSON
+    one = pr.parse_args(["--arms", "astro/round_robin"])
+    assert one.instances == 4 and one.profiles == ["llama-2-7b-a30"] * 4 and one.profile == "llama-2-7b-a30"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        pr.parse_args(["--instances", "4", "--profile", ",".join(HETERO[:2]), "--arms", "astro/round_robin"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--profile lists 2 profiles for 4 instances" in err
+
+
 def _worker_sigterm_is_default(_: int) -> bool:
     import signal
 
