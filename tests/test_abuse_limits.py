@@ -290,8 +290,9 @@ def test_the_default_limits_bound_an_unauthenticated_header_flood():
 # -- CPU-heavy bodies ------------------------------------------------------------------
 def test_big_bodies_are_parsed_off_the_event_loop(monkeypatch):
     """A body over OFF_LOOP_BYTES is decoded, counted and tokenized on the worker thread
-    (the scheduler, the engine and the tagger), a small one on the event loop: tokenizing a
-    1 MB prompt (~40 ms) no longer stalls everyone else's requests (finding 3)."""
+    (the scheduler and the tagger; the engine refuses this one before counting it:
+    test_abuse_big_prompts.py), a small one on the event loop: tokenizing a 1 MB prompt
+    (~40 ms) no longer stalls everyone else's requests (finding 3)."""
     from rps_astro_cli.protocol import openai as oa
     from rps_astro_cli.protocol.http_server import OFF_LOOP_BYTES
     from rps_astro_cli.services import tagger as tagger_mod
@@ -321,7 +322,9 @@ def test_big_bodies_are_parsed_off_the_event_loop(monkeypatch):
             assert r.status_code == (200 if content == "hi" else 400), r.text
     small = {name for n, name in seen if n == 2}
     heavy = {name for n, name in seen if n == len(big)}
-    # scheduler + tagger + engine each parsed both; the big one never on a server's loop thread
+    # the scheduler (round robin: no context known) and the tagger parsed both, the engine only
+    # the small one (13,000 tokens > its 4,096: refused on the cheap bound, uncounted); the big
+    # one never on a server's loop thread
     assert small and heavy and all(name.startswith("astro-heavy") for name in heavy), seen
     assert not any(name.startswith("astro-heavy") for name in small), seen
 

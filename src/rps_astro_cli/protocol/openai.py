@@ -60,7 +60,7 @@ from typing import Any
 
 from rps_astro_cli.protocol.media import check_media_url
 from rps_astro_cli.protocol.openai_types import ApiError, ApiLimits, ParsedRequest, _vllm_error, bad
-from rps_astro_cli.tokens import FALLBACK_VOCAB_SIZE, TokenIds, count_tokens_fallback
+from rps_astro_cli.tokens import FALLBACK_VOCAB_SIZE, TokenIds, count_tokens_fallback, fallback_tokens_at_least
 
 CHAT_TOKENS_PER_MESSAGE = 3
 CHAT_TOKENS_REPLY_PRIMER = 3
@@ -388,6 +388,40 @@ def prompt_token_ids(body: dict[str, Any], endpoint: str, token_ids: TokenIds) -
                     return tuple(out)
                 out += token_ids(str(part.get("text", "")))
     return tuple(out)
+
+
+def prompt_tokens_at_least(body: dict[str, Any], endpoint: str,
+                           text_at_least: Callable[[str], int] = fallback_tokens_at_least) -> int:
+    """A lower bound of the prompt tokens the parser would count for a decoded body that
+    is not yet validated, computed without tokenizing: a token-id prompt's length (its
+    count); a text prompt's `text_at_least` (a lower bound of the counter's count of a
+    text: `tokens.fallback_tokens_at_least` for the fallback counter); a chat prompt's
+    sum of `text_at_least` over its messages' string contents and text parts (the
+    formatting tokens and roles only add to the count). A part the parser would refuse
+    (not a string, not a text part) counts 0, so a body is refused as too long on this
+    bound only where its prompt certainly is (before its other fields are checked).
+    Lets a server refuse a prompt far past its context before it counts (tokenizes)
+    it: ~1 ms per MB of text instead of ~40 ms."""
+    if endpoint == "completions":
+        p = body.get("prompt")
+        if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+            p = p[0]
+        if isinstance(p, str):
+            return text_at_least(p)
+        if isinstance(p, list) and all(type(t) is int for t in p):
+            return len(p)
+        return 0
+    n = 0
+    messages = body.get("messages")
+    for m in messages if isinstance(messages, list) else ():
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, str):
+            n += text_at_least(content)
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                    n += text_at_least(part["text"])
+    return n
 
 
 # -- chat ------------------------------------------------------------------------------

@@ -3,7 +3,12 @@
 1. Read the body (bounded: 413 over `max_body_bytes`) and start the tag RPC on the raw
    body at once; validate the body with the engine's own parser
    (`protocol/openai.py`) while the tagger works. Bad input → 4xx naming the field,
-   and nothing reaches an engine; an unknown `model` → 404.
+   and nothing reaches an engine; an unknown `model` → 404. A prompt far past every
+   engine's context is refused (400) on a lower bound of its tokens taken without
+   tokenizing (`protocol.openai.prompt_tokens_at_least`), before it is counted; a big
+   body (over `OFF_LOOP_BYTES`) is decoded and bounded on the worker thread first and
+   its tag RPC sent only after that check, so the tagger never tokenizes a prompt
+   certainly too long.
 2. Describe the request as a `CandidateRequest` (the tag's lengths and media costs; the
    client's true length under `oracle_lengths`; capped by `max_tokens`) and let the
    `Dispatcher` choose an instance. For a policy that reads prefix-cache hits
@@ -85,11 +90,13 @@ from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, s
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
+from rps_astro_cli.tokens import fallback_space_chars
 from rps_astro_cli.types import CandidateRequest, DecisionRecord, DispatchDecision
 
 # the front door refuses a prompt this many times longer than every engine's context (by
-# the parser's fallback count: no tokenizer counts half as many tokens), before hashing,
-# predicting or forwarding it; an engine refuses the ones nearer its limit itself
+# the parser's fallback count, or first by a lower bound of it taken without tokenizing:
+# no tokenizer counts half as many tokens), before hashing, predicting or forwarding it
+# (and a big body before its tag RPC); an engine refuses the ones nearer its limit itself
 DOOR_CONTEXT_FACTOR = 2
 # a whole (non-streamed) response up to this size is read before it is relayed (so a 5xx
 # can be retried elsewhere); a bigger one is relayed as it arrives, never held whole
@@ -177,6 +184,7 @@ class FrontDoor:
         self.m = metrics
         self.models = models
         self.prompt_ids = prompt_ids or PromptIds(settings, instances, clients, metrics, dispatcher.policy_name)
+        fallback_space_chars()  # derived once (~40 ms) here, not in the first big request's decode
         self.decisions: collections.deque[DecisionRecord] = collections.deque(maxlen=settings.decisions_kept)
         self.cost = settings.cost_limits
         self._n = 0
@@ -199,11 +207,28 @@ class FrontDoor:
             raise HTTPUserError(404, f"model {parsed.model!r} is not served here; use one of: "
                                 f"{', '.join(sorted(self.models))}", "model", "NotFoundError")
 
-    def parse(self, raw: bytes, endpoint: str) -> tuple[dict[str, Any], ParsedRequest]:
+    def parse(self, raw: bytes, endpoint: str, limit: int | None = None) -> tuple[dict[str, Any], ParsedRequest]:
         """The body as JSON and as the engine's parser reads it (`endpoint` chat |
-        completions); raises `ApiError` (400 / 413, naming the field) or
-        `HTTPUserError` (404: a model no engine serves). The EPP mode uses it too."""
+        completions): `decode`, then `validate`; raises `ApiError` (400 / 413, naming the
+        field) or `HTTPUserError` (404: a model no engine serves). `limit`: the
+        engines' context length (`context_limit`), for `decode`'s cheap refusal."""
+        body = self.decode(raw, endpoint, limit)
+        return body, self.validate(body, endpoint)
+
+    def decode(self, raw: bytes, endpoint: str, limit: int | None = None) -> dict[str, Any]:
+        """The body as JSON, refused (400 naming `prompt` | `messages`) when a lower
+        bound of its prompt's tokens taken without tokenizing it
+        (`protocol.openai.prompt_tokens_at_least`: ~1 ms per MB of text) already
+        reaches `DOOR_CONTEXT_FACTOR` × `limit` (None: no refusal); raises `ApiError`."""
         body = oa.decode_json_body(raw)
+        if limit is not None and (n := oa.prompt_tokens_at_least(body, endpoint)) >= DOOR_CONTEXT_FACTOR * limit:
+            raise bad(f"the prompt is at least {n} tokens; the engines' maximum context length is {limit} tokens "
+                      "(prompt + output); shorten it", "prompt" if endpoint == "completions" else "messages")
+        return body
+
+    def validate(self, body: dict[str, Any], endpoint: str) -> ParsedRequest:
+        """The decoded body as the engine's parser reads it (its prompt counted); raises
+        `ApiError` or `HTTPUserError` (404: a model no engine serves)."""
         if endpoint == "chat":
             parsed = oa.parse_chat_request(body, limits=ApiLimits(max_body_bytes=self.s.max_body_bytes))
         else:
@@ -211,7 +236,7 @@ class FrontDoor:
         self.check_model(parsed)
         # the engine checks again once it knows max_tokens (the context length is its own)
         check_request_cost(parsed, parsed.text_tokens, parsed.max_tokens, self.cost)
-        return body, parsed
+        return parsed
 
     def start_prompt_ids(self, body: dict[str, Any], endpoint: str, parsed: ParsedRequest,
                          wanted: bool | None = None) -> Tokenize | None:
@@ -255,13 +280,26 @@ class FrontDoor:
             ApiError, HTTPUserError: the client's mistake (counted under `label`).
         """
         received_s = time.perf_counter()
-        tag_task = self.tags.start(raw)  # in parallel with parsing:
+        heavy = len(raw) > OFF_LOOP_BYTES  # parsed, counted and hashed off the event loop
+        # a small body's tag RPC goes out at once, in parallel with parsing; a big one's
+        # only once its JSON is decoded and it has passed the cheap context refusal
+        # (`decode`): a prompt certainly too long is refused with no tag RPC, so the
+        # tagger never tokenizes it. A legitimate big prompt is therefore tagged after
+        # its decode (still in parallel with its validation and counting)
+        tag_task = None if heavy else self.tags.start(raw)
         if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
-        heavy = len(raw) > OFF_LOOP_BYTES  # parsed, counted and hashed off the event loop
+        limit = self.context_limit()
         try:
-            body, parsed = await off_loop(self.parse, raw, endpoint) if heavy else self.parse(raw, endpoint)
-            if (limit := self.context_limit()) is not None and parsed.text_tokens >= DOOR_CONTEXT_FACTOR * limit:
+            if heavy:
+                body = await off_loop(self.decode, raw, endpoint, limit)
+                tag_task = self.tags.start(raw)
+                if tag_task is not None:
+                    await asyncio.sleep(0)  # let the tag RPC go out before we count
+                parsed = await off_loop(self.validate, body, endpoint)
+            else:
+                body, parsed = self.parse(raw, endpoint, limit)
+            if limit is not None and parsed.text_tokens >= DOOR_CONTEXT_FACTOR * limit:
                 raise bad(f"the prompt is {parsed.text_tokens} tokens; the engines' maximum context length is "
                              f"{limit} tokens (prompt + output); shorten it", parsed.prompt_param)
             try:
