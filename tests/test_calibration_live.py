@@ -7,6 +7,7 @@ an untrusted Predictor's instance by load, naming it in the decision record."""
 from __future__ import annotations
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import replace
@@ -122,7 +123,7 @@ def test_scheduler_corrects_predictions_by_what_requests_took(tmp_path):
     scheduler's 0.05), so every request takes ≥ 2× the Predictor's E2E in the scheduler's
     engine seconds: after `min_samples` (16) ended requests the scheduler's outcome
     correction (`dispatch.outcome`) applies, and the decision record keeps the Predictor's
-    own estimate beside the corrected one; with `outcome_correction` off it never does."""
+    own estimate beside the corrected one; with calibration off it never does."""
     true_path = write_profile(tmp_path, NOMINAL, "nominal.json")
     for on in (True, False):
         with ExitStack() as st:
@@ -132,7 +133,7 @@ def test_scheduler_corrects_predictions_by_what_requests_took(tmp_path):
             sched = st.enter_context(ServerThread(create_app(SchedulerSettings(
                 instances=(InstanceEndpoint("engine-0", eng.url, pred.url),), policy="power_of_k",
                 served_models=(NOMINAL.model,), predict_deadline_s=2.0, status_interval_s=0.05, time_scale=0.05,
-                early_dispatch=False, outcome_correction=on))))
+                early_dispatch=False, calibration="online" if on else "off"))))
             for i in range(24):
                 body = {"model": NOMINAL.model, "prompt": "tell me " * (10 + 9 * i), "max_tokens": 10 + 5 * (i % 8),
                         "ignore_eos": True}
@@ -148,3 +149,28 @@ def test_scheduler_corrects_predictions_by_what_requests_took(tmp_path):
             raw, used = d["uncorrected"]["0"]["e2e_s"], d["predictions"]["0"]["e2e_s"]
             assert used > 1.5 * raw
             assert d["observed_e2e_s"] / 0.05 > 1.5 * raw  # what it was corrected towards
+
+
+def test_in_process_predictor_calibrates_from_the_status_poll(tmp_path):
+    """`predict_in_process`: no sidecar fetches `/status?steps_since=`, so the scheduler's
+    own status poll asks for the steps and feeds them to its in-process Predictor, which
+    refits toward the engine it was not given (every term 1.6×): its shape scale moves
+    from 1 to about 1.6."""
+    nominal_path = write_profile(tmp_path, NOMINAL, "nominal.json")
+    with ExitStack() as st:
+        eng = st.enter_context(ServerThread(sim_server.create_app(SimEngine(SLOW, time_scale=0.02))))
+        sched = st.enter_context(ServerThread(create_app(SchedulerSettings(
+            instances=(InstanceEndpoint("engine-0", eng.url, None, nominal_path),), policy="power_of_k",
+            served_models=(NOMINAL.model,), predict_deadline_s=2.0, status_interval_s=0.05,
+            predict_in_process=True))))
+        body = {"model": NOMINAL.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        assert httpx.post(sched.url + "/v1/chat/completions", json=body, timeout=30).status_code == 200
+        _traffic(eng.url, 24)
+        deadline = time.monotonic() + 10
+        while True:  # the next polls carry the steps
+            cal = httpx.get(sched.url + "/instances").json()[0]["calibration"]
+            if cal and cal["refits"] > 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert cal is not None and cal["samples"] > 32 and cal["refits"] > 0
+        assert cal["scales"]["shape"] == pytest.approx(1.6, rel=0.15)

@@ -113,7 +113,8 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     cfg = parse_config({"instances": 2, "restart_crashed": 50, "engine": {"time_scale": 0.2},
-                        "scheduler": {"health_interval_ms": 200.0}})
+                        "scheduler": {"health_interval_ms": 200.0},
+                        "predictor": {"in_process": False}})  # Predictor sidecars: the faults are theirs too
     sup = ClusterSupervisor(cfg, tmp_path_factory.mktemp("faults"), report=lambda line: None)
     try:
         info = sup.start(timeout_s=120)

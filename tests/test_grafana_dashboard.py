@@ -107,7 +107,7 @@ def fleet(tmp_path_factory):
     out = open(d / "serve.out", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", "2", "--time-scale", "0.05",
-         "--run-dir", str(d / "run"), "--cluster-json", str(cj)],
+         "--run-dir", str(d / "run"), "--cluster-json", str(cj), "--predictors", "sidecars"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     try:

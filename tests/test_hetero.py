@@ -261,7 +261,7 @@ def test_serve_starts_each_engine_and_predictor_on_its_profile(tmp_path):
 
     cfg = parse_config({"instances": [{"count": 1, "profile": A100}, {"count": 1, "profile": A30}],
                         "engine": {"time_scale": 0.05}, "tagger": {"enabled": False},
-                        "predictor": {"assumed_profile": [A100, A100]}}, "test")
+                        "predictor": {"assumed_profile": [A100, A100], "in_process": False}}, "test")
     sup = ClusterSupervisor(cfg, tmp_path / "run", tmp_path / "cluster.json", report=lambda line: None)
     try:
         info = sup.start()

@@ -39,7 +39,8 @@ def cluster(tmp_path_factory):
     out = open(d / "serve.out", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "--instances", "4", "--time-scale", "0.05",
-         "--run-dir", str(d / "run"), "--cluster-json", str(cj), "--restart-crashed", "2", "--k", "2"],
+         "--run-dir", str(d / "run"), "--cluster-json", str(cj), "--restart-crashed", "2", "--k", "2",
+         "--predictors", "sidecars"],
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 120
     while not cj.exists():

@@ -88,6 +88,7 @@ def cluster(tmp_path_factory):
                    "extra_args": ["--model", model, "--kv-cache-memory-bytes", str(17 * BLOCK_BYTES),
                                   "--max-num-batched-tokens", "2048"]},
         "tagger": {"enabled": False},
+        "predictor": {"in_process": False},  # sidecars: the test restarts them on the fitted profile
         "scheduler": {"policy": "power_of_k", "k": 2, "objective": "e2e", "predict_deadline_ms": 500.0,
                       "oracle_lengths": True},
     })

@@ -45,6 +45,7 @@ def cluster(
     profile: Annotated[str | None, typer.Option("--profile", help="Engine execution profile id or JSON path: one for every engine, or P1,P2,... one per engine (a heterogeneous fleet; as many as --instances).")] = None,
     predictor_profile: Annotated[str | None, typer.Option("--predictor-profile", help="The profile the Predictors simulate: one for all, or P1,P2,... one per engine (default: each its engine's; another one = a model-mismatch experiment).")] = None,
     calibration: Annotated[str | None, typer.Option("--calibration", help="online (default): each Predictor refits its step model from its engine's steps; off: keep the profile, only track its error.")] = None,
+    predictors: Annotated[str | None, typer.Option("--predictors", help="Where the look-aheads run: in-process (in the scheduler, on its /status polls: no RPC hop, the default for a fleet on one host) | sidecars (one Predictor process per engine, as the Kubernetes overlays run them).  [default: in-process, or the recipe's]")] = None,
     time_scale: Annotated[float | None, typer.Option("--time-scale", help="Sim wall s per engine s (0.1 = 10x faster).  [default: 1.0, or the recipe's]")] = None,
     instance_policy: Annotated[str | None, typer.Option("--instance-policy", help="In-instance policy of every engine.  [default: fcfs, or the recipe's]")] = None,
     instance_param: InstanceParamOpt = None,
@@ -60,11 +61,13 @@ def cluster(
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder.  [default: runs/serve-<time>]")] = None,
 ) -> None:
-    """With no role: start N sim engines + N Predictors + tagger + scheduler on loopback,
+    """With no role: start N sim engines + tagger + scheduler (its look-aheads in-process,
+    or N Predictor sidecars with --predictors sidecars) on loopback,
     print their endpoints, write cluster.json, and supervise them until Ctrl-C."""
     if ctx.invoked_subcommand is not None:
         return
     from rps_astro_cli.cli.common import console
+    from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.params import parse_assignments
     from rps_astro_cli.protocol.limits import CostLimits, HttpLimits
     from rps_astro_cli.services.cluster import ClusterError, ClusterSupervisor, default_run_dir
@@ -85,10 +88,13 @@ def cluster(
              "api_key": "--api-key", "restart_crashed": "--restart-crashed",
              "scheduler.oracle_lengths": "--oracle-lengths", "engine.backend": "--backend",
              "scheduler.admission": "--admission",
-             "predictor.calibration": "--calibration",
+             "predictor.calibration": "--calibration", "predictor.in_process": "--predictors",
              **{path: f"--{'instance-' if path.startswith('engine.') else ''}param {path.rsplit('.', 1)[1]}"
                 for path in params}}
+    if predictors not in (None, "in-process", "sidecars"):
+        raise AstroUserError(f"got {predictors!r}", field="--predictors", fix="use in-process or sidecars")
     cfg = with_overrides(cfg, {
+        "predictor.in_process": None if predictors is None else predictors == "in-process",
         "instances": instances if isinstance(cfg.instances, int) else None, "scheduler.policy": policy,
         "scheduler.k": k, "scheduler.objective": objective,
         "engine.time_scale": time_scale, "engine.instance_policy": instance_policy,
@@ -102,7 +108,10 @@ def cluster(
         cfg = with_overrides(cfg, {"engine.extra_args": extra})
     sup = ClusterSupervisor(cfg, run_dir or default_run_dir(), cluster_json,
                             report=lambda line: console.print(line, highlight=False, markup=False))
-    console.print(f"starting {cfg.num_instances} engines + predictors + tagger + scheduler "
+    p = cfg.predictor
+    parts = ("predictors + " if p.enabled and not p.in_process else "") + "tagger + scheduler" + \
+        (" (look-aheads in-process)" if p.enabled and p.in_process else "")
+    console.print(f"starting {cfg.num_instances} engines + {parts} "
                   f"(policy {cfg.scheduler.policy}, {_fleet_text(sup)}) ...")
     try:
         info = sup.start()
@@ -466,16 +475,16 @@ def _scheduler_settings(flags: DispatchFlags, *, decisions_kept: int, max_body_b
         decisions_kept=max(1, decisions_kept), oracle_lengths=flags.oracle_lengths, early_dispatch=early_dispatch,
         predict_in_process=predict_in_process, discovery=discovery, prefix_tokenizer=sec.prefix_tokenizer,
         tokenize_deadline_s=sec.tokenize_deadline_ms / 1000, health_timeout_s=sec.health_timeout_ms / 1000,
-        admission=sec.admission, slo_classes=sec.slo_class_map(), outcome_correction=_calibration(flags.calibration))
+        admission=sec.admission, slo_classes=sec.slo_class_map(), calibration=_calibration(flags.calibration))
 
 
-def _calibration(mode: str) -> bool:
+def _calibration(mode: str) -> str:
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.services.predictor import CALIBRATION_MODES
 
     if mode not in CALIBRATION_MODES:
         raise AstroUserError(f"got {mode!r}", field="--calibration", fix="use online or off")
-    return mode == "online"
+    return mode
 
 
 def _positive(v: float, field: str) -> float:

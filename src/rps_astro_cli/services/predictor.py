@@ -255,6 +255,21 @@ class Predictor:
             self._status, self._status_at = status, fetched_at
             self.last_error = None
 
+    @property
+    def steps_seq(self) -> int:
+        """The engine step count this Predictor has learned up to (`/status?steps_since=`)."""
+        return self._steps_seq
+
+    async def take(self, status: InstanceStatus, steps: Any, fetched_at: float) -> None:
+        """`adopt` a `/status` someone else fetched at `fetched_at`, asked with
+        `steps_since=steps_seq`, and learn from its `steps` (the scheduler's status poll
+        feeding its in-process Predictors: without it they would never calibrate)."""
+        if self.calibrator is not None and isinstance(steps, dict) and steps.get("rows"):
+            await off_loop(self.learn, status, steps)
+        else:
+            self.learn(status, steps)
+        self.adopt(status, fetched_at)
+
     async def _fetch(self) -> InstanceStatus:
         try:
             path = f"/status?steps_since={self._steps_seq}"

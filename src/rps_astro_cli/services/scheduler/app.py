@@ -53,7 +53,8 @@ class Scheduler:
         needs_prefix = self.dispatcher.needs_prefix
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
                                     self.models, self.tags, needs_prefix=needs_prefix,
-                                    probe_version=needs_prefix and self.prompt_ids.probes_version)
+                                    probe_version=needs_prefix and self.prompt_ids.probes_version,
+                                    local=predict.local_predictor if settings.predict_in_process else None)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models, self.prompt_ids)
         self.discovered: InstanceSet | None = None
@@ -189,7 +190,9 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
                  "engine_error": st.engine_error, "predictor_error": st.predictor_error,
                  "prefix_cached_blocks": len(st.prefix.hashes),
                  # `dispatch.outcome`: its predictions' correction by what its requests took
-                 "outcome_correction": None if outcomes is None else outcomes.state().get(st.ep.name)}
+                 "outcome_correction": None if outcomes is None else outcomes.state().get(st.ep.name),
+                 # `predict_in_process`: its in-process Predictor's step calibration
+                 "calibration": door.dispatcher.predict.local_calibration(st)}
                 for st in sched.instances]
 
     @app.get("/decisions", response_model=None)

@@ -47,7 +47,7 @@ class Dispatcher:
         self.admission = Admission(settings.admission)
         # each instance's estimates corrected by what its requests then took (`dispatch.outcome`),
         # keyed by instance name; fed by the front door as requests end
-        self.outcomes = OutcomeCorrection() if settings.outcome_correction else None
+        self.outcomes = OutcomeCorrection() if settings.calibration == "online" else None
 
     @property
     def needs_status(self) -> bool:

@@ -22,8 +22,10 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 
 from rps_astro_cli.dispatch.loads import status_fields_of
+from rps_astro_cli.services.predictor import Predictor
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
@@ -47,8 +49,11 @@ class HealthMonitor:
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
                  needs_status: bool, models: set[str], tags: TagClient | None = None, needs_prefix: bool = False,
-                 probe_version: bool = False):
+                 probe_version: bool = False, local: Callable[[InstanceState], Predictor] | None = None):
         self.s = settings
+        # `predict_in_process`: an instance's in-process Predictor, fed each status poll with
+        # the engine's steps since its last one (its online calibration)
+        self.local = local
         self.tags = tags  # the TagClient whose tagger service is health-checked with the instances
         self.instances = instances
         self.clients = clients
@@ -65,7 +70,11 @@ class HealthMonitor:
         try:
             if self.needs_status:  # polled every status_interval_s: the lean client
                 asked_s = time.monotonic()
-                path = f"/status?prefix_since={st.prefix.seq}" if self.needs_prefix else "/status"
+                local = self.local(st) if self.local is not None and not st.ep.predictor_url else None
+                query = [f"prefix_since={st.prefix.seq}"] if self.needs_prefix else []
+                if local is not None:
+                    query.append(f"steps_since={local.steps_seq}")
+                path = "/status?" + "&".join(query) if query else "/status"
                 async with asyncio.timeout(self.s.health_timeout_s):
                     resp = await self.clients.pool(st.ep.engine_url).request("GET", path)
                     body = await resp.read()
@@ -77,6 +86,8 @@ class HealthMonitor:
                 st.status_s = asked_s
                 st.status = status
                 st.block_size = status.limits.block_size
+                if local is not None:
+                    await local.take(status, d.get("steps"), asked_s)
                 if self.needs_prefix:
                     st.prefix_caching = isinstance(d.get("prefix_cache"), dict)
                     if st.prefix_caching:

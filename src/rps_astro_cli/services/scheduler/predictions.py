@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import replace
+from typing import Any
 
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.protocol.service_wire import PredictReply, PredictRequest
@@ -50,10 +51,16 @@ class PredictClient:
             pred = self._local[st.ep.engine_url] = Predictor(PredictorSettings(
                 st.ep.engine_url, status_cache_s=cache_s, status_max_age_s=max(0.25, 2 * cache_s),
                 profile=st.ep.profile or self.s.profile, default_output_tokens=self.s.default_output_tokens,
-                internal_token=self.s.internal_token))
+                internal_token=self.s.internal_token, calibration=self.s.calibration))
         if st.status is not None:
             pred.adopt(st.status, st.status_s)
         return pred
+
+    def local_calibration(self, st: InstanceState) -> dict[str, Any] | None:
+        """`st`'s in-process Predictor's step calibration (`CalibrationState.to_dict`), or
+        None (no in-process Predictor, or no status seen yet)."""
+        pred = self._local.get(st.ep.engine_url)
+        return None if pred is None or pred.calibration is None else pred.calibration.to_dict()
 
     async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate | None:
         pred = self.local_predictor(st)

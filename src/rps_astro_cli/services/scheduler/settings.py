@@ -111,11 +111,12 @@ class SchedulerSettings:
         SLO are never judged.
     slo_classes: class name → its `RequestSlo` defaults, chosen by the `x-slo-class`
         header or a class named like the request's model.
-    outcome_correction: correct each instance's predicted TTFT / E2E by what its own
-        requests were then served with (`dispatch.outcome`: a robust affine fit per
-        instance, applied only while it beats the raw estimate) — the part of a real
-        engine's latency no step model sees (API server, HTTP, later arrivals). On with
-        the recipe's `predictor.calibration: online`.
+    calibration: "online" (default): correct each instance's predicted TTFT / E2E by
+        what its own requests were then served with (`dispatch.outcome`: a robust affine
+        fit per instance, applied only while it beats the raw estimate) — the part of a
+        real engine's latency no step model sees (API server, HTTP, later arrivals) — and
+        let the in-process Predictors (`predict_in_process`) refit their step models from
+        the engines' steps; "off": neither. The recipe's `predictor.calibration`.
     """
 
     instances: tuple[InstanceEndpoint, ...]
@@ -151,12 +152,15 @@ class SchedulerSettings:
     health_timeout_s: float = 1.0
     admission: str = "reject"
     slo_classes: Mapping[str, RequestSlo] = field(default_factory=dict)
-    outcome_correction: bool = True
+    calibration: str = "online"
     # what one request may ask for (n, output tokens, logprobs; $ASTRO_MAX_*) and the most
     # response bytes relayed for it
     cost_limits: CostLimits = field(default_factory=CostLimits.from_env)
 
     def __post_init__(self) -> None:
+        if self.calibration not in ("online", "off"):
+            raise AstroUserError(f"unknown calibration {self.calibration!r}", field="calibration",
+                                 fix="use online or off")
         if self.prefix_tokenizer not in PREFIX_TOKENIZERS:
             raise AstroUserError(f"unknown prefix tokenizer {self.prefix_tokenizer!r}", field="prefix_tokenizer",
                                  fix="use one of: auto, engine, fallback")
