@@ -174,6 +174,7 @@ def main() -> None:
     ap.add_argument("--baseline-python", default="/work/main/.venv/bin/python",
                     help="the interpreter of an older astro install, for the baseline tool")
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures here")
     a = ap.parse_args()
     port = _free_port()
     srv = subprocess.Popen([sys.executable, __file__, "--serve", str(port), str(a.ttft_ms / 1e3), str(a.itl_ms / 1e3)],
@@ -209,16 +210,24 @@ def main() -> None:
               f"{a.num_prompts} requests at concurrency {a.max_concurrency}, {a.short} vs {a.long} events each")
         print("| tool | client CPU s per 10k events (median) | range | measured mean TTFT ms | mean ITL ms |")
         print("|---|---|---|---|---|")
+        rows: dict[str, dict] = {}
         for t in tools:
             v = per_event[t]
             ttft = statistics.median(x[0] for x in seen[t]) * 1e3
             itl = statistics.median(x[1] for x in seen[t]) * 1e3
             print(f"| {t} | {statistics.median(v):.3f} | {min(v):.3f}–{max(v):.3f} | {ttft:.1f} | {itl:.2f} |")
+            rows[t] = {"cpu_s_per_10k_events": v, "cpu_s_per_10k_events_median": statistics.median(v),
+                       "ttft_mean_ms": ttft, "itl_mean_ms": itl}
         if "vllm" in tools:
             for t in tools:
                 if t != "vllm":
                     r = [x / y for x, y in zip(per_event[t], per_event["vllm"])]
                     print(f"\n{t} / vllm: median {statistics.median(r):.2f}× (range {min(r):.2f}–{max(r):.2f})")
+                    rows[t]["ratio_to_vllm"] = r
+        if a.json:
+            out = {"ttft_ms": a.ttft_ms, "itl_ms": a.itl_ms, "num_prompts": a.num_prompts,
+                   "max_concurrency": a.max_concurrency, "short": a.short, "long": a.long, "tools": rows}
+            a.json.write_text(json.dumps(out, indent=1) + "\n")
     finally:
         os.killpg(srv.pid, signal.SIGTERM)
         srv.wait(timeout=10)

@@ -8,13 +8,15 @@ jump look-ahead per candidate) when that policy is registered. Prints wall and p
 CPU seconds (the machine may be shared).
 
     .venv/bin/python benchmarks/cluster_sim_speed.py [--requests 10000] [--rate 30]
-        [--instances 12] [--policies round_robin,power_of_k]
+        [--instances 12] [--policies round_robin,power_of_k] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -43,9 +45,11 @@ def main() -> None:
     ap.add_argument("--policies", default="round_robin,power_of_k")
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures here")
     args = ap.parse_args()
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
+    rows: dict[str, dict[str, float]] = {}
     reqs = trace_requests(args.requests, args.rate, cfg.max_model_len, np.random.default_rng(args.seed))
     print(f"{args.instances} instances × {len(reqs)} requests at {args.rate} req/s "
           f"({reqs[-1].arrival_s:.0f} s of arrivals), profile {prof.profile_id}")
@@ -64,6 +68,14 @@ def main() -> None:
               f"steps {sum(res.steps_per_instance)} | preemptions {res.num_preemptions} | "
               f"mean TTFT {ttft.mean():.3f} s, P99 TTFT {np.percentile(ttft, 99):.3f} s, "
               f"mean E2E {e2e.mean():.2f} s | decision median {np.median(dec):.0f} µs", flush=True)
+        rows[name] = {"wall_s": res.wall_s, "cpu_s": cpu_s, "steps": sum(res.steps_per_instance),
+                      "preemptions": res.num_preemptions, "ttft_mean_s": float(ttft.mean()),
+                      "ttft_p99_s": float(np.percentile(ttft, 99)), "e2e_mean_s": float(e2e.mean()),
+                      "decide_median_us": float(np.median(dec))}
+    if args.json:
+        out = {"instances": args.instances, "requests": len(reqs), "rate": args.rate, "profile": prof.profile_id,
+               "seed": args.seed, "policies": rows}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

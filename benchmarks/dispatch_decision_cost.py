@@ -5,14 +5,17 @@ CPU time (`time.process_time`, min of 7 repeats of 2,000 decisions), so other jo
 the machine do not inflate it. It imports nothing newer than the pre-pipeline API, so
 the same script measures an older tree for a before/after ratio:
 
-    .venv/bin/python benchmarks/dispatch_decision_cost.py
+    .venv/bin/python benchmarks/dispatch_decision_cost.py [--json PATH]
     mkdir /tmp/base && git archive fe1a52e src artifacts | tar -x -C /tmp/base
     (cd /tmp/base && PYTHONPATH=src "$OLDPWD/.venv/bin/python" "$OLDPWD/benchmarks/dispatch_decision_cost.py")
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -46,5 +49,15 @@ def decision_cost_us(name: str, params: dict, n: int = 2000, repeats: int = 7) -
     return best
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures (µs per policy) here")
+    args = ap.parse_args()
+    cost = {name: decision_cost_us(name, params) for name, params in POLICIES}
+    print("  ".join(f"{name} {us:.1f} µs" for name, us in cost.items()))
+    if args.json:
+        args.json.write_text(json.dumps({"decision_cpu_us": cost}, indent=1) + "\n")
+
+
 if __name__ == "__main__":
-    print("  ".join(f"{name} {decision_cost_us(name, params):.1f} µs" for name, params in POLICIES))
+    main()

@@ -120,7 +120,8 @@ def main() -> int:
                     help="tagger model (default: the baseline, so the figure is the scheduler's, not the tagger's)")
     ap.add_argument("--tagger-in-process", action="store_true",
                     help="tag inside the scheduler (recipe tagger.enabled: false) instead of the tagger service")
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", default=None,
+                    help="print the figures as one JSON object; with PATH: write them there and print the table")
     a = ap.parse_args()
 
     cfg = parse_config({"name": "dispatch-overhead", "instances": a.instances, "restart_crashed": 0,
@@ -164,7 +165,10 @@ def main() -> int:
         "scheduler_cpu_ms_per_request": sched_cpu_ms / max(1, len(over_ms)),
         "max_sustained_req_s": ok / a.seconds, "closed_loop_errors": err, "concurrency": a.concurrency,
     }
-    if a.json:
+    if a.json and a.json != "-":
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    if a.json == "-":
         print(json.dumps(res))
     else:
         print(f"dispatch overhead — policy {a.policy} k={a.k}, {a.instances} sim engines (time scale {a.time_scale})")

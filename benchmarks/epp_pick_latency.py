@@ -99,11 +99,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--batch", type=int, default=100)
     ap.add_argument("--time-scale", type=float, default=0.01)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", default=None,
+                    help="print the figures as one JSON object; with PATH: write them there and print the table")
     a = ap.parse_args()
     cfg = parse_config({"name": "epp-pick", "instances": a.instances, "restart_crashed": 0,
                         "engine": {"time_scale": a.time_scale}, "tagger": {"length_model": "baseline"},
-                        "scheduler": {"policy": "round_robin"}})
+                        "scheduler": {"policy": "round_robin"},
+                        "predictor": {"in_process": False}})  # the EPP and scheduler ask the sidecars
     body = json.dumps({"model": None, "prompt": "Summarize the plot of a short story about a lighthouse keeper.",
                        "max_tokens": 2})
     procs: list[subprocess.Popen] = []
@@ -139,9 +141,12 @@ def main() -> None:
         p99 = [float(np.percentile(r, 99)) for r in rounds]
         res["arms"][name] = {"p50_ms": float(np.median(p50)), "p50_spread_ms": [min(p50), max(p50)],
                              "p99_ms": float(np.median(p99)), "p99_spread_ms": [min(p99), max(p99)]}
-    if a.json:
+    if a.json == "-":
         print(json.dumps(res))
         return
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
     print(f"EPP pick latency, {a.instances} sim engines, {a.rounds} rounds x {a.batch} sequential requests per arm "
           f"(load average {res['load_avg_1m']:.1f})")
     for name, r in res["arms"].items():

@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--intervals", default="0.25", help="status refresh Δ (s), comma-separated")
     ap.add_argument("--ks", default="2,all", help="power_of_k k values, comma-separated")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", "--json", dest="out", type=Path, default=None,
+                    help="write the arguments and every row here (JSON)")
     args = ap.parse_args()
     root = data_dir()
     if root is None:

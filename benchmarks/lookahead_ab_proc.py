@@ -37,9 +37,7 @@ HERE = Path(__file__).resolve().parent
 def worker(args: argparse.Namespace) -> None:
     """One arm: time the look-ahead on the cell's snapshots; JSON to stdout."""
     import numpy as np
-
-    sys.path.insert(0, str(HERE))
-    from lookahead_speed import label_snapshot, load_lengths, make_snapshot
+    from lookahead_speed import label_snapshot, load_lengths, make_snapshot  # a sibling: run as a script
 
     from rps_astro_cli.policies.build import build_instance_policy
     from rps_astro_cli.sim import lookahead
@@ -99,6 +97,7 @@ def main() -> None:
                     "default 40 %% image, 20 %% video: RPS-Serve's MH mix")
     ap.add_argument("--labelled", action="store_true", help="requests carry their class, as /status reports it")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write every repeat's medians and the ratios here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -116,6 +115,7 @@ def main() -> None:
           f"{'base wall µs':>12} {'new wall µs':>11} {'new/base':>8} | estimates differ")
     ratios: dict[str, list[float]] = {"cpu": [], "wall": []}
     meds: dict[tuple[str, str], list[float]] = {(a, c): [] for a in arms for c in ratios}
+    differ: list[int] = []
     for rep in range(args.repeats):
         order = ("base", "new") if rep % 2 == 0 else ("new", "base")
         res = {a: run_arm(arms[a], args) for a in order}
@@ -135,10 +135,19 @@ def main() -> None:
         nbits = sum(1 for x, y in pairs if tuple(x) != tuple(y))  # not equal bit for bit
         print(f"{rep:>6} | {row[0]} | {row[1]:>1} | {ndiff} of {args.snapshots} ({nbits} not bit for bit)",
               flush=True)
+        differ.append(ndiff)
     for c, rs in ratios.items():
         print(f"{c}: base median {np.median(meds['base', c]):.0f} µs, new {np.median(meds['new', c]):.0f} µs; "
               f"ratio new/base median {np.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f}, "
               f"{args.repeats} repeats)")
+    if args.json:
+        out = {"base": str(args.base), "new": str(args.new), "running": args.running, "waiting": args.waiting,
+               "policy": args.policy, "profile": args.profile, "mix": args.mix, "labelled": args.labelled,
+               "snapshots": args.snapshots, "estimates_differ_per_repeat": differ,
+               "per_repeat": {f"{a}_{c}_median_us": v for (a, c), v in meds.items()},
+               "ratio_new_over_base": {c: {"median": float(np.median(rs)), "min": min(rs), "max": max(rs)}
+                                       for c, rs in ratios.items()}}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ checkout.
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 
@@ -134,7 +136,9 @@ def main() -> None:
                     "8-frame video (LLaVA-OneVision token counts); default all text")
     ap.add_argument("--labelled", action="store_true", help="requests carry the class the policy gives them "
                     "(req_class), as /status reports them")
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures (one row per cell) here")
     args = ap.parse_args()
+    rows: list[dict[str, float]] = []
     prof = load_profile(args.profile)
     cfg = InstanceConfig.from_profile(prof)
     lengths = load_lengths()
@@ -195,6 +199,15 @@ def main() -> None:
                   f"{src_med:>10.0f} {src_ratio:>4.1f}× | "
                   f"{smed:>11.0f} {ratio:>6.0f}× | "
                   f"{np.mean(steps):>7.0f} {np.mean(events):>7.0f} {maxdiff:>12.1e}", flush=True)
+            rows.append({"running": n_run, "waiting": n_wait, "jump_median_us": med, "jump_p99_us": p99,
+                         "cpu_median_us": cmed, "cpu_p99_us": cp99, "source_median_us": src_med,
+                         "source_ratio": src_ratio, "stepwise_median_us": smed, "stepwise_ratio": ratio,
+                         "steps_mean": float(np.mean(steps)), "events_mean": float(np.mean(events)),
+                         "max_rel_diff": maxdiff})
+    if args.json:
+        out = {"profile": prof.profile_id, "policy": args.policy, "mix": args.mix, "labelled": args.labelled,
+               "native": bool(lookahead.NATIVE), "cells": rows}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

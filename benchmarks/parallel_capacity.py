@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--arms", default="serial,ray,ray-w2")
     ap.add_argument("--workers", type=int, default=None, help="local Ray CPUs (default: all cores)")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", "--json", dest="out", type=Path, default=None, help="write the figures here (JSON)")
     args = ap.parse_args()
     arms = args.arms.split(",")
     rows = []

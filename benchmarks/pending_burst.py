@@ -15,10 +15,12 @@ symptom), and the spread of requests over instances (max − min per instance).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import threading
 import time
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 
@@ -80,6 +82,7 @@ def main() -> int:
     ap.add_argument("--prompt-words", type=int, default=200)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None, help="write every repeat's figures here")
     args = ap.parse_args()
     res: dict[bool, list[dict[str, float]]] = {True: [], False: []}
     for r in range(args.repeats):
@@ -93,6 +96,10 @@ def main() -> int:
         sp = [x["spread"] for x in res[arm]]
         print(f"| {'on' if arm else 'off'} | {statistics.median(sh):.2f} ({min(sh):.2f}–{max(sh):.2f}) | "
               f"{statistics.median(sp):g} ({min(sp):g}–{max(sp):g}) |")
+    if args.json:
+        out = {"args": {k: v for k, v in vars(args).items() if k != "json"},
+               "count_pending_on": res[True], "count_pending_off": res[False]}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

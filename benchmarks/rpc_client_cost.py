@@ -181,7 +181,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=3000, help="timed POSTs per client per round")
     ap.add_argument("--warmup", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--json", nargs="?", const="-", default=None,
+                    help="print the figures as one JSON object; with PATH: write them there and print the table")
     a = ap.parse_args()
     if a.calls < 1 or a.rounds < 1 or a.warmup < 1:
         print("error: --calls, --rounds and --warmup must be ≥ 1", file=sys.stderr)
@@ -203,9 +204,12 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.join(5)
-    if a.json:
+    if a.json == "-":
         print(json.dumps({"calls": a.calls, "rounds": a.rounds, "clients": res}, indent=1))
         return 0
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"calls": a.calls, "rounds": a.rounds, "clients": res}, f, indent=1)
     base = res["astro-rpc"]["cpu_us"]
     print(f"client CPU per keep-alive JSON POST, {a.calls} calls x {a.rounds} rounds (median of rounds)")
     print(f"{'client':<13} {'cpu µs/call':>12} {'wall µs/call':>13} {'x astro cpu':>12}")

@@ -4,7 +4,7 @@
 tagger's default length model), power_of_k k=all on predicted TTFT vs on predicted E2E, and
 round_robin as the floor. One process per (objective, seed); figures are virtual time.
 
-    .venv/bin/python benchmarks/rps_fleet_objective.py --seeds 1,2,3
+    .venv/bin/python benchmarks/rps_fleet_objective.py --seeds 1,2,3 [--json PATH]
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ def run(arm: str, seed: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", default="1,2,3")
+    ap.add_argument("--json", type=Path, default=None, help="write every run's metrics and the geo-means here")
     a = ap.parse_args()
+    geo: dict[str, dict[str, float]] = {}
     seeds = [int(x) for x in a.seeds.split(",")]
     res = {(arm, s): run(arm, s) for s in seeds for arm in ARMS}
     print("| objective | seed | TTFT mean overall / sand / pebbles / rocks (s) | P99 TTFT overall (s) | mean E2E (s) |")
@@ -46,6 +48,11 @@ def main() -> None:
         gm = {g: statistics.geometric_mean([res[(arm, s)][g]["ttft_s"]["mean"] / res[("e2e", s)][g]["ttft_s"]["mean"]
                                             for s in seeds]) for g in ("overall", "sand", "pebbles", "rocks")}
         print(f"| {arm} | geo-mean ÷ e2e | " + " / ".join(f"{gm[g]:.3f}" for g in gm) + " | | |")
+        geo[arm] = gm
+    if a.json:
+        out = {"seeds": seeds, "runs": {arm: {str(s): res[(arm, s)] for s in seeds} for arm in ARMS},
+               "ttft_mean_geo_mean_over_e2e": geo}
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

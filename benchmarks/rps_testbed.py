@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--workloads", default="mix-mh")
     ap.add_argument("--workers", type=int, default=2, help="astro processes at once")
     ap.add_argument("--summary-only", action="store_true", help="print only the per-configuration mean rows")
-    ap.add_argument("--json-out", help="write every run's figures here")
+    ap.add_argument("--json", "--json-out", dest="json_out", help="write every run's figures here")
     ap.add_argument("extra", nargs="*", help="more astro bench flags (after --), e.g. --instance-param K=V")
     a = ap.parse_args()
     seeds = [int(x) for x in a.seeds.split(",")]

@@ -95,7 +95,9 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=200)
     ap.add_argument("--output", type=int, default=256)
     ap.add_argument("--profile", default="llama-2-7b-a30")
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures (one row per stream count) here")
     args = ap.parse_args()
+    rows: list[dict] = []
     print(f"profile {args.profile}, prompt {args.prompt} tokens, output {args.output} tokens, "
           f"server {'pinned to core 0' if shutil.which('taskset') else 'unpinned'}")
     print(f"{'streams':>7} {'wall_s':>8} {'model_s':>8} {'ratio':>6} {'late/steps':>12} "
@@ -132,6 +134,13 @@ def main() -> None:
         lag_ms = metric(m, "astro:engine_lag_seconds_max") * 1000
         print(f"{n:>7} {wall:>8.2f} {t:>8.2f} {wall / t:>6.2f} {int(late):>5}/{int(steps):<6} "
               f"{lag_ms:>10.1f} {cpu:>9.2f} {cpu / (n * args.output) * 1e6:>8.1f} {str(exact):>5}")
+        rows.append({"streams": n, "wall_s": wall, "model_s": t, "ratio": wall / t, "late_steps": int(late),
+                     "steps": int(steps), "max_lag_ms": lag_ms, "server_cpu_s": cpu,
+                     "server_cpu_us_per_token": cpu / (n * args.output) * 1e6, "exact": exact})
+    if args.json:
+        out = {"profile": args.profile, "prompt": args.prompt, "output": args.output,
+               "pinned": bool(shutil.which("taskset")), "rows": rows}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

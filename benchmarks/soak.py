@@ -168,6 +168,7 @@ def main() -> int:
     ap.add_argument("--warmup-s", type=float, default=20.0)
     ap.add_argument("--settle-s", type=float, default=15.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures here")
     args = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="astro-soak-"))
@@ -224,6 +225,7 @@ def main() -> int:
         out.close()
 
     first, last = samples[0][1], samples[-1][1]
+    procs: dict[str, dict | None] = {}
     print(f"\nsoak: {args.minutes:g} min at {args.rate:g} req/s, {args.instances} instances, "
           f"time scale {args.time_scale:g}")
     print(f"{'process':<14}{'RSS start MiB':>14}{'RSS end MiB':>13}{'Δ MiB':>8}{'fds start':>11}{'fds end':>9}")
@@ -231,8 +233,10 @@ def main() -> int:
         a, b = first.get(name), last.get(name)
         if a is None or b is None:
             print(f"{name:<14}{'gone':>14}")
+            procs[name] = None
             continue
         print(f"{name:<14}{a[0]:>14.1f}{b[0]:>13.1f}{b[0] - a[0]:>+8.1f}{a[1]:>11}{b[1]:>9}")
+        procs[name] = {"rss_start_mib": a[0], "rss_end_mib": b[0], "fds_start": a[1], "fds_end": b[1]}
     sent = outcomes.pop("_sent")
     fails = {k: v for k, v in outcomes.items() if k.startswith("fail")}
     answered = sum(outcomes.values())
@@ -240,6 +244,11 @@ def main() -> int:
     print(f"work left on engines after {args.settle_s:g} s: {left}; scheduler /health: {health['status']}")
     ok = not fails and answered == sent and not any(left.values()) and health["status"] == "ok"
     print("soak: OK" if ok else "soak: FAILED")
+    if args.json:
+        res = {"args": {k: v for k, v in vars(args).items() if k != "json"}, "processes": procs,
+               "requests_sent": sent, "answered": answered, "outcomes": dict(outcomes), "work_left": left,
+               "scheduler_health": health["status"], "ok": ok}
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
     return 0 if ok else 1
 
 

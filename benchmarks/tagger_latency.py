@@ -95,7 +95,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=300, help="requests of each kind timed per repeat")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats (median reported)")
     ap.add_argument("--check", action="store_true", help=f"exit 1 when the default model's p50 > {TARGET_P50_MS} ms")
-    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--json", nargs="?", const="-", default=None,
+                    help="print one JSON object; with PATH: write it there and print the table")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     prompts, src_p = sample_prompts(args.calls, rng)
@@ -136,7 +137,10 @@ def main() -> int:
             }
     env = {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
            "loadavg_1m": os.getloadavg()[0], "prompts": src_p, "chats": src_c}
-    if args.json:
+    if args.json and args.json != "-":
+        with open(args.json, "w") as f:
+            json.dump({"env": env, "results": results}, f, indent=1)
+    if args.json == "-":
         print(json.dumps({"env": env, "results": results}))
     else:
         print(f"prompts: {src_p}; chats: {src_c}; {env['cpus']} CPUs, load average {env['loadavg_1m']:.1f}")
@@ -154,7 +158,7 @@ def main() -> int:
         ok = worst <= TARGET_P50_MS
         print(f"{DEFAULT_MODEL} (default) worst p50 {worst:.3f} ms vs target {TARGET_P50_MS} ms: ratio "
               f"{worst / TARGET_P50_MS:.2f} ({'meets' if ok else 'MISSES'} the goal)",
-              file=sys.stderr if args.json else sys.stdout)
+              file=sys.stderr if args.json == "-" else sys.stdout)
     return 0 if ok or not args.check else 1
 
 

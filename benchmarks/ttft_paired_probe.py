@@ -50,6 +50,7 @@ async def main_async(a) -> None:
         targets.append(("engine 0 direct", cj["instances"][0]["engine_url"], {"x-astro-internal-token": tok}))
     conn = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, use_dns_cache=True,
                                 keepalive_timeout=60, enable_cleanup_closed=True, force_close=False, ssl=False)
+    rows: dict[str, dict] = {}
     async with aiohttp.ClientSession(connector=conn, trust_env=True,
                                      timeout=aiohttp.ClientTimeout(total=600)) as session:
         for name, url, headers in targets:
@@ -83,6 +84,11 @@ async def main_async(a) -> None:
                   f"astro client {statistics.median(res['astro']) * 1e3:.2f} / "
                   f"{statistics.mean(res['astro']) * 1e3:.2f}; vllm − astro per pair median "
                   f"{statistics.median(diffs) * 1e3:.2f} ms", flush=True)
+            rows[name] = {"pairs": a.pairs, "vllm_ttft_ms": [x * 1e3 for x in res["vllm"]],
+                          "astro_ttft_ms": [x * 1e3 for x in res["astro"]],
+                          "vllm_minus_astro_median_ms": statistics.median(diffs) * 1e3}
+    if a.json:
+        a.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 def main() -> None:
@@ -93,6 +99,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--gap-s", type=float, default=0.05, help="pause between requests (s)")
     ap.add_argument("--direct", action="store_true", help="also probe engine 0 directly")
+    ap.add_argument("--json", type=Path, default=None, help="write every pair's TTFTs here")
     asyncio.run(main_async(ap.parse_args()))
 
 

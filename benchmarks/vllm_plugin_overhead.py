@@ -14,8 +14,10 @@ policies, and prints µs per step. The live figure from a real engine is `/statu
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from collections import deque
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -85,7 +87,9 @@ def main() -> None:
     ap.add_argument("--running", type=int, default=48)
     ap.add_argument("--waiting", type=int, default=100)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--json", type=Path, default=None, help="write the printed figures (µs per step) here")
     a = ap.parse_args()
+    rows: dict[str, dict[str, float]] = {}
     print(f"plugin work per engine step, {a.running} running + {a.waiting} waiting requests "
           f"({a.steps} steps):")
     for pol in ("fcfs", "static_class", "edf", "rps"):
@@ -93,6 +97,10 @@ def main() -> None:
             us = bench(pol, a.running, a.waiting, a.steps, pressure)
             tag = "KV pressure (victims ranked)" if pressure else "no KV pressure"
             print(f"  {pol:13s} {tag:29s} {us:9.1f} µs/step")
+            rows.setdefault(pol, {})["kv_pressure_us" if pressure else "no_kv_pressure_us"] = us
+    if a.json:
+        out = {"running": a.running, "waiting": a.waiting, "steps": a.steps, "us_per_step": rows}
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

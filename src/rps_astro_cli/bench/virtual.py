@@ -37,6 +37,7 @@ import numpy as np
 
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.workload_base import MODALITY_CLASS, BenchRequest, Workload
+from rps_astro_cli.cluster.workload import TimedRequest
 from rps_astro_cli.dispatch.base import DispatchPolicy
 from rps_astro_cli.dispatch.stages import PREDICTIONS
 from rps_astro_cli.errors import AstroUserError
@@ -86,27 +87,6 @@ class NoisyDispatch(DispatchPolicy):
 
     def __getattr__(self, item: str) -> Any:  # e.g. k, objective
         return getattr(self.inner, item)
-
-
-@dataclass(frozen=True)
-class VirtualRequest:
-    """A request as the virtual cluster sees it (see module docstring)."""
-
-    request_id: str
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    predicted_output_tokens: int
-    modality: str
-    req_class: str
-    vision_tokens: int
-    encoder_s: float
-    preprocess_s: float
-    token_ids: tuple[int, ...] | None = None  # prompt ids, then the reply's when known (prefix caching)
-    session_id: str | None = None  # multi-turn: the conversation
-    follows: str | None = None  # multi-turn: the previous turn's request_id
-    think_s: float = 0.0  # multi-turn: seconds after the previous reply
-    turn: int = 0  # multi-turn: 0-based turn
 
 
 @dataclass(frozen=True)
@@ -335,8 +315,9 @@ class VirtualTarget:
             pol = NoisyDispatch(pol, self.cfg.cluster.prediction_noise, rng, self.cfg.cluster.prediction_noise_fraction)
         return pol
 
-    def virtual_requests(self, times: list[float]) -> tuple[list[VirtualRequest], list[RequestRecord]]:
-        """(requests that fit the profile, failed records of those that do not).
+    def virtual_requests(self, times: list[float]) -> tuple[list[TimedRequest], list[RequestRecord]]:
+        """(requests that fit the profile, failed records of those that do not); each
+        request's `req_class` is its modality's class (the report's fallback label).
 
         Multi-turn: first turns take the arrival times in order (the rate is session
         starts per second); a later turn follows its previous turn (closed loop), and
@@ -382,9 +363,10 @@ class VirtualTarget:
                     ids += self._token_ids(r.reply)[:r.output_tokens]
                 ids = tuple(ids)
             kept.add(r.request_id)
-            out.append(VirtualRequest(r.request_id, float(t), p, max(1, r.output_tokens), pred, r.modality,
-                                      MODALITY_CLASS.get(r.modality, "sand"), int(vt), enc, pre, ids,
-                                      r.session_id or None, follows, r.think_s, r.turn))
+            out.append(TimedRequest(r.request_id, float(t), p, max(1, r.output_tokens), pred, r.modality,
+                                    int(vt), enc, pre, MODALITY_CLASS.get(r.modality, "sand"), token_ids=ids,
+                                    session_id=r.session_id or None, follows=follows, think_s=r.think_s,
+                                    turn=r.turn))
         return out, failed
 
     def run(self, requests: list[BenchRequest], times: list[float],
@@ -492,7 +474,7 @@ def instance_policy_factory(name: str, params: Mapping[str, Any] | None, profile
     return lambda: build_instance_policy(name, ip, profile, fields=fields)
 
 
-def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
+def _simulate_cluster(vreqs: list[TimedRequest], cfg, fleet: VirtualFleet,
                       dispatch: DispatchPolicy | list[DispatchPolicy],
                       rng: np.random.Generator) -> tuple[list[RequestRecord], dict[str, Any]]:
     """Run `cluster.virtual.simulate_cluster` and convert its records to `RequestRecord`s
@@ -502,7 +484,6 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     `InstanceConfig` (from that profile) per instance; Predictors told other profiles:
     `predictor_latency`, one per instance."""
     from rps_astro_cli.cluster.virtual import simulate_cluster
-    from rps_astro_cli.cluster.workload import TimedRequest
     from rps_astro_cli.types import InstanceConfig
 
     profile = fleet.profiles[0]
@@ -523,11 +504,8 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     classes = assign_slo_classes([v.request_id for v in vreqs], parse_slo_classes(cfg.workload.slo_classes),
                                  cfg.workload.seed)
     # req_class None: the instance policy classifies (RPS's smart classifier, or by modality)
-    timed = [TimedRequest(v.request_id, v.arrival_s, v.prompt_tokens, v.output_tokens,
-                          v.predicted_output_tokens, v.modality, v.vision_tokens, v.encoder_s,
-                          v.preprocess_s, None, token_ids=v.token_ids, session_id=v.session_id,
-                          follows=v.follows, think_s=v.think_s,
-                          slo=classes[v.request_id].slo if v.request_id in classes else None) for v in vreqs]
+    timed = [replace(v, req_class=None, slo=classes[v.request_id].slo if v.request_id in classes else None)
+             for v in vreqs]
     first = dispatch[0] if isinstance(dispatch, list) else dispatch
     res = simulate_cluster(timed, len(fleet.profiles), dispatch, latency, icfg,
                            make_policy, rng,
@@ -575,7 +553,7 @@ def _simulate_cluster(vreqs: list[VirtualRequest], cfg, fleet: VirtualFleet,
     return out, extras
 
 
-def per_turn_metrics(vreqs: Sequence[VirtualRequest], records: Sequence[Any]) -> dict[str, dict[str, Any]]:
+def per_turn_metrics(vreqs: Sequence[TimedRequest], records: Sequence[Any]) -> dict[str, dict[str, Any]]:
     """Per multi-turn turn index: requests, TTFT mean / P50 / P99 (s) of the finished
     ones, and the share of their prompt tokens served from the prefix cache."""
     by: dict[int, list[tuple[float, int, int]]] = {}

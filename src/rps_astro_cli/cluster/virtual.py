@@ -16,7 +16,7 @@ rates in seconds on a CPU). Events, in a heap ordered by (time, kind, sequence):
   `preprocess_slots` = k, each instance's front end preprocesses at most k requests at
   once, first come first served (k = 1: one event loop, as vLLM's AsyncLLM in the
   RPS-Serve authors' harness runs input processing): a request starts its
-  preprocessing when a slot frees (`RequestRecord.preprocess_start_s`, the engine's
+  preprocessing when a slot frees (`ClusterRecord.preprocess_start_s`, the engine's
   arrival stamp) and a text request, with no preprocessing of its own, still waits for
   a slot. None (the default): every request preprocesses on its own at once.
 - step end: an instance's step (formed at its start by `InstanceSim.step`) completes;
@@ -97,7 +97,7 @@ _ARRIVAL, _ENQUEUE, _STEP_END, _RETRY = 0, 1, 2, 3
 
 
 @dataclass(slots=True)
-class RequestRecord:
+class ClusterRecord:
     """What happened to one request (times in virtual seconds).
 
     instance: index of the instance it was sent to. dispatch_s: decision time (= arrival).
@@ -169,7 +169,7 @@ class ClusterResult:
     (tokens looked up in / served from the prefix cache, vLLM's counters).
     """
 
-    records: list[RequestRecord]
+    records: list[ClusterRecord]
     preemptions_per_instance: list[int]
     steps_per_instance: list[int]
     requests_per_instance: list[int]
@@ -384,7 +384,7 @@ class _Run:
         self.first_arrival: dict[int, float] = {}
         self.retry_due = False
         n = len(requests)
-        self.records: list[RequestRecord | None] = [None] * n
+        self.records: list[ClusterRecord | None] = [None] * n
         self.sim_reqs: list[SimRequest | None] = [None] * n
         self.heap: list[tuple[float, int, int, int]] = []
         self.followers: dict[str, list[int]] = {}
@@ -566,7 +566,7 @@ class _Run:
             arrived = self.first_arrival.get(x, now)
             pred_len = self._pred_len(req)
         if refused is not None:
-            self.records[x] = RequestRecord(
+            self.records[x] = ClusterRecord(
                 req.request_id, -1, arrived, now, now, None, None, None, req.prompt_tokens, req.output_tokens,
                 pred_len, 0, req.modality, req.req_class, decide_us=decide_us, session_id=req.session_id,
                 refused=refused, slo_class=slo_class)
@@ -593,7 +593,7 @@ class _Run:
         if req.session_id is not None:
             self.last_instance[req.session_id] = i
         waited = now - arrived  # in the router queue (queue mode), else 0
-        self.records[x] = RequestRecord(
+        self.records[x] = ClusterRecord(
             req.request_id, i, arrived, now, enqueue_s, None, None, None,
             req.prompt_tokens, req.output_tokens, pred_len, 0, req.modality, req.req_class,
             chosen.ttft_s + waited if chosen else None, chosen.e2e_s + waited if chosen else None, decide_us,

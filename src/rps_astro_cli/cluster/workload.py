@@ -30,6 +30,8 @@ class TimedRequest:
         knows them); None = unknown, no prefix caching for this request.
     session_id: the conversation it belongs to (None = none). follows: request_id of
         the previous turn; this one arrives `think_s` seconds after that one finishes.
+        turn: its 0-based turn in the conversation (reporting only; the simulation
+        reads `follows`).
     slo: its TTFT/TPOT targets and priority; with a TTFT target it is judged by
         `simulate_cluster`'s `admission` (None = today's behaviour).
     """
@@ -50,6 +52,7 @@ class TimedRequest:
     follows: str | None = None
     think_s: float = 0.0
     slo: RequestSlo | None = None  # its SLO and priority (`dispatch.admission`); None = none
+    turn: int = 0
 
 
 # -- a minimal length-trace workload (the bench issue builds richer ones) ---------------

@@ -9,13 +9,14 @@ or status traffic: what is left is the front door's own work), each from its che
 per-request work (parse, in-process tag, dispatch) spread over its events. Arms alternate
 and swap order every repeat; the summary is each arm's median and the ratio of medians.
 
-    .venv/bin/python benchmarks/relay_cpu_ab.py --base /work/main/src [--repeats 4]
+    .venv/bin/python benchmarks/archive/relay_cpu_ab.py --base /work/main/src [--repeats 4]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import statistics
 import subprocess
@@ -64,10 +65,11 @@ async def load(url: str, streams: int, tokens: int) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--base", required=True, help="the other checkout's src folder")
-    ap.add_argument("--new", default=str(Path(__file__).resolve().parents[1] / "src"), help="this checkout's src")
+    ap.add_argument("--new", default=str(Path(__file__).resolve().parents[2] / "src"), help="this checkout's src")
     ap.add_argument("--repeats", type=int, default=4)
     ap.add_argument("--streams", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=150)
+    ap.add_argument("--json", type=Path, default=None, help="write every repeat's µs per event and the ratio here")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="relay-ab-"))
     env = dict(os.environ, ASTRO_INTERNAL_TOKEN=os.environ.get("ASTRO_INTERNAL_TOKEN", "relay-ab"))
@@ -92,6 +94,11 @@ def main() -> None:
         for name, v in res.items():
             print(f"{name}: median {statistics.median(v):.1f} µs/event {[round(x, 1) for x in v]}")
         print(f"ratio new/base {statistics.median(res['new']) / statistics.median(res['base']):.3f}")
+        if a.json:
+            out = {"base": a.base, "new": a.new, "streams": a.streams, "tokens": a.tokens,
+                   "scheduler_cpu_us_per_event": res,
+                   "ratio_new_over_base": statistics.median(res["new"]) / statistics.median(res["base"])}
+            a.json.write_text(json.dumps(out, indent=1) + "\n")
     finally:
         for p in procs:
             p.terminate()

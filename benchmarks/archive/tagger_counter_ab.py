@@ -8,25 +8,39 @@ its cost shows in the tagger's chat latency. Each repeat times the same chats
 add ceil(len/4)) and once with the shipped one, order rotated; the table gives the wall p50
 of each and their ratio.
 
-    .venv/bin/python benchmarks/tagger_counter_ab.py --chats 200 --repeats 6
+    .venv/bin/python benchmarks/archive/tagger_counter_ab.py --chats 200 --repeats 6
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import re
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).parent))
+import rps_astro_cli.tokens as tokens
+from rps_astro_cli.length import load_length_model
 
-import tagger_latency  # noqa: E402
 
-import rps_astro_cli.tokens as tokens  # noqa: E402
-from rps_astro_cli.length import load_length_model  # noqa: E402
+def _sibling(name: str) -> ModuleType:
+    """The benchmark script `benchmarks/<name>.py` as module `name` (benchmarks/ is no package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tagger_latency = _sibling("tagger_latency")
 
 _WORDS = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
@@ -54,6 +68,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chats", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=6)
+    ap.add_argument("--json", type=Path, default=None, help="write every repeat's p50s and the ratio here")
     args = ap.parse_args()
     model = load_length_model("chat-gbm")
     chats, what = tagger_latency.sample_chats(args.chats, np.random.default_rng(0))
@@ -78,6 +93,10 @@ def main() -> int:
     for i, (o, n, r) in enumerate(zip(p50["old"], p50["new"], ratios)):
         print(f"| {i} | {o:.3f} | {n:.3f} | {r:.3f} |")
     print(f"median ratio new / old: {float(np.median(ratios)):.3f}")
+    if args.json:
+        out = {"chats": what, "repeats": args.repeats, "p50_ms": p50, "ratios": ratios,
+               "median_ratio_new_over_old": float(np.median(ratios))}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
     return 0
 
 

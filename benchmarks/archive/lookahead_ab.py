@@ -13,7 +13,7 @@ Prints, per repeat: median µs of each, wall clock and process CPU time (per sna
 fastest of `--passes` timings; the machine is shared, so this trims waits for a core),
 and their ratios; then the median ratio and its spread over the repeats.
 
-    .venv/bin/python benchmarks/lookahead_ab.py --base /tmp/base [--repeats 5] [--snapshots 200]
+    .venv/bin/python benchmarks/archive/lookahead_ab.py --base /tmp/base [--repeats 5] [--snapshots 200]
         [--running 48] [--waiting 200] [--policy fcfs]
 """
 
@@ -23,6 +23,7 @@ import argparse
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import json
 import sys
 import time
 from collections.abc import Sequence
@@ -37,8 +38,21 @@ from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
 from rps_astro_cli.types import InstanceConfig
 
-sys.path.insert(0, str(Path(__file__).parent))
-from lookahead_speed import load_lengths, make_snapshot  # noqa: E402
+
+def _sibling(name: str) -> ModuleType:
+    """The benchmark script `benchmarks/<name>.py` as module `name` (benchmarks/ is no package)."""
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parents[1] / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_ls = _sibling("lookahead_speed")
+load_lengths, make_snapshot = _ls.load_lengths, _ls.make_snapshot
 
 
 class _BaseEngineFinder(importlib.abc.MetaPathFinder):
@@ -100,6 +114,7 @@ def main() -> None:
     ap.add_argument("--profile", default="llama-2-7b-a30")
     ap.add_argument("--policy", default="fcfs")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="write every repeat's medians and the ratios here")
     args = ap.parse_args()
     base = load_base(args.base)
     prof = load_profile(args.profile)
@@ -127,6 +142,7 @@ def main() -> None:
     print(f"{'repeat':>6} | {'base med µs':>11} {'new med µs':>10} {'new/base':>8} | "
           f"{'base cpu µs':>11} {'new cpu µs':>10} {'new/base':>8}")
     ratios: dict[str, list[float]] = {"wall": [], "cpu": []}
+    meds: dict[str, list[float]] = {f"{k}_{c}_median_us": [] for k in arms for c in ratios}
     for rep in range(args.repeats):
         best = {(k, c): [float("inf")] * len(snaps) for k in arms for c in ratios}
         for p in range(args.passes):
@@ -143,11 +159,19 @@ def main() -> None:
         for c in ("wall", "cpu"):
             mb, mn = float(np.median(best["base", c])), float(np.median(best["new", c]))
             ratios[c].append(mn / mb)
+            meds[f"base_{c}_median_us"].append(mb)
+            meds[f"new_{c}_median_us"].append(mn)
             row.append(f"{mb:>11.0f} {mn:>10.0f} {mn / mb:>8.3f}")
         print(f"{rep:>6} | {row[0]} | {row[1]}", flush=True)
     for c, rs in ratios.items():
         print(f"median ratio new/base ({c}) {np.median(rs):.3f} (min {min(rs):.3f}, max {max(rs):.3f}, "
               f"{args.repeats} repeats)")
+    if args.json:
+        out = {"base": str(args.base), "running": args.running, "waiting": args.waiting, "policy": args.policy,
+               "profile": args.profile, "snapshots": args.snapshots, "per_repeat": meds,
+               "ratio_new_over_base": {c: {"median": float(np.median(rs)), "min": min(rs), "max": max(rs)}
+                                       for c, rs in ratios.items()}}
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":
