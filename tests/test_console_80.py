@@ -192,6 +192,14 @@ def test_bench_summary_run_labels_stay_on_one_line():
     assert "poisson 5 req/s" in out  # the arrivals every run shares: in the title
 
 
+def test_virtual_summary_leaves_out_the_itl_column_it_cannot_measure():
+    # the virtual cluster times no chunks: its ITL cell was "n/a" in every row
+    out = _bench("-n", "20", "--request-rate", "5").stdout
+    head = next(line for line in out.splitlines() if "ok/all" in line)
+    assert "ITL" not in out and "n/a" not in out
+    assert head.split()[:2] == ["run", "ok/all"] and "TPOT" in out and "E2E" in out
+
+
 def test_bench_capacity_notes_do_not_wrap_table_rows():
     res = _bench("-n", "30", "--policies", "round_robin,power_of_k", "--k", "all", "--capacity",
                  "--capacity-max-rate", "8")
@@ -241,6 +249,16 @@ def test_simulate_old_flag_names_still_work_and_warn_once(tmp_path, trace):
     help_text = runner.invoke(app, ["simulate", "--help"], env=ENV).output
     assert "--request-rate" in help_text and "--path" in help_text
     assert not re.search(r"--rate\b", help_text) and "--trace" not in help_text  # hidden aliases
+
+
+def test_serve_n_is_a_deprecated_alias_of_instances(tmp_path):
+    # -n is --num-requests in bench, simulate and demo; serve's -n (its --instances) warns
+    old = runner.invoke(app, ["serve", "-n", "0", "--run-dir", str(tmp_path / "r")], env=ENV)
+    assert old.exit_code == 2 and old.stderr.count("-n is deprecated; use --instances") == 1
+    assert "--instances 0: must be ≥ 1" in old.output
+    both = runner.invoke(app, ["serve", "-n", "2", "--instances", "3", "--run-dir", str(tmp_path / "r")], env=ENV)
+    assert both.exit_code == 2 and "give --instances only" in both.output
+    assert not re.search(r"(^|[\s,])-n\b", runner.invoke(app, ["serve", "--help"], env=ENV).output)
 
 
 def test_bench_and_serve_take_the_same_names():

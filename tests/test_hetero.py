@@ -109,9 +109,9 @@ def test_bad_recipes_name_the_field_in_one_line(data, field, text):
     (["bench", "--virtual", "--no-report", "--predictor-profile", f"{A30},{A30},{A30}", "--instances", "2"],
      "--predictor-profile lists 3 profiles for 2 instances"),
     (["bench", "--no-report", "--base-url", "http://127.0.0.1:9", "--predictor-profile", A30], "only apply to"),
-    (["simulate", "--trace", "T", "--profile", f"{A100},{A30}", "--instances", "3"],
+    (["simulate", "--path", "T", "--profile", f"{A100},{A30}", "--instances", "3"],
      "--profile lists 2 profiles for 3 instances"),
-    (["simulate", "--trace", "T", "--recipe", RECIPE, "--predictor-profile", "gone"], "--predictor-profile: no"),
+    (["simulate", "--path", "T", "--recipe", RECIPE, "--predictor-profile", "gone"], "--predictor-profile: no"),
 ])
 def test_bad_flag_counts_exit_2_in_one_line(tmp_path, argv, needle):
     trace = tmp_path / "t.csv"
@@ -234,7 +234,7 @@ def test_simulate_with_the_hetero_recipe(tmp_path, spy):
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n100,50\n300,120\n50,20\n700,200\n")
     out = tmp_path / "r.jsonl"
-    res = runner.invoke(app, ["simulate", "--trace", str(trace), "--recipe", RECIPE, "-n", "40", "--rate", "8",
+    res = runner.invoke(app, ["simulate", "--path", str(trace), "--recipe", RECIPE, "-n", "40", "--request-rate", "8",
                               "--out", str(out)])
     assert res.exit_code == 0, res.output
     (call,) = spy
@@ -244,7 +244,7 @@ def test_simulate_with_the_hetero_recipe(tmp_path, spy):
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 40 and {r["instance"] for r in recs} <= {0, 1, 2, 3}
     spy.clear()
-    res = runner.invoke(app, ["simulate", "--trace", str(trace), "--profile", f"{A100},{A30}", "-n", "10",
+    res = runner.invoke(app, ["simulate", "--path", str(trace), "--profile", f"{A100},{A30}", "-n", "10",
                               "--predictor-profile", f"{A30},{A100}", "--policy", "power_of_k", "--out", str(out)])
     assert res.exit_code == 0, res.output
     (call,) = spy

@@ -49,11 +49,11 @@ def test_cli_entry_points_use_the_declaration(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n100,20\n300,5\n50,40\n")
     out = tmp_path / "r.jsonl"
-    r = runner.invoke(app, ["simulate", "--trace", str(trace), "-n", "10", "--instances", "2",
+    r = runner.invoke(app, ["simulate", "--path", str(trace), "-n", "10", "--instances", "2",
                             "--instance-policy", "rps", "--instance-param", "alpha=[3,2,1]", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert len(out.read_text().splitlines()) == 10
-    r = runner.invoke(app, ["simulate", "--trace", str(trace), "--instance-policy", "rps",
+    r = runner.invoke(app, ["simulate", "--path", str(trace), "--instance-policy", "rps",
                             "--instance-param", "alpha=[3,2]", "--out", str(out)])
     assert r.exit_code == 2 and "--instance-param alpha" in r.output
     r = runner.invoke(app, ["bench", "--virtual", "--no-report", "-n", "3", "--instance-policy", "edf",

@@ -138,7 +138,7 @@ def test_real_trace_blocks_follow_hash_ids() -> None:
 
 
 def test_simulate_replays_a_mooncake_trace_with_its_sharing(tmp_path) -> None:
-    """`astro simulate --trace FILE.jsonl`: the same prompts (Poisson arrivals at 0.001
+    """`astro simulate --path FILE.jsonl`: the same prompts (Poisson arrivals at 0.001
     req/s with seed 0: no two requests overlap), so the same hand-worked hits."""
     from typer.testing import CliRunner
 
@@ -146,8 +146,8 @@ def test_simulate_replays_a_mooncake_trace_with_its_sharing(tmp_path) -> None:
 
     prof = write_profile(tmp_path, linear_profile(num_gpu_blocks=4000, max_model_len=8192))
     out = tmp_path / "rec.jsonl"
-    res = CliRunner().invoke(app, ["simulate", "--trace", str(_trace(tmp_path)), "--instances", "1", "--profile",
-                                   prof, "--rate", "0.001", "-n", "100", "--out", str(out)],
+    res = CliRunner().invoke(app, ["simulate", "--path", str(_trace(tmp_path)), "--instances", "1", "--profile",
+                                   prof, "--request-rate", "0.001", "-n", "100", "--out", str(out)],
                              env={"COLUMNS": "200"}, terminal_width=200)
     assert res.exit_code == 0, res.output
     recs = [json.loads(line) for line in out.read_text().splitlines()]

@@ -314,7 +314,7 @@ def test_scale_writes_a_bent_copy_checked_by_hand(tmp_path):
     # the file is a profile `--profile PATH` takes
     trace = tmp_path / "t.csv"
     trace.write_text("prompt_tokens,output_tokens\n100,20\n")
-    res = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "-n", "3", "--instances", "1",
+    res = CliRunner().invoke(app, ["simulate", "--path", str(trace), "-n", "3", "--instances", "1",
                                    "--profile", str(out), "--out", str(tmp_path / "r.jsonl")])
     assert res.exit_code == 0 and p.profile_id in res.output.replace("\n", ""), res.output
 

@@ -153,15 +153,15 @@ def test_read_length_trace_and_simulate_cli(tmp_path) -> None:
     trace.write_text("Timestamp,Model,Request tokens,Response tokens\n0,x,20,5\n1,x,30,0\n2,x,40,7\n")
     assert read_length_trace(trace).tolist() == [[20, 5], [40, 7]]  # failed row (0 reply) dropped
     out = tmp_path / "rec.jsonl"
-    r = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "-n", "5", "--instances", "2",
-                                 "--rate", "50", "--policy", "round_robin", "--out", str(out)])
+    r = CliRunner().invoke(app, ["simulate", "--path", str(trace), "-n", "5", "--instances", "2",
+                                 "--request-rate", "50", "--policy", "round_robin", "--out", str(out)])
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert [x["prompt_tokens"] for x in recs] == [20, 40, 20, 40, 20]
     assert [x["instance"] for x in recs] == [0, 1, 0, 1, 0]
     assert all(x["finish_s"] >= x["first_token_s"] >= x["arrival_s"] for x in recs)
-    bad = CliRunner().invoke(app, ["simulate", "--trace", str(trace), "--rate", "0", "--out", str(out)])
-    assert bad.exit_code == 2 and "--rate" in bad.output
+    bad = CliRunner().invoke(app, ["simulate", "--path", str(trace), "--request-rate", "0", "--out", str(out)])
+    assert bad.exit_code == 2 and "--request-rate" in bad.output
 
 
 def test_simulate_dataset_needs_the_data_folder(tmp_path) -> None:

@@ -360,6 +360,9 @@ def print_summary(result, wide: bool = False) -> None:
             label = row[0].removesuffix(at) if at else row[0]
             short.append([label if row[1] == "overall" else f"{label} · {row[1]}", *[row[i] for i in idx]])
         headers = ["run", *(c.replace(" ", "\n") for c in COMPACT_COLUMNS[1:])]
+        # a column no run measured (ITL in the virtual cluster, which times no chunks) is left out
+        cols = [0, *(j for j in range(1, len(headers)) if any(r[j] != "n/a" for r in short))]
+        headers, short = [headers[j] for j in cols], [[r[j] for j in cols] for r in short]
         t, legend = _label_table(out, title, "seconds; every column: --wide, report.md", headers, short)
     out.print(t)
     for line in legend:

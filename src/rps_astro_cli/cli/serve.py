@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from rps_astro_cli.cli.common import InstanceParamOpt, ParamOpt, user_errors, warn_key_on_command_line
+from rps_astro_cli.cli.common import (
+    InstanceParamOpt,
+    ParamOpt,
+    deprecated_alias,
+    user_errors,
+    warn_key_on_command_line,
+)
 
 if TYPE_CHECKING:
     from rps_astro_cli.services.scheduler import SchedulerSettings
@@ -35,7 +41,7 @@ BodyOpt = Annotated[int, typer.Option("--max-body-bytes", help="Largest request 
 @user_errors
 def cluster(
     ctx: typer.Context,
-    instances: Annotated[int | None, typer.Option("--instances", "-n", help="Engines (each with a Predictor).  [default: 4, or the recipe's]")] = None,
+    instances: Annotated[int | None, typer.Option("--instances", help="Engines.  [default: 4, or the recipe's]")] = None,
     recipe: Annotated[str | None, typer.Option("--recipe", help="Recipe YAML (path or name under recipes/).")] = None,
     policy: Annotated[str | None, typer.Option("--policy", help="Dispatch policy (power_of_k, llumnix, least_kv, "
                                                "...; `astro policies` lists them with their parameters).  [default: power_of_k, or the recipe's]")] = None,
@@ -60,13 +66,17 @@ def cluster(
     admission: Annotated[str | None, typer.Option("--admission", help="Requests with a TTFT SLO no instance is predicted to meet: reject (HTTP 429; default) | queue (one in time but without room waits in a bounded router queue) | off (recipe scheduler.admission).")] = None,
     cluster_json: Annotated[str, typer.Option("--cluster-json", help="Where to write the endpoints for astro bench.")] = "cluster.json",
     run_dir: Annotated[str | None, typer.Option("--run-dir", help="Logs folder.  [default: runs/serve-<time>]")] = None,
+    old_n: Annotated[int | None, typer.Option("-n", hidden=True, callback=deprecated_alias("-n", "--instances"))] = None,
 ) -> None:
     """With no role: start N sim engines + tagger + scheduler (its look-aheads in-process,
     or N Predictor sidecars with --predictors sidecars) on loopback,
     print their endpoints, write cluster.json, and supervise them until Ctrl-C."""
     if ctx.invoked_subcommand is not None:
         return
-    from rps_astro_cli.cli.common import console
+    from rps_astro_cli.cli.common import console, pick_alias
+
+    # -n is --num-requests everywhere else (bench, simulate, demo): here it is a deprecated alias
+    instances = pick_alias(ctx, "--instances", instances, "-n", old_n)
     from rps_astro_cli.errors import AstroUserError
     from rps_astro_cli.params import parse_assignments
     from rps_astro_cli.protocol.limits import CostLimits, HttpLimits

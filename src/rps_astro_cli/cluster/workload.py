@@ -75,18 +75,18 @@ def read_length_trace(path: str | Path) -> np.ndarray:
 
     p = Path(path)
     if not p.is_file():
-        raise AstroUserError(f"no such trace file: {p}", field="--trace")
+        raise AstroUserError(f"no such trace file: {p}", field="--path")
     with p.open(newline="") as f:
         reader = csv.reader(f)
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
-            raise AstroUserError(f"{p} is empty", field="--trace") from None
+            raise AstroUserError(f"{p} is empty", field="--path") from None
         pc = next((header.index(c) for c in _PROMPT_COLS if c in header), None)
         oc = next((header.index(c) for c in _OUTPUT_COLS if c in header), None)
         if pc is None or oc is None:
             raise AstroUserError(
-                f"{p}: no prompt/output token columns in header {header}", field="--trace",
+                f"{p}: no prompt/output token columns in header {header}", field="--path",
                 fix=f"name them one of {_PROMPT_COLS} and {_OUTPUT_COLS}",
             )
         rows = []
@@ -94,11 +94,11 @@ def read_length_trace(path: str | Path) -> np.ndarray:
             try:
                 a, b = int(float(row[pc])), int(float(row[oc]))
             except (ValueError, IndexError):
-                raise AstroUserError(f"{p}:{n}: not a number in the token columns", field="--trace") from None
+                raise AstroUserError(f"{p}:{n}: not a number in the token columns", field="--path") from None
             if a > 0 and b > 0:
                 rows.append((a, b))
     if not rows:
-        raise AstroUserError(f"{p}: no usable rows", field="--trace")
+        raise AstroUserError(f"{p}: no usable rows", field="--path")
     return np.asarray(rows, dtype=np.int64)
 
 
@@ -112,12 +112,12 @@ def poisson_workload(lengths: np.ndarray, num_requests: int, rate_per_s: float, 
         AstroUserError: rate ≤ 0, num_requests < 1, or no row fits max_model_len.
     """
     if not rate_per_s > 0:
-        raise AstroUserError(f"must be > 0, got {rate_per_s}", field="--rate")
+        raise AstroUserError(f"must be > 0, got {rate_per_s}", field="--request-rate")
     if num_requests < 1:
         raise AstroUserError(f"must be ≥ 1, got {num_requests}", field="--num-requests")
     fit = lengths[lengths.sum(axis=1) <= max_model_len]
     if len(fit) == 0:
-        raise AstroUserError(f"no trace row fits max_model_len {max_model_len}", field="--trace")
+        raise AstroUserError(f"no trace row fits max_model_len {max_model_len}", field="--path")
     rows = fit[np.arange(num_requests) % len(fit)]
     t = np.cumsum(rng.exponential(1.0 / rate_per_s, size=num_requests))
     return [TimedRequest(f"req-{i}", float(t[i]), int(p), int(o)) for i, (p, o) in enumerate(rows)]
