@@ -89,7 +89,8 @@ def _trace(tmp_path):
 def test_simulate_runs_least_kv_with_its_parameter(tmp_path):
     out = tmp_path / "r.jsonl"
     r = runner.invoke(app, ["simulate", "--path", str(_trace(tmp_path)), "--instances", "3", "-n", "30",
-                            "--request-rate", "20", "--policy", "least_kv", "--param", "tie_blocks=16", "--out", str(out)])
+                            "--request-rate", "20", "--policy", "least_kv", "--param", "tie_blocks=16",
+                            "--out", str(out)])
     assert r.exit_code == 0, r.output
     recs = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(recs) == 30 and {rec["instance"] for rec in recs} <= {0, 1, 2}

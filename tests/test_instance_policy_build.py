@@ -131,7 +131,8 @@ def test_simulate_builds_through_the_builder_with_its_profile(monkeypatch, tmp_p
     monkeypatch.setattr(policies, "build_instance_policy", spy)
     trace = tmp_path / "t.csv"
     trace.write_text("num_prefill_tokens,num_decode_tokens\n100,20\n3000,50\n40,10\n")
-    res = CliRunner().invoke(app, ["simulate", "--path", str(trace), "-n", "6", "--request-rate", "4", "--instances", "1",
+    res = CliRunner().invoke(app, ["simulate", "--path", str(trace), "-n", "6", "--request-rate", "4",
+                                   "--instances", "1",
                                    "--profile", LLAVA, "--instance-policy", "edf", "--out", str(tmp_path / "r.jsonl")])
     assert res.exit_code == 0, res.output
     assert calls and all(c == ("edf", {}, LLAVA) for c in calls)

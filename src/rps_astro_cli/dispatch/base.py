@@ -107,7 +107,15 @@ class DispatchPolicy:
     @property
     def inputs(self) -> frozenset[str]:
         """What the policy's stages read (`stages.STATUS`, `PREFIX_HITS`, `PREDICTIONS`):
-        the union of their declared `reads`. The caller fetches or fills exactly these."""
+        `stage_inputs()`, taken once (the pipeline is set by `__init__` and not changed
+        after; asked on every decision). The caller fetches or fills exactly these."""
+        got: frozenset[str] | None = self.__dict__.get("_inputs")
+        if got is None:
+            got = self.__dict__["_inputs"] = self.stage_inputs()
+        return got
+
+    def stage_inputs(self) -> frozenset[str]:
+        """The union of the stages' declared `reads` (a subclass adds what it reads itself)."""
         stages: list[Any] = [*self.filters, self.sampler, *(s for s, _ in self.scorers)]
         if self.fallback is not None:
             stages.append(self.fallback.scorer)
@@ -169,14 +177,19 @@ class DispatchPolicy:
         rng: np.random.Generator,
     ) -> DispatchDecision:
         """Score the candidates and pick one (timings in `stage_us`)."""
+        choice, reason, stage_us = self.pick_one(loads, candidates, predictions, rng)
+        return DispatchDecision(self.name, tuple(candidates), choice, reason, _pairs(predictions), stage_us=stage_us)
+
+    def pick_one(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
+                 predictions: Mapping[int, LatencyEstimate],
+                 rng: np.random.Generator) -> tuple[int, str, dict[str, float]]:
+        """`choose`'s parts: (the chosen index, the reason, {"score": µs, "pick": µs})."""
         t0 = time.perf_counter()
         values, reason = self.score(loads, candidates, predictions)
         t1 = time.perf_counter()
         choice = self.picker.pick(candidates, values, len(loads), rng)
         t2 = time.perf_counter()
-        preds = {i: (p.ttft_s, p.e2e_s) for i, p in predictions.items()}
-        return DispatchDecision(self.name, tuple(candidates), choice, reason, preds,
-                                stage_us={"score": (t1 - t0) * 1e6, "pick": (t2 - t1) * 1e6})
+        return choice, reason, {"score": (t1 - t0) * 1e6, "pick": (t2 - t1) * 1e6}
 
     def describe(self) -> dict[str, Any]:
         """Name and parameter values, for reports, `/decisions` and cluster.json."""
@@ -261,8 +274,7 @@ def decide(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random
     t2 = time.perf_counter()
     preds = predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
-    dec = _admit_and_choose(policy, loads, cands, preds, rng, slo, admission)
-    return _timed(dec, t0, t1, t2, t3)
+    return _finish(policy, loads, cands, preds, rng, slo, admission, t0, t1, t2, t3)
 
 
 async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rng: np.random.Generator,
@@ -277,17 +289,34 @@ async def decide_async(policy: DispatchPolicy, loads: Sequence[InstanceLoad], rn
     t2 = time.perf_counter()
     preds = await predict(cands) if PREDICTIONS in inputs else {}
     t3 = time.perf_counter()
-    dec = _admit_and_choose(policy, loads, cands, preds, rng, slo, admission)
-    return _timed(dec, t0, t1, t2, t3)
+    return _finish(policy, loads, cands, preds, rng, slo, admission, t0, t1, t2, t3)
+
+
+def _finish(policy: DispatchPolicy, loads: Sequence[InstanceLoad], cands: list[int],
+            preds: Mapping[int, LatencyEstimate], rng: np.random.Generator, slo: RequestSlo | None,
+            admission: Admission | None, t0: float, t1: float, t2: float, t3: float) -> DispatchDecision:
+    """Score and pick (behind admission for a judged request), the decision built once
+    with its stage times (the common case: no copy of it, a decision is made per request)."""
+    if slo is not None and slo.ttft_ms is not None and admission is not None and PREDICTIONS in policy.inputs:
+        return _timed(_admit_and_choose(policy, loads, cands, preds, rng, slo, admission), t0, t1, t2, t3)
+    choice, reason, stage_us = policy.pick_one(loads, cands, preds, rng)
+    t4 = time.perf_counter()
+    return DispatchDecision(policy.name, tuple(cands), choice, reason, _pairs(preds), decide_us=(t4 - t0) * 1e6,
+                            stage_us={"filter": (t1 - t0) * 1e6, "sample": (t2 - t1) * 1e6,
+                                      "predict": (t3 - t2) * 1e6, **stage_us})
+
+
+def _pairs(preds: Mapping[int, LatencyEstimate]) -> dict[int, tuple[float, float]]:
+    """A decision's `predictions`: index → (TTFT s, E2E s)."""
+    return {i: (p.ttft_s, p.e2e_s) for i, p in preds.items()}
 
 
 def _admit_and_choose(policy: DispatchPolicy, loads: Sequence[InstanceLoad], cands: list[int],
                       preds: Mapping[int, LatencyEstimate], rng: np.random.Generator,
                       slo: RequestSlo | None, admission: Admission | None) -> DispatchDecision:
-    """`policy.choose`, behind admission when the request has a TTFT target and the
-    policy read predictions (`dispatch.admission`); otherwise exactly `choose`."""
-    if slo is None or slo.ttft_ms is None or admission is None or PREDICTIONS not in policy.inputs:
-        return policy.choose(loads, cands, preds, rng)
+    """`policy.choose` behind admission (`dispatch.admission`), for a request with a TTFT
+    target (`slo.ttft_ms`) under a policy that read predictions (`_finish` checks)."""
+    assert slo is not None and admission is not None
     ta = time.perf_counter()
     ttft = {i: p.ttft_s for i, p in preds.items()}
     room = None

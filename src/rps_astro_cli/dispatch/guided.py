@@ -178,10 +178,9 @@ class PowerOfK(DispatchPolicy):
             self.unanswered_reason = "fallback: a predictor did not answer; lowest load"
             self.fallback = Fallback(self.unanswered, "filtered", "fallback: no predictor answered; lowest load")
 
-    @property
-    def inputs(self) -> frozenset[str]:
+    def stage_inputs(self) -> frozenset[str]:
         """The stages' inputs, and the engines' status when ties are broken by load."""
-        return super().inputs | ({STATUS} if self.tie_tolerance_s > 0 else set())
+        return super().stage_inputs() | ({STATUS} if self.tie_tolerance_s > 0 else set())
 
     def score(self, loads: Sequence[InstanceLoad], candidates: Sequence[int],
               predictions: Mapping[int, LatencyEstimate]) -> tuple[dict[int, float] | None, str]:

@@ -12,7 +12,7 @@ comes from the engine's state, and the stage that reads it (CONTRIBUTING.md, "Ad
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Collection, Sequence, Sized
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -108,7 +108,7 @@ class InstanceState(Protocol):
     def running(self) -> Sized: ...
 
     @property
-    def waiting(self) -> Iterable[_Waiting]: ...
+    def waiting(self) -> Collection[_Waiting]: ...
 
 
 def status_fields_of(state: InstanceState) -> StatusRow:
@@ -119,15 +119,14 @@ def status_fields_of(state: InstanceState) -> StatusRow:
     batch limit; then None, None (no requests known beyond the state)."""
     limits = state.limits
     bs = limits.block_size
+    waiting = state.waiting
     need = 0
-    n_waiting = 0
-    for r in state.waiting:
-        n_waiting += 1
+    for r in waiting:  # the hot loop of a status-based decision under load: one pass, no counter
         nb = -(-r.prompt_tokens // bs) - r.kv_blocks
         if nb > 0:
             need += nb
-    return (state.kv_blocks_free, state.kv_blocks_total, len(state.running), n_waiting, need, bs, limits.max_num_seqs,
-            None, None)
+    return (state.kv_blocks_free, state.kv_blocks_total, len(state.running), len(waiting), need, bs,
+            limits.max_num_seqs, None, None)
 
 
 def loads_for(views: Sequence[InstanceView], req: DispatchRequest, inputs: frozenset[str],
