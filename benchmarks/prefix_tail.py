@@ -20,31 +20,14 @@ TTFT, cached tokens, instance, preemptions. Virtual time: machine load changes n
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
-import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
+from prefix_multiturn import run_arm  # benchmarks/ is on sys.path when a script runs
 
 from rps_astro_cli.cluster import virtual as cv
-
-
-def _sibling(name: str) -> ModuleType:
-    """The benchmark script `benchmarks/<name>.py` as module `name` (benchmarks/ is no package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-run_arm = _sibling("prefix_multiturn").run_arm
 
 
 def run_logged(arm: str, base: dict) -> tuple[list[dict], dict[str, object]]:

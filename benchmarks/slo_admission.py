@@ -36,15 +36,14 @@ acceptance asks for (per-seed, geometric mean).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import dispatch_predicted as _dp  # benchmarks/ is on sys.path when a script runs
 import numpy as np
 
 from rps_astro_cli.cluster.virtual import simulate_cluster
@@ -56,20 +55,6 @@ from rps_astro_cli.sim.latency import LatencyModel
 from rps_astro_cli.sim.profile import load_profile
 from rps_astro_cli.types import InstanceConfig
 
-
-def _sibling(name: str) -> ModuleType:
-    """The benchmark script `benchmarks/<name>.py` as module `name` (benchmarks/ is no package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_dp = _sibling("dispatch_predicted")
 _default_data, held_out_pool, workload = _dp._default_data, _dp.held_out_pool, _dp.workload
 
 INTERACTIVE = RequestSlo(1000.0, 100.0, 0, "interactive")

@@ -24,7 +24,6 @@ serve`, time scale 1) unless --cluster is given, and stops it at the end.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import signal
@@ -34,22 +33,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import ModuleType
 
-
-def _sibling(name: str) -> ModuleType:
-    """The benchmark script `benchmarks/<name>.py` as module `name` (benchmarks/ is no package)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().with_name(f"{name}.py"))
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-parse_cpus = _sibling("peer_routers").parse_cpus  # the taskset-list parser the peer harness checks
+from peer_routers import parse_cpus  # the taskset-list parser the peer harness checks
 
 METRICS = [("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E")]
 ASTRO_KEY = {"ttft": "ttft_s", "tpot": "tpot_s", "itl": "itl_s", "e2el": "e2e_s"}

@@ -81,12 +81,18 @@ REPO = Path(__file__).resolve().parents[1]
 def load_script(relpath: str, name: str) -> ModuleType:
     """A script of the repository that is not a package module (`benchmarks/x.py`,
     `scripts/y.py`) imported as module `name` (registered in sys.modules, so its
-    dataclasses and pickling work)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / relpath)
+    dataclasses and pickling work), with its folder first on sys.path while it loads, as
+    `python relpath` has it (a benchmark imports its sibling scripts by name)."""
+    path = REPO / relpath
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None, relpath
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
-    spec.loader.exec_module(mod)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(path.parent))
     return mod
 
 

@@ -12,6 +12,7 @@ import random
 import sys
 import time
 from contextlib import ExitStack
+from typing import Any
 
 import httpx
 import pytest
@@ -150,6 +151,22 @@ def _counting_tagger(calls: list[int]) -> FastAPI:
 
     return app
 
+def _door(stack: ExitStack, calls: list[int], **settings: Any) -> tuple[ServerThread, Any]:
+    """A scheduler (llumnix) in front of one sim engine and `_counting_tagger(calls)`, once
+    it knows the engine's context length: (its server, its front door)."""
+    eng = stack.enter_context(ServerThread(_engine_app()))
+    tag = stack.enter_context(ServerThread(_counting_tagger(calls)))
+    eps = (InstanceEndpoint("engine-0", eng.url, None),)
+    app = create_app(SchedulerSettings(instances=eps, policy="llumnix", status_interval_s=0.05, tagger_url=tag.url,
+                                       **settings))
+    sch = stack.enter_context(ServerThread(app))
+    door = app.state.scheduler.front_door
+    deadline = time.monotonic() + 10
+    while door.context_limit() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return sch, door
+
+
 
 def _chat(content: str) -> dict:
     return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 1}
@@ -178,16 +195,7 @@ def test_a_megabyte_prompt_is_refused_with_no_tag_rpc_and_no_tokenizing(parses):
     its JSON passed the cheap check)."""
     calls: list[int] = []
     with ExitStack() as stack:
-        eng = stack.enter_context(ServerThread(_engine_app()))
-        tag = stack.enter_context(ServerThread(_counting_tagger(calls)))
-        eps = (InstanceEndpoint("engine-0", eng.url, None),)
-        app = create_app(SchedulerSettings(instances=eps, policy="llumnix", status_interval_s=0.05,
-                                           tagger_url=tag.url, tag_deadline_s=5.0))
-        sch = stack.enter_context(ServerThread(app))
-        door = app.state.scheduler.front_door
-        deadline = time.monotonic() + 10
-        while door.context_limit() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        sch, door = _door(stack, calls, tag_deadline_s=5.0)
         assert door.context_limit() == MAX_LEN
         with httpx.Client(base_url=sch.url, timeout=30) as c:
             big = "word " * 200_000
@@ -263,15 +271,7 @@ def test_thirty_refused_megabyte_prompts_never_reach_the_tagger():
     sent to the tagger."""
     calls: list[int] = []
     with ExitStack() as stack:
-        eng = stack.enter_context(ServerThread(_engine_app()))
-        tag = stack.enter_context(ServerThread(_counting_tagger(calls)))
-        eps = (InstanceEndpoint("engine-0", eng.url, None),)
-        app = create_app(SchedulerSettings(instances=eps, policy="llumnix", status_interval_s=0.05,
-                                           tagger_url=tag.url))
-        sch = stack.enter_context(ServerThread(app))
-        deadline = time.monotonic() + 10
-        while app.state.scheduler.front_door.context_limit() is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        sch, _ = _door(stack, calls)
 
         async def burst() -> list[int]:
             async with httpx.AsyncClient(base_url=sch.url, timeout=60) as c:
