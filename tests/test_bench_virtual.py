@@ -14,7 +14,7 @@ from rps_astro_cli.bench.virtual import NoisyDispatch, VirtualTarget
 from rps_astro_cli.bench.workload_base import BenchRequest, Workload
 from rps_astro_cli.dispatch.base import DispatchPolicy
 from rps_astro_cli.sim.profile import ExecutionProfile, VisionCosts
-from rps_astro_cli.types import InstanceLoad, LatencyEstimate
+from rps_astro_cli.types import DispatchDecision, InstanceLoad, LatencyEstimate
 
 
 def hand_profile(tmp_path):
@@ -50,9 +50,9 @@ class _Capture(DispatchPolicy):
     name = "capture"
     inputs = frozenset({"predictions"})
 
-    def pick_one(self, loads, candidates, predictions, rng):
+    def choose(self, loads, candidates, predictions, rng):
         self.seen = dict(predictions)
-        return candidates[0], "first", {}
+        return DispatchDecision(self.name, tuple(candidates), candidates[0], "first")
 
 
 def test_prediction_noise_multiplies_each_prediction():

@@ -232,3 +232,23 @@ def test_astro_policies_lists_declared_parameters():
     keys = [p["recipe_key"] for p in rows[("dispatch", "power_of_k")]["params"]]
     assert keys == ["k", "objective", None, None, None]
     assert ("instance", "rps") in rows and ("instance", "fcfs") in rows
+
+
+def test_timed_carries_every_field_of_the_decision():
+    # `_timed` rebuilds the decision field by field (cheaper than dataclasses.replace): every
+    # field but the times must come through; a new field must be added there too
+    from dataclasses import fields
+
+    from rps_astro_cli.dispatch.base import _timed
+    from rps_astro_cli.types import DispatchDecision
+
+    assert len(fields(DispatchDecision)) == 12, "a DispatchDecision field was added: carry it in dispatch.base._timed"
+    dec = DispatchDecision("p", (1, 2), 2, "why", {2: (0.1, 0.2)}, 5.0, {"score": 1.0, "pick": 2.0}, (1,),
+                           "slo_ttft_unmeetable", "headroom", 3, {2: (0.05, 0.1)})
+    out = _timed(dec, 0.0, 1e-6, 3e-6, 6e-6)
+    for f in fields(DispatchDecision):
+        if f.name not in ("decide_us", "stage_us"):
+            assert getattr(out, f.name) == getattr(dec, f.name), f.name
+    assert list(out.stage_us) == ["filter", "sample", "predict", "score", "pick"]
+    assert out.stage_us["sample"] == pytest.approx(2.0) and out.stage_us["predict"] == pytest.approx(3.0)
+    assert out.decide_us >= 6.0

@@ -43,7 +43,7 @@ from rps_astro_cli.dispatch.stages import PREDICTIONS
 from rps_astro_cli.errors import AstroUserError
 from rps_astro_cli.sim.profile import ExecutionProfile
 from rps_astro_cli.tokens import TokenCounter
-from rps_astro_cli.types import InstanceLoad
+from rps_astro_cli.types import DispatchDecision, InstanceLoad
 
 
 class NoisyDispatch(DispatchPolicy):
@@ -70,8 +70,8 @@ class NoisyDispatch(DispatchPolicy):
     def candidates(self, loads: Sequence[InstanceLoad], rng: np.random.Generator) -> list[int]:
         return self.inner.candidates(loads, rng)
 
-    def pick_one(self, loads: Sequence[InstanceLoad], candidates: Sequence[int], predictions: Mapping[int, Any],
-                 rng: np.random.Generator) -> tuple[int, str, dict[str, float]]:
+    def choose(self, loads: Sequence[InstanceLoad], candidates: Sequence[int], predictions: Mapping[int, Any],
+               rng: np.random.Generator) -> DispatchDecision:
         noisy = {}
         for i, est in predictions.items():
             f1, f2 = (max(0.0, 1.0 + self.sigma * z) for z in self.rng.standard_normal(2))
@@ -79,7 +79,7 @@ class NoisyDispatch(DispatchPolicy):
                 noisy[i] = est
                 continue
             noisy[i] = replace(est, ttft_s=est.ttft_s * f1, e2e_s=est.e2e_s * f2)
-        return self.inner.pick_one(loads, candidates, noisy, rng)
+        return self.inner.choose(loads, candidates, noisy, rng)
 
     def describe(self) -> dict[str, Any]:
         return {**self.inner.describe(), "prediction_noise_sigma": self.sigma,
