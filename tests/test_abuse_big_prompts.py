@@ -68,7 +68,7 @@ def test_the_bound_by_hand(text, bound, true_count):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(codec=None), max_size=200))
+@given(st.text(alphabet=st.characters(), max_size=200))
 def test_the_bound_never_exceeds_the_fallback_count(text):
     assert fallback_tokens_at_least(text) <= count_tokens_fallback(text)
 
