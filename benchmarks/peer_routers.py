@@ -322,6 +322,9 @@ class Router:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
                     "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
+            ts = float(fleet.get("time_scale", 1.0) or 1.0)
+            if ts != 1.0:  # as `astro serve` passes it: observed wall s → engine s (calibration, metrics)
+                cmd += ["--time-scale", repr(ts)]
             cmd += list(arm.args)
             if arm.oracle:
                 cmd.append("--oracle-lengths")
