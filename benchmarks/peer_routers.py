@@ -1103,7 +1103,7 @@ def slo_lines(summary: list[dict[str, Any]], loads: list[float] | None, meta: di
              "for every arm) and sent to every arm as x-slo-class / x-slo-ttft-ms / x-slo-tpot-ms and the body's "
              "priority (the peers ignore them). A request meets its SLO when it completed with TTFT and TPOT within "
              "its class's targets (`bench.metrics`); refused ones (HTTP 429) and cut ones (not finished "
-             f"{deadline if deadline is not None else '?'} engine s after being sent) miss it, apart from errors "
+             f"{'?' if deadline is None else f'{deadline:g}'} engine s after being sent) miss it, apart from errors "
              "(an error rejects the run). Goodput: met ÷ T (`bench.metrics`: last finish − first send of the "
              "run, so a longer drain lowers it); window: met ÷ the arrival window (the same for every arm of a "
              "repeat). Attainment: met ÷ requests with a class. × peer: median [min–max] of the per-repeat "

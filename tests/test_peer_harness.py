@@ -422,6 +422,7 @@ def test_goodput_summary_pairs_each_peer_by_repeat_and_renders_the_table() -> No
             "repeats": 3, "seed": 0, "slo_classes": pr.slo_classes_meta(SLO_SPECS), "request_deadline_s": 300.0}
     md = pr.markdown(list(rows.values()), [1.2], a.name, meta)
     assert "`interactive` 70% (TTFT ≤ 1000 ms, TPOT ≤ 100 ms, priority 0)" in md
+    assert "cut ones (not finished 300 engine s after being sent)" in md
     assert ("| load | arm | admission | runs ok | goodput (req/s) | goodput, window (req/s) | attainment | "
             "`interactive` attainment | `batch` attainment | refused | cut | "
             "× `vllm-router/power_of_two` (T; window) | × `sglang-router/cache_aware` (T; window) |") in md
