@@ -15,6 +15,7 @@ each run), so every arm starts from the same drained fleet with a freshly starte
 | `astro/power_of_k-inproc` | as `astro/power_of_k`, the scheduler tagging in-process (no tagger RPC) | predicted |
 | `astro/power_of_k-late` | as `astro/power_of_k` with `--no-early-dispatch` (Predictors asked after the tag) | predicted |
 | `astro/power_of_k-local` | as `astro/power_of_k`, the look-aheads in the scheduler's process (`--predict-in-process`: no Predictor RPCs; the tagger service as usual) | predicted |
+| `astro/power_of_k-local-queue`, `astro/power_of_k-local-off` | as `astro/power_of_k-local` with `--admission queue` / `off` (the admission ablation; only requests with an SLO differ; not in the default `--arms`) | predicted |
 | `astro/llumnix`, `astro/least_requests`, `astro/round_robin`, `astro/cache_aware` | `astro serve scheduler --policy …` | none (length-blind) |
 | `vllm-router/{power_of_two,cache_aware,round_robin}` | `vllm-router --policy …` (PyPI, `.[peers]`) | none |
 | `sglang-router/{power_of_two,cache_aware,round_robin}` | `sglang-router launch --policy …` (PyPI) | none |
@@ -48,6 +49,27 @@ the fleet of an `astro serve` recipe (`instances:` groups, e.g.
 hetero-2xa100-2xa30-llama2-7b); both through `services.config.with_fleet`, as `astro serve`
 does. Each engine runs its own profile and its Predictor simulates that one; the
 `-local` arm's in-process look-aheads get it per engine (`--predictor-profile`).
+
+Per-request SLO classes (`--slo-class NAME:ttft_ms=..,tpot_ms=..,share=..,priority=..`,
+repeatable, `astro bench`'s syntax and parser `bench.slo.parse_slo_classes`; issue 33):
+each request of repeat r draws a class by share (`bench.slo.assign_slo_classes`, seeded by
+(seed + r, 33)), once per repeat, so every arm and load point of the repeat sends each
+request with the same class; `bench.client` sends it as x-slo-class, x-slo-ttft-ms,
+x-slo-tpot-ms and the body's `priority` to every arm (astro's scheduler admits on them —
+`--admission reject`, its default, answers HTTP 429 when no instance is predicted to meet
+the TTFT target; the peers ignore them). Per run (`slo_metrics`, from `bench.metrics`):
+goodput = requests that completed within their class's TTFT and TPOT targets ÷ T (last
+finish − first send), the same over the arrival window (identical across the arms of a
+repeat), attainment overall and per class, refused (HTTP 429: missed, not an error) and
+cut. Past capacity a peer queues every request it gets: each request has a deadline
+(`--request-timeout-s`, engine s, default 300: an interactive request that meets 1 s /
+100 ms ends within 1 + 0.1 × 2047 ≈ 206 s at the 2048-token cap) after which the client
+cuts it; a cut request misses its SLO and is counted (`cut`), not a failure that rejects
+the run, so a run ends by its last send + the deadline (its wall limit is raised to at
+least that + 60 s). Engines still busy when the next run starts (a router that did not
+abort what the client cut) get the fleet restarted (`drain_restart`). The goodput table
+(below the latency table) gives per load and arm the median [min–max] over accepted runs
+and the per-repeat goodput ratio to each peer arm.
 
 Load points: `--loads` fractions of the virtual SLO capacity of the same fleet (same
 recipe, instances, profile(s), workload — multi-turn included — and seed; `bench.runner.run_bench --virtual --capacity`,
@@ -118,6 +140,7 @@ from rps_astro_cli.bench.client import ClientOptions, run_requests, send_request
 from rps_astro_cli.bench.live import to_engine_seconds
 from rps_astro_cli.bench.metrics import all_metrics
 from rps_astro_cli.bench.records import RequestRecord
+from rps_astro_cli.bench.slo import SloClass, assign_slo_classes, parse_slo_classes
 from rps_astro_cli.bench.workload_base import BenchRequest, WorkloadOptions
 from rps_astro_cli.bench.workloads import load_workload
 from rps_astro_cli.errors import AstroUserError
@@ -162,6 +185,12 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
     Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
         args=("--predict-in-process",)),
+    # the admission ablation of `-local` (its scheduler's default is --admission reject); only
+    # requests with an SLO (`--slo-class`) are affected, so they are not in the default --arms
+    Arm("astro/power_of_k-local-queue", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
+        args=("--predict-in-process", "--admission", "queue")),
+    Arm("astro/power_of_k-local-off", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
+        args=("--predict-in-process", "--admission", "off")),
     Arm("astro/llumnix", "astro", "llumnix"),
     Arm("astro/least_requests", "astro", "least_requests"),
     Arm("astro/round_robin", "astro", "round_robin"),
@@ -173,6 +202,8 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("sglang-router/cache_aware", "sglang-router", "cache_aware"),
     Arm("sglang-router/round_robin", "sglang-router", "round_robin"),
 )}
+ABLATION_ARMS = ("astro/power_of_k-local-queue", "astro/power_of_k-local-off")
+DEFAULT_ARMS = [n for n in ARMS if n not in ABLATION_ARMS]
 PEER_BINARIES = ("vllm-router", "sglang-router")
 LAG_NAME = "astro:engine_lag_seconds_max"
 
@@ -322,6 +353,9 @@ class Router:
                 cmd += ["--tagger", fleet["tagger"]["url"]]
             cmd += ["--policy", arm.policy, "--profile", fleet["profile"], "--seed", str(seed),
                     "--host", "127.0.0.1", "--port", "0", "--ready-file", str(self._ready)]
+            ts = float(fleet.get("time_scale", 1.0) or 1.0)
+            if ts != 1.0:  # as `astro serve` passes it: observed wall s → engine s (calibration, metrics)
+                cmd += ["--time-scale", repr(ts)]
             cmd += list(arm.args)
             if arm.oracle:
                 cmd.append("--oracle-lengths")
@@ -507,14 +541,18 @@ class Fleet:
 
 # -- one run -----------------------------------------------------------------------------
 
-def client_opts(arm: Arm, url: str, model: str | None, timeout_s: float) -> ClientOptions:
+def client_opts(arm: Arm, url: str, model: str | None, timeout_s: float,
+                slo_of: dict[str, SloClass] | None = None) -> ClientOptions:
     """How the arm's requests are encoded (see module docstring: sglang-router drops
-    `vllm_xargs`, so it gets max_tokens + ignore_eos)."""
+    `vllm_xargs`, so it gets max_tokens + ignore_eos). `slo_of` (request id → its
+    `--slo-class`): `bench.client` sends the class as the headers x-slo-class,
+    x-slo-ttft-ms, x-slo-tpot-ms and the body's `priority` — to every arm alike (the
+    peers ignore them) — and counts an HTTP 429 as refused."""
     if arm.router == "sglang-router":
         return ClientOptions(base_url=url, model=model, send_true_lengths=True, ignore_eos=True,
-                             max_tokens_mode="reference", timeout_s=timeout_s)
+                             max_tokens_mode="reference", timeout_s=timeout_s, slo_of=slo_of or {})
     return ClientOptions(base_url=url, model=model, send_true_lengths=True, max_tokens_mode="none",
-                         timeout_s=timeout_s)
+                         timeout_s=timeout_s, slo_of=slo_of or {})
 
 
 async def _scrape(urls: list[str]) -> list[dict[str, float] | None]:
@@ -649,19 +687,42 @@ def send_all(requests: list[BenchRequest], send_at_s: list[float], opts: ClientO
 
 def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[float], *, seed: int,
             max_lag_s: float, run_timeout_s: float, log_dir: Path, pool=None,
-            max_send_delay_s: float | None = None) -> dict[str, Any]:
+            max_send_delay_s: float | None = None, slo_of: dict[str, SloClass] | None = None,
+            class_names: list[str] | tuple[str, ...] = (), deadline_s: float | None = None) -> dict[str, Any]:
     """Start the arm's router, send the list (engine-second times × time_scale), stop it.
     With the fleet pinned, the router's process tree is pinned (checked) to the front set
-    and the engines' sets are re-read before the traffic starts."""
+    and the engines' sets are re-read before the traffic starts.
+
+    SLO classes (`slo_of`, request id → class; the same mapping for every arm of a
+    repeat): each request carries its class's headers; `deadline_s` (engine s,
+    `--request-timeout-s`) cuts a request not finished that long after it was sent — it
+    misses its SLO, counts as `cut`, not as a failure that rejects the run — so a run
+    past capacity ends by its last send + the deadline (its wall limit is raised to at
+    least that + 60 s). Engines still busy when a run starts (a router that did not abort
+    what the client cut) get the fleet restarted (`drain_restart` in the run)."""
     ts = float(fleet.info["time_scale"])
     model = fleet.info.get("model")
     urls = fleet.engine_urls()
-    wait_drained(urls)
+    drain_restart = False
+    try:
+        wait_drained(urls)
+    except HarnessError as e:
+        print(f"{e}: restarting the fleet", file=sys.stderr, flush=True)
+        fleet.restart()
+        urls = fleet.engine_urls()
+        wait_drained(urls)
+        drain_restart = True
     if fleet.prefix_cache:
         reset_prefix_caches(urls)
     router = Router(arm, fleet.info, log_dir / f"{arm.name.replace('/', '_')}.log", seed)
     out: dict[str, Any] = {"arm": arm.name, "router": arm.router, "policy": arm.policy, "lengths": arm.lengths,
-                           "digest": digest(requests, times_s), "num_requests": len(requests)}
+                           "digest": digest(requests, times_s), "num_requests": len(requests),
+                           "admission": admission_of(arm), "drain_restart": drain_restart}
+    req_timeout_s, limit_s = run_timeout_s, run_timeout_s  # wall
+    if deadline_s is not None:
+        req_timeout_s = deadline_s * ts
+        limit_s = max(run_timeout_s, max(times_s, default=0.0) * ts + req_timeout_s + 60.0)
+        out.update(request_deadline_s=deadline_s, run_limit_s=limit_s)
     t_start = time.perf_counter()
     try:
         router.wait_ready(lambda u: client_opts(arm, u, model, 30.0))
@@ -671,16 +732,16 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
                            "engines": fleet.engine_cpus_now()}
             if any(c != format_cpus(fleet.pinning.engine) for c in out["cpus"]["engines"]):
                 raise HarnessError(f"engines not on CPUs {format_cpus(fleet.pinning.engine)}: {out['cpus']['engines']}")
-        opts = client_opts(arm, router.url or "", model, run_timeout_s)
+        opts = client_opts(arm, router.url or "", model, req_timeout_s, slo_of)
         before = asyncio.run(_scrape(urls))
         cpu0 = read_cpu_times()
         t0 = time.perf_counter()
         # think times are engine seconds too (as `astro bench` live scales them)
         wall_reqs = [replace(r, think_s=r.think_s * ts) if r.think_s else r for r in requests]
         try:
-            records = send_all(wall_reqs, [t * ts for t in times_s], opts, pool, run_timeout_s)
+            records = send_all(wall_reqs, [t * ts for t in times_s], opts, pool, limit_s)
         except (TimeoutError, mp.TimeoutError):
-            out.update(status="error", reason=f"run exceeded {run_timeout_s:.0f} s wall")
+            out.update(status="error", reason=f"run exceeded {limit_s:.0f} s wall")
             return out
         wall = time.perf_counter() - t0
         cpu1 = read_cpu_times()
@@ -708,6 +769,10 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         eng[k] = num / cnt if cnt else None
     mism = sum(1 for r in ok if r.output_tokens != r.expected_output_tokens)
     out.update(session_metrics(requests, records, before, after))
+    slo = slo_metrics(records, class_names) if slo_of else {}
+    out.update(slo)
+    # requests cut at their deadline are an outcome of the load (they miss their SLO), not a fault
+    failed = m.num_failed - (slo.get("cut", 0) if deadline_s is not None else 0)
     out.update(
         status="ok", wall_s=wall, time_scale=ts,
         request_ids=[r.request_id for r in records],
@@ -720,7 +785,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         send_delay_p99_s=float(np.percentile(send_delay, 99)) if send_delay else None,
         **steal_fractions(cpu0, cpu1),
     )
-    why = verdict(run_lag, m.num_failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
+    why = verdict(run_lag, failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
     if why:
         out.update(status="rejected", reason=why)
     return out
@@ -751,6 +816,78 @@ def session_metrics(requests: list[BenchRequest], records: list[RequestRecord],
             "ttft_later_p99_s": float(np.percentile(later, 99)) if later else None,
             "prefix_cache_queries_tokens": queried, "prefix_cache_hits_tokens": hit,
             "prefix_hit_rate": (hit / queried) if queried and hit is not None else None}
+
+
+# -- per-request SLO classes (issue 33) ---------------------------------------------------------
+
+# `bench.client`'s error of a request cut at its deadline (`ClientOptions.timeout_s` after it was sent)
+TIMED_OUT = "transport: Timeout: not finished within"
+DEFAULT_SLO_DEADLINE_S = 300.0  # engine s; `--request-timeout-s` with --slo-class
+
+
+def slo_assignment(requests: list[BenchRequest], classes: list[SloClass], seed: int) -> dict[str, SloClass]:
+    """Request id → its class, drawn by share (`bench.slo.assign_slo_classes`: a generator
+    seeded by (seed, 33) alone, as `astro bench --slo-class` draws them). `main` calls it
+    once per repeat with that repeat's seed; every arm and load point of the repeat sends
+    that one mapping. Past the shares' sum a request carries no class (and no SLO)."""
+    return assign_slo_classes([q.request_id for q in requests], classes, seed)
+
+
+def admission_of(arm: Arm) -> str:
+    """The arm's admission mode: astro's `--admission` (its default reject) for a policy
+    that reads predictions; "never" for a length-blind astro policy (admission judges
+    predicted TTFTs); "none" for a peer router (it ignores the SLO headers)."""
+    if arm.router != "astro":
+        return "none"
+    if arm.lengths == "none":
+        return "never"
+    a = list(arm.args)
+    return a[a.index("--admission") + 1] if "--admission" in a else "reject"
+
+
+def slo_metrics(records: list[RequestRecord], class_names: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The SLO figures of one run (records in engine seconds; {} when no request has a
+    class), from `bench.metrics` (`group_metrics`: a request meets its SLO when it
+    succeeded, TTFT ≤ its class's target and TPOT ≤ its target where both are defined;
+    refused = HTTP 429, neither met nor an error):
+
+    - goodput_rps = met ÷ T, T = last finish − first send of the run (bench.metrics'
+      run duration: an arm that drains a backlog longer has a longer T);
+    - goodput_window_rps = met ÷ the arrival window (last − first scheduled send time:
+      the same for every arm of a repeat, so the paired ratio is that of met counts);
+    - slo_attainment = met ÷ requests with a class; refused, refused_share;
+    - cut: requests not finished their deadline (`--request-timeout-s`) after being sent
+      (`bench.client` ends them; they miss their SLO and are no error); slo_errors: the
+      other failed requests;
+    - slo_classes: the same per class (`class_names` first, in order)."""
+    if not any(r.slo_class is not None for r in records):
+        return {}
+    ms = all_metrics(records)
+    sched = [r.scheduled_s for r in records]
+    window = max(sched) - min(sched)
+
+    def cut(rs: list[RequestRecord]) -> int:
+        return sum(1 for r in rs if not r.success and not r.refused and (r.error or "").startswith(TIMED_OUT))
+
+    def figures(rs: list[RequestRecord], g) -> dict[str, Any]:
+        met = sum(1 for r in rs if r.meets_request_slo)
+        n_cut = cut(rs)
+        return {"requests": len(rs), "met": met, "goodput_rps": g.goodput_rps,
+                "goodput_window_rps": met / window if window > 0 else None, "slo_attainment": g.slo_attainment,
+                "refused": g.refused, "refused_share": g.refused / len(rs) if rs else None, "cut": n_cut,
+                "cut_share": n_cut / len(rs) if rs else None, "slo_errors": g.num_failed - n_cut,
+                "ttft_p99_s": g.ttft_s.p99}
+
+    classed = [r for r in records if r.slo_class is not None]
+    out = figures(classed, ms["overall"])
+    del out["ttft_p99_s"]  # the run's own ttft_p99_s stays the overall one
+    out["slo_requests"] = out.pop("requests")
+    out["requests_without_class"] = len(records) - len(classed)
+    out["arrival_window_s"] = window
+    out["slo_duration_s"] = ms["overall"].duration_s
+    names = list(class_names) + sorted({r.slo_class for r in classed} - set(class_names))
+    out["slo_classes"] = {n: figures([r for r in classed if r.slo_class == n], ms[n]) for n in names if n in ms}
+    return out
 
 
 def read_cpu_times(text: str | None = None) -> dict[str, list[int]]:
@@ -834,10 +971,18 @@ METRICS = ("ttft_p99_s", "ttft_mean_s", "e2e_mean_s", "throughput_rps", "engine_
            "steps_late_fraction", "host_steal_fraction")
 
 
+SLO_STATS = ("goodput_rps", "goodput_window_rps", "slo_attainment", "refused_share", "cut_share")
+
+
 def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], ref: str) -> list[dict[str, Any]]:
     """Per (load, arm): median / min / max over accepted runs of each metric, and the median
-    over repeats of P99 TTFT ÷ the reference arm's in the same repeat."""
+    over repeats of P99 TTFT ÷ the reference arm's in the same repeat. With SLO classes
+    (runs that have `goodput_rps`) also: goodput (both denominators), attainment overall
+    and per class, refused and cut shares, and per peer arm (router not astro) the
+    goodput ÷ that peer's in the same repeat (`goodput_vs`, `goodput_window_vs`: median
+    [min–max] over the repeats where both runs were accepted)."""
     out = []
+    peers = [a.name for a in arms if a.router != "astro"]
     for li, rate in enumerate(rates):
         here = [x for x in runs if x["load_index"] == li]
         refs = {x["repeat"]: x for x in here if x["arm"] == ref and x["status"] == "ok"}
@@ -845,6 +990,7 @@ def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], r
             mine = [x for x in here if x["arm"] == a.name]
             ok = [x for x in mine if x["status"] == "ok"]
             row: dict[str, Any] = {"load_index": li, "rate_rps": rate, "arm": a.name, "lengths": a.lengths,
+                                   "admission": admission_of(a),
                                    "runs_ok": len(ok), "runs_total": len(mine),
                                    "rejected": [x.get("reason") for x in mine if x["status"] != "ok"]}
             for k in METRICS:
@@ -852,6 +998,18 @@ def summarize(runs: list[dict[str, Any]], arms: list[Arm], rates: list[float], r
             ratios = [x["ttft_p99_s"] / refs[x["repeat"]]["ttft_p99_s"] for x in ok
                       if x["repeat"] in refs and refs[x["repeat"]]["ttft_p99_s"]]
             row["ttft_p99_vs_ref"] = _stat(ratios)
+            if any("goodput_rps" in x for x in here):
+                for k in SLO_STATS:
+                    row[k] = _stat([x.get(k) for x in ok])
+                names = list(dict.fromkeys(n for x in here for n in x.get("slo_classes") or {}))
+                row["class_attainment"] = {n: _stat([(x.get("slo_classes") or {}).get(n, {}).get("slo_attainment")
+                                                     for x in ok]) for n in names}
+                for key, k in (("goodput_vs", "goodput_rps"), ("goodput_window_vs", "goodput_window_rps")):
+                    row[key] = {}
+                    for p in peers:
+                        prefs = {x["repeat"]: x for x in here if x["arm"] == p and x["status"] == "ok"}
+                        row[key][p] = _stat([x[k] / prefs[x["repeat"]][k] for x in ok if x["repeat"] in prefs
+                                             and x.get(k) is not None and prefs[x["repeat"]].get(k)])
             out.append(row)
     return out
 
@@ -904,7 +1062,70 @@ def markdown(summary: list[dict[str, Any]], loads: list[float] | None, ref: str,
                      f"{_fmt(row['engine_e2e_mean_s'])} | {_fmt(row['send_delay_p99_s'])} | "
                      f"{_fmt(row['engine_lag_max_s'])} | {_fmt(row['steps_late_fraction'])} | "
                      f"{_fmt(row['host_steal_fraction'])} |")
-    return "\n".join(lines + _rejected_lines(summary, "req/s")) + "\n"
+    return "\n".join(lines + slo_lines(summary, loads, meta) + _rejected_lines(summary, "req/s")) + "\n"
+
+
+def slo_classes_meta(specs: list[str] | None) -> list[dict[str, Any]]:
+    """The `--slo-class` entries as the table's header describes them."""
+    return [{"name": c.name, "share": c.share, "ttft_ms": c.slo.ttft_ms, "tpot_ms": c.slo.tpot_ms,
+             "priority": c.slo.priority} for c in parse_slo_classes(specs)]
+
+
+def _pct(s: dict[str, Any]) -> str:
+    if s["median"] is None:
+        return "n/a"
+    return f"{s['median']:.0%} [{s['min']:.0%}–{s['max']:.0%}]"
+
+
+def _ratio(s: dict[str, Any]) -> str:
+    return "n/a" if s["median"] is None else f"{s['median']:.2f} [{s['min']:.2f}–{s['max']:.2f}]"
+
+
+def slo_lines(summary: list[dict[str, Any]], loads: list[float] | None, meta: dict[str, Any]) -> list[str]:
+    """The goodput table (runs with `--slo-class`): per load and arm, median [min–max] over
+    accepted runs of goodput, attainment (overall, per class), refused and cut shares, and
+    the paired goodput ratio to each peer arm; [] without SLO classes."""
+    classes = meta.get("slo_classes")
+    rows = [r for r in summary if "goodput_rps" in r]
+    if not classes or not rows:
+        return []
+    names = [c["name"] for c in classes]
+    peers = list(dict.fromkeys(p for r in rows for p in r["goodput_vs"]))
+
+    def targets(c: dict[str, Any]) -> str:
+        t = [f"TTFT ≤ {c['ttft_ms']:g} ms"] if c.get("ttft_ms") is not None else []
+        t += [f"TPOT ≤ {c['tpot_ms']:g} ms"] if c.get("tpot_ms") is not None else []
+        return ", ".join(t + [f"priority {c['priority']}"])
+
+    desc = "; ".join(f"`{c['name']}` {c['share']:.0%} ({targets(c)})" for c in classes)
+    deadline = meta.get("request_deadline_s")
+    lines = ["", f"SLO classes: {desc}, drawn per request by share (seeded by the repeat's seed: the same classes "
+             "for every arm) and sent to every arm as x-slo-class / x-slo-ttft-ms / x-slo-tpot-ms and the body's "
+             "priority (the peers ignore them). A request meets its SLO when it completed with TTFT and TPOT within "
+             "its class's targets (`bench.metrics`); refused ones (HTTP 429) and cut ones (not finished "
+             f"{'?' if deadline is None else f'{deadline:g}'} engine s after being sent) miss it, apart from errors "
+             "(an error rejects the run). Goodput: met ÷ T (`bench.metrics`: last finish − first send of the "
+             "run, so a longer drain lowers it); window: met ÷ the arrival window (the same for every arm of a "
+             "repeat). Attainment: met ÷ requests with a class. × peer: median [min–max] of the per-repeat "
+             "goodput ratios to that peer (T; window). Admission: astro's `--admission` (reject: HTTP 429 when "
+             "no instance is predicted to meet the TTFT target; never: the policy reads no predictions).",
+             "",
+             "| load | arm | admission | runs ok | goodput (req/s) | goodput, window (req/s) | attainment | "
+             + "".join(f"`{n}` attainment | " for n in names) + "refused | cut | "
+             + "".join(f"× `{p}` (T; window) | " for p in peers),
+             "|" + " --- |" * (9 + len(names) + len(peers))]
+    lines[-2] = lines[-2].rstrip()
+    for row in rows:
+        att = row.get("class_attainment") or {}
+        none = {"median": None}
+        lines.append(f"| {_load_cell(row, loads, 'req/s')} | `{row['arm']}` | {row.get('admission', '?')} | "
+                     f"{row['runs_ok']}/{row['runs_total']} | {_fmt(row['goodput_rps'])} | "
+                     f"{_fmt(row['goodput_window_rps'])} | {_pct(row['slo_attainment'])} | "
+                     + "".join(f"{_pct(att.get(n, none))} | " for n in names)
+                     + f"{_pct(row['refused_share'])} | {_pct(row['cut_share'])} | "
+                     + "".join(f"{_ratio(row['goodput_vs'].get(p, none))}; "
+                               f"{_ratio(row['goodput_window_vs'].get(p, none))} | " for p in peers).rstrip())
+    return lines
 
 
 def _pinning_text(meta: dict[str, Any]) -> str:
@@ -1004,7 +1225,17 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--capacity-policy", default="least_requests", help="policy of the virtual capacity search")
     ap.add_argument("--capacity-requests", type=int, default=400, help="requests per capacity probe")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of: {', '.join(ARMS)}")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help=f"comma list of: {', '.join(ARMS)} (default: all but {', '.join(ABLATION_ARMS)})")
+    ap.add_argument("--slo-class", action="append", default=None, metavar="SPEC",
+                    help="per-request SLO class NAME:ttft_ms=..,tpot_ms=..,share=..,priority=.. (repeat; astro "
+                         "bench's syntax): each request draws a class by share (seeded by the repeat's seed, the "
+                         "same for every arm) and sends its headers to every arm; adds goodput, attainment and "
+                         "refused (HTTP 429) per run and a goodput table")
+    ap.add_argument("--request-timeout-s", type=float, default=None,
+                    help="with --slo-class: a request not finished this long (engine s) after it was sent is "
+                         f"cut and misses its SLO (default {DEFAULT_SLO_DEADLINE_S:g}); a run then ends by its last "
+                         "send + this (its wall limit is raised to at least that + 60 s)")
     ap.add_argument("--skip-missing", action="store_true", help="drop peer arms whose router is not installed")
     ap.add_argument("--reference", default="astro/power_of_k", help="arm the × ref column divides by")
     ap.add_argument("--max-lag-s", type=float, default=0.25, help="reject a run whose engine lag reached this (wall s)")
@@ -1018,7 +1249,8 @@ def parse_args(argv: list[str] | None = None):
                     help="CPUs of everything else: this harness, its load generators, Predictors, tagger, every "
                          "front door (e.g. 1); disjoint from --engine-cpus")
     ap.add_argument("--client-procs", type=int, default=4, help="load-generator processes (1 = in this one)")
-    ap.add_argument("--run-timeout-s", type=float, default=900.0, help="wall limit of one run")
+    ap.add_argument("--run-timeout-s", type=float, default=900.0,
+                    help="wall limit of one run (without --slo-class also each request's)")
     ap.add_argument("--out", default="bench-results/peer-routers", help="folder for the JSON and Markdown")
     ap.add_argument("--from-json", default=None, help="only re-render the Markdown of an existing peer_routers.json")
     args = ap.parse_args(argv)
@@ -1068,6 +1300,18 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--think-time: must be ≥ 0 (engine s)")
     if args.max_total_tokens is not None and args.max_total_tokens < 8:
         ap.error("--max-total-tokens: must be ≥ 8")
+    try:
+        args.slo_classes = parse_slo_classes(args.slo_class)
+    except AstroUserError as e:
+        ap.error(str(e))  # names --slo-class
+    if args.slo_classes and args.multi_turn:
+        ap.error("--slo-class: not with --multi-turn (a later turn's send time is not in the list)")
+    if args.request_timeout_s is not None and not args.slo_classes:
+        ap.error("--request-timeout-s: only with --slo-class")
+    if args.request_timeout_s is not None and not args.request_timeout_s > 0:
+        ap.error("--request-timeout-s: must be > 0 (engine s)")
+    if args.slo_classes and args.request_timeout_s is None:
+        args.request_timeout_s = DEFAULT_SLO_DEADLINE_S
     try:  # the fleet as `astro serve` builds it; a bad --profile count etc. is one line, no usage
         args.fleet_cfg = fleet_config(args.instances, args.profile, args.recipe, args.time_scale, args.prefix_cache)
     except AstroUserError as e:
@@ -1122,6 +1366,7 @@ def rerender(path: Path, max_send_delay_s: float | None = None) -> str:
     meta.update(multi_turn=cfg.get("multi_turn", False), think_time_s=cfg.get("think_time", 2.0),
                 prefix_cache=cfg.get("prefix_cache", False), cpu_pinning=doc.get("cpu_pinning"))
     meta.update(sessions=cfg.get("sessions"), turns_per_run=[r["num_requests"] for r in doc["runs"]])
+    meta.update(slo_classes=slo_classes_meta(cfg.get("slo_class")), request_deadline_s=cfg.get("request_timeout_s"))
     summary = summarize(doc["runs"], arms, doc["rates_rps"], cfg["reference"])
     return markdown(summary, cfg["load_list"], cfg["reference"], meta)
 
@@ -1147,12 +1392,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"capacity {capacity['capacity_rps']:.4g} req/s ({capacity['policy']}) → rates "
               f"{', '.join(f'{r:.4g}' for r in rates)}", file=sys.stderr, flush=True)
     lists: dict[tuple[int, int], tuple[list[BenchRequest], list[float]]] = {}
+    slo_by_repeat: dict[int, dict[str, SloClass]] = {}  # one class per request, every arm and load of a repeat
     sources: list[str] = []
     for r in range(args.repeats):
         wl = load_workload(args.workload, workload_options(args), np.random.default_rng(args.seed + r))
         if args.sessions is not None:
             wl.requests = first_sessions(wl.requests, args.sessions)
         sources.append(wl.source)
+        if args.slo_classes:
+            slo_by_repeat[r] = slo_assignment(wl.requests, args.slo_classes, args.seed + r)
         for w in wl.warnings:
             print(f"warning: {w}", file=sys.stderr, flush=True)
         for li, rate in enumerate(rates):
@@ -1185,7 +1433,8 @@ def main(argv: list[str] | None = None) -> int:
             "workload": args.workload, "num_requests": args.num_requests, "repeats": args.repeats,
             "seed": args.seed, "source": sources[0], "multi_turn": args.multi_turn, "think_time_s": args.think_time,
             "prefix_cache": args.prefix_cache, "sessions": args.sessions,
-            "turns_per_run": [len(reqs) for reqs, _ in lists.values()], "cpu_pinning": pins or None}
+            "turns_per_run": [len(reqs) for reqs, _ in lists.values()], "cpu_pinning": pins or None,
+            "slo_classes": slo_classes_meta(args.slo_class), "request_deadline_s": args.request_timeout_s}
     versions = {}
     for b in PEER_BINARIES:
         try:
@@ -1202,7 +1451,8 @@ def main(argv: list[str] | None = None) -> int:
         md = markdown(summary, args.load_list, args.reference, meta)
         doc = {"schema": "astro.peer_routers/1", "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
                "complete": done, "started_unix_s": t_start, "wall_s": time.time() - t_start,
-               "config": {k: v for k, v in vars(args).items() if k not in ("arm_list", "pinning", "fleet_cfg")},
+               "config": {k: v for k, v in vars(args).items()
+                          if k not in ("arm_list", "pinning", "fleet_cfg", "slo_classes")},
                "fleet": args.fleet_cfg.model_dump(mode="json", exclude={"api_key"}),
                "cpu_pinning": {**pins, "fleet": fleet.pins} if pins else None,
                "arms": [a.__dict__ for a in args.arm_list], "peer_versions": versions, "capacity": capacity,
@@ -1223,7 +1473,8 @@ def main(argv: list[str] | None = None) -> int:
             reqs, times = lists[(r, li)]
             res = run_one(arm, fleet, reqs, times, seed=args.seed + r, max_lag_s=args.max_lag_s,
                           run_timeout_s=args.run_timeout_s, log_dir=log_dir, pool=pool,
-                          max_send_delay_s=args.max_send_delay_s)
+                          max_send_delay_s=args.max_send_delay_s, slo_of=slo_by_repeat.get(r),
+                          class_names=[c.name for c in args.slo_classes], deadline_s=args.request_timeout_s)
             res["client_procs"] = args.client_procs
             res.update(repeat=r, load_index=li, rate_rps=rates[li], order=len(runs))
             runs.append(res)
@@ -1231,7 +1482,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{len(runs)}/{len(queue)}] r{r} {rates[li]:.3g} {unit} {arm.name}: {res['status']} "
                   f"P99 TTFT {p99 if p99 is None else round(p99, 3)} s, engine lag rose to "
                   f"{res.get('engine_lag_max_s', 0):.3f} s, late steps {res.get('steps_late_fraction') or 0:.0%}, "
-                  f"steal {res.get('host_steal_fraction') or 0:.1%}, wall {res.get('wall_s', 0):.0f} s" + (f" ({res['reason']})" if res.get("reason") else ""),
+                  f"steal {res.get('host_steal_fraction') or 0:.1%}, wall {res.get('wall_s', 0):.0f} s"
+                  + (f", goodput {res['goodput_rps']:.3g} req/s (window {res['goodput_window_rps']:.3g}), "
+                     f"attainment {res['slo_attainment']:.0%}, refused {res['refused']}, cut {res['cut']}"
+                     if res.get("goodput_rps") is not None and res.get("goodput_window_rps") is not None else "")
+                  + (f" ({res['reason']})" if res.get("reason") else ""),
                   file=sys.stderr, flush=True)
             if res["status"] != "ok":
                 key = (r, li, arm.name)

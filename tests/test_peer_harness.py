@@ -305,3 +305,211 @@ def test_tiny_fleet_multi_turn_hits_exactly_the_previous_turns_full_blocks(tmp_p
     again = subprocess.run([sys.executable, str(SCRIPT), "--from-json", str(out / "peer_routers.json")],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 0 and again.stdout == md
+
+
+# -- per-request SLO classes and goodput (issue 33's live acceptance) ----------------------------
+
+SLO_SPECS = ["interactive:ttft_ms=1000,tpot_ms=100,share=0.7,priority=0", "batch:ttft_ms=30000,share=0.3,priority=1"]
+
+
+def test_the_script_under_test_is_this_checkout() -> None:
+    # the venv's editable install points at another checkout's src/; the harness must be this one's
+    assert Path(pr.__file__).resolve() == SCRIPT
+
+
+def test_slo_classes_drawn_by_share_hand_checked_and_identical_for_every_arm() -> None:
+    from rps_astro_cli.bench.client import _prepare
+    from rps_astro_cli.bench.slo import parse_slo_classes
+
+    classes = parse_slo_classes(["interactive:ttft_ms=1000,tpot_ms=100,share=0.7,priority=0",
+                                 "batch:ttft_ms=30000,share=0.2,priority=1"])
+    reqs = [BenchRequest(f"r{i}", "hello", 3, 5) for i in range(10)]
+    got = pr.slo_assignment(reqs, classes, seed=5)
+    # default_rng([5, 33]).random(10) = .151 .267 .913 .549 .764 .941 .449 .382 .887 .947;
+    # edges 0.7 (interactive), 0.9 (batch), above: no class
+    want = ["interactive", "interactive", None, "interactive", "batch", None, "interactive", "interactive",
+            "batch", None]
+    assert [got[q.request_id].name if q.request_id in got else None for q in reqs] == want
+    assert pr.slo_assignment(reqs, classes, seed=5) == got  # a repeat's seed alone decides
+    assert pr.slo_assignment(reqs, classes, seed=6) != got
+    # every arm sends each request the same class: the same headers and priority, whatever the router
+    arms = [pr.ARMS[a] for a in ("astro/power_of_k-local", "astro/power_of_k-local-queue",
+                                 "vllm-router/power_of_two", "sglang-router/cache_aware")]
+    for q in reqs:
+        seen = []
+        for arm in arms:
+            _, body, headers, rec, _ = _prepare(q, pr.client_opts(arm, "http://x", "m", 5.0, got), 0.0)
+            seen.append(({k: v for k, v in headers.items() if k.startswith("x-slo")},
+                         json.loads(body).get("priority"), rec.slo_class, rec.slo_ttft_s, rec.slo_tpot_s))
+        assert all(s == seen[0] for s in seen)
+        c = got.get(q.request_id)
+        if c is None:
+            assert seen[0] == ({}, None, None, None, None)
+        elif c.name == "interactive":
+            assert seen[0] == ({"x-slo-class": "interactive", "x-slo-ttft-ms": "1000", "x-slo-tpot-ms": "100"},
+                               0, "interactive", 1.0, 0.1)
+        else:
+            assert seen[0] == ({"x-slo-class": "batch", "x-slo-ttft-ms": "30000"}, 1, "batch", 30.0, None)
+    # the shares hold on a large list (70 / 30 %)
+    big = pr.slo_assignment([BenchRequest(f"q{i}", "x", 1, 1) for i in range(4000)],
+                            parse_slo_classes(SLO_SPECS), seed=0)
+    assert len(big) == 4000
+    assert abs(sum(c.name == "interactive" for c in big.values()) / 4000 - 0.7) < 0.03
+
+
+def _slo_rec(rid: str, cls: str | None, sent: float, first: float | None, fin: float, n: int, *,
+             ok: bool = True, refused: bool = False, error: str | None = None):
+    from rps_astro_cli.bench.records import RequestRecord
+
+    ttft, tpot = {"interactive": (1.0, 0.1), "batch": (30.0, None), None: (None, None)}[cls]
+    return RequestRecord(request_id=rid, prompt_tokens=10, output_tokens=n if ok else 0, expected_output_tokens=n,
+                         scheduled_s=sent, sent_s=sent, first_token_s=first, finish_s=fin, success=ok,
+                         refused=refused, error=error, slo_class=cls, slo_ttft_s=ttft, slo_tpot_s=tpot)
+
+
+def test_goodput_of_hand_built_records_met_late_refused_and_cut() -> None:
+    recs = [
+        _slo_rec("met", "interactive", 0.0, 0.5, 2.3, 21),  # TTFT 0.5 s, TPOT 1.8 / 20 = 0.09 s: met
+        _slo_rec("late", "interactive", 1.0, 2.5, 3.0, 6),  # TTFT 1.5 s > 1 s
+        _slo_rec("slow", "interactive", 2.0, 2.2, 6.2, 21),  # TPOT 4.0 / 20 = 0.2 s > 0.1 s
+        _slo_rec("refused", "batch", 3.0, None, 3.01, 9, ok=False, refused=True, error="HTTP 429: slo"),
+        _slo_rec("batch", "batch", 4.0, 20.0, 30.0, 50),  # TTFT 16 s ≤ 30 s, no TPOT target: met
+        _slo_rec("cut", "batch", 5.0, 40.0, 305.0, 9, ok=False,
+                 error=f"{pr.TIMED_OUT} --request-timeout 300 s of being sent"),
+        _slo_rec("plain", None, 6.0, 6.5, 7.0, 3),  # no class: in T and the window, in no SLO count
+    ]
+    m = pr.slo_metrics(recs, ["interactive", "batch"])
+    # T = last finish − first send = 305 − 0; window = last − first scheduled send = 6 − 0; met: 2 of 6
+    assert m["met"] == 2 and m["slo_requests"] == 6 and m["requests_without_class"] == 1
+    assert m["goodput_rps"] == pytest.approx(2 / 305.0)
+    assert m["goodput_window_rps"] == pytest.approx(2 / 6.0)
+    assert m["slo_attainment"] == pytest.approx(2 / 6)
+    assert (m["refused"], m["cut"], m["slo_errors"]) == (1, 1, 0)
+    assert m["refused_share"] == pytest.approx(1 / 6) and m["cut_share"] == pytest.approx(1 / 6)
+    i, b = m["slo_classes"]["interactive"], m["slo_classes"]["batch"]
+    assert list(m["slo_classes"]) == ["interactive", "batch"]
+    assert (i["requests"], i["met"], i["refused"], i["cut"]) == (3, 1, 0, 0)
+    assert i["slo_attainment"] == pytest.approx(1 / 3) and i["goodput_rps"] == pytest.approx(1 / 305.0)
+    assert (b["requests"], b["met"], b["refused"], b["cut"]) == (3, 1, 1, 1)
+    assert b["goodput_window_rps"] == pytest.approx(1 / 6.0)
+    assert pr.slo_metrics([_slo_rec("plain", None, 0.0, 0.1, 1.0, 3)]) == {}  # no class: no SLO figures
+
+
+def test_goodput_summary_pairs_each_peer_by_repeat_and_renders_the_table() -> None:
+    a = pr.ARMS["astro/power_of_k-local"]
+    v, s = pr.ARMS["vllm-router/power_of_two"], pr.ARMS["sglang-router/cache_aware"]
+
+    def run(arm, rep, good, window, status="ok"):
+        return {"arm": arm, "repeat": rep, "load_index": 0, "status": status, "ttft_p99_s": 1.0,
+                "goodput_rps": good, "goodput_window_rps": window, "slo_attainment": 0.5, "refused_share": 0.1,
+                "cut_share": 0.0, "reason": "lag",
+                "slo_classes": {"interactive": {"slo_attainment": 0.8}, "batch": {"slo_attainment": 0.2}}}
+
+    runs = [run(a.name, 0, 6.0, 8.0), run(a.name, 1, 9.0, 9.0), run(a.name, 2, 4.0, 4.0),
+            run(v.name, 0, 3.0, 4.0), run(v.name, 1, 3.0, 3.0), run(v.name, 2, 2.0, 1.0, "rejected"),
+            run(s.name, 0, 2.0, 2.0), run(s.name, 1, 6.0, 6.0), run(s.name, 2, 4.0, 2.0)]
+    rows = {r["arm"]: r for r in pr.summarize(runs, [a, v, s], [9.0], a.name)}
+    ra = rows[a.name]
+    assert ra["admission"] == "reject" and rows[v.name]["admission"] == "none"
+    assert ra["goodput_rps"] == {"median": 6.0, "min": 4.0, "max": 9.0, "n": 3}
+    # ÷ vllm-router in repeats 0 and 1 (its repeat 2 was rejected): 6/3, 9/3
+    assert ra["goodput_vs"][v.name] == {"median": 2.5, "min": 2.0, "max": 3.0, "n": 2}
+    assert ra["goodput_window_vs"][v.name] == {"median": 2.5, "min": 2.0, "max": 3.0, "n": 2}
+    # ÷ sglang-router: 6/2, 9/6, 4/4 → 3, 1.5, 1 (window: 8/2, 9/6, 4/2 → 4, 1.5, 2)
+    assert ra["goodput_vs"][s.name] == {"median": 1.5, "min": 1.0, "max": 3.0, "n": 3}
+    assert ra["class_attainment"]["interactive"]["median"] == 0.8
+    meta = {"instances": 4, "profile": "p", "time_scale": 1.0, "workload": "sharegpt", "num_requests": 9,
+            "repeats": 3, "seed": 0, "slo_classes": pr.slo_classes_meta(SLO_SPECS), "request_deadline_s": 300.0}
+    md = pr.markdown(list(rows.values()), [1.2], a.name, meta)
+    assert "`interactive` 70% (TTFT ≤ 1000 ms, TPOT ≤ 100 ms, priority 0)" in md
+    assert "cut ones (not finished 300 engine s after being sent)" in md
+    assert ("| load | arm | admission | runs ok | goodput (req/s) | goodput, window (req/s) | attainment | "
+            "`interactive` attainment | `batch` attainment | refused | cut | "
+            "× `vllm-router/power_of_two` (T; window) | × `sglang-router/cache_aware` (T; window) |") in md
+    assert ("| 120% (9 req/s) | `astro/power_of_k-local` | reject | 3/3 | 6 [4–9] | 8 [4–9] | 50% [50%–50%] | "
+            "80% [80%–80%] | 20% [20%–20%] | 10% [10%–10%] | 0% [0%–0%] | 2.50 [2.00–3.00]; 2.50 [2.00–3.00] | "
+            "1.50 [1.00–3.00]; 2.00 [1.50–4.00] |") in md
+    assert "| 120% (9 req/s) | `vllm-router/power_of_two` | none | 2/3 |" in md
+    # without classes the latency table alone, as before
+    plain = pr.summarize([{k: v for k, v in r.items() if k == "arm" or k in ("repeat", "load_index", "status",
+                                                                                 "ttft_p99_s")} for r in runs],
+                         [a, v, s], [9.0], a.name)
+    assert "goodput_rps" not in plain[0]
+    assert "goodput" not in pr.markdown(plain, [1.2], a.name, {**meta, "slo_classes": []})
+
+
+def test_slo_flags_are_checked_and_default_the_deadline(capsys) -> None:
+    args = pr.parse_args(["--arms", "astro/power_of_k-local", *sum((["--slo-class", s] for s in SLO_SPECS), [])])
+    assert [c.name for c in args.slo_classes] == ["interactive", "batch"]
+    assert args.request_timeout_s == pr.DEFAULT_SLO_DEADLINE_S
+    assert pr.parse_args(["--arms", "astro/round_robin"]).slo_classes == []
+    assert "astro/power_of_k-local-queue" not in pr.parse_args([]).arms.split(",")  # the ablation is opt-in
+    for argv, msg in ((["--slo-class", "x:ttft_ms=1000,share=1.5"], "--slo-class"),
+                      (["--slo-class", SLO_SPECS[0], "--slo-class", SLO_SPECS[0]], "given twice"),
+                      (["--request-timeout-s", "60"], "--request-timeout-s: only with --slo-class"),
+                      (["--slo-class", SLO_SPECS[0], "--request-timeout-s", "0"], "--request-timeout-s: must be > 0"),
+                      (["--slo-class", SLO_SPECS[0], "--multi-turn"], "--slo-class: not with --multi-turn")):
+        with pytest.raises(SystemExit) as exc:
+            pr.parse_args(argv + ["--arms", "astro/round_robin"])
+        assert exc.value.code == 2
+        assert msg in capsys.readouterr().err
+
+
+def test_main_gives_every_arm_of_a_repeat_the_same_classes_and_the_deadline(tmp_path: Path, monkeypatch) -> None:
+    """main's plumbing without processes: a stand-in fleet and run_one record what each run got."""
+    seen = []
+
+    class FakeFleet:
+        def __init__(self, *a, **k):
+            self.starts, self.pins = 0, {}
+
+        def start(self):
+            self.starts += 1
+
+        def stop(self):
+            pass
+
+        restart = start
+
+    def fake_run_one(arm, fleet, requests, times_s, **kw):
+        seen.append((kw["seed"], arm.name, [q.request_id for q in requests], kw))
+        return {"arm": arm.name, "status": "ok", "ttft_p99_s": 1.0, "num_requests": len(requests)}
+
+    monkeypatch.setattr(pr, "Fleet", FakeFleet)
+    monkeypatch.setattr(pr, "run_one", fake_run_one)
+    arms = ["astro/power_of_k-local", "astro/power_of_k-local-queue", "astro/round_robin"]
+    argv = ["-w", "synthetic", "-n", "40", "--rates", "2,3", "--repeats", "2", "--client-procs", "1",
+            "--arms", ",".join(arms), "--out", str(tmp_path), "--request-timeout-s", "120",
+            *sum((["--slo-class", s] for s in SLO_SPECS), [])]
+    assert pr.main(argv) == 0
+    assert len(seen) == 2 * 2 * 3
+    for rep in (0, 1):
+        mine = [s for s in seen if s[0] == rep]
+        assert len(mine) == 6 and all(s[3]["deadline_s"] == 120.0 for s in mine)
+        assert all(s[3]["class_names"] == ["interactive", "batch"] for s in mine)
+        slo_of = mine[0][3]["slo_of"]
+        assert all(s[3]["slo_of"] == slo_of for s in mine)  # every arm and load of the repeat
+        assert set(slo_of) == set(mine[0][2]) and {c.name for c in slo_of.values()} == {"interactive", "batch"}
+    assert seen[0][3]["slo_of"] != [s for s in seen if s[0] == 1][0][3]["slo_of"]  # repeats differ
+    doc = json.loads((tmp_path / "peer_routers.json").read_text())
+    assert doc["config"]["slo_class"] == SLO_SPECS and doc["config"]["request_timeout_s"] == 120.0
+
+
+def test_astro_arms_get_the_admission_flags_and_the_fleet_time_scale(tmp_path: Path, monkeypatch) -> None:
+    cmds = []
+
+    class FakePopen:
+        def __init__(self, cmd, **kw):
+            cmds.append(cmd)
+
+    monkeypatch.setattr(pr.subprocess, "Popen", FakePopen)
+    fleet = {"instances": [{"engine_url": "http://e0", "predictor_url": "http://p0", "profile": "p"}],
+             "profile": "p", "time_scale": 0.5}
+    for name in ("astro/power_of_k-local", "astro/power_of_k-local-queue", "astro/power_of_k-local-off"):
+        pr.Router(pr.ARMS[name], fleet, tmp_path / "r.log", 0)
+    local, queue, off = cmds
+    assert "--admission" not in local and pr.admission_of(pr.ARMS["astro/power_of_k-local"]) == "reject"
+    assert queue[queue.index("--admission") + 1] == "queue" and off[off.index("--admission") + 1] == "off"
+    assert all(c[c.index("--time-scale") + 1] == "0.5" and "--predict-in-process" in c for c in cmds)
+    pr.Router(pr.ARMS["astro/power_of_k"], {**fleet, "time_scale": 1.0}, tmp_path / "r.log", 0)
+    assert "--time-scale" not in cmds[-1]
