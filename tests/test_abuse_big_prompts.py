@@ -220,12 +220,13 @@ def test_a_megabyte_prompt_is_refused_with_no_tag_rpc_and_no_tokenizing(parses):
             assert len(r.request.content) > OFF_LOOP_BYTES
             assert r.status_code == 200, r.text
             assert len(calls) == 2 and calls[1] == len(r.request.content)
-            # under the bound but over 2 × 4096 by the count (14,000 one-letter words):
-            # tagged, then refused on the count, as before
+            # under the bound but over 2 × 4096 by the count (14,000 one-letter words): not
+            # refused by the bound, refused on the count as before (its tag RPC goes out in
+            # parallel with the count, so whether the tagger sees it first is a race: not checked)
             spread = "a    " * 14_000
             r = c.post("/v1/chat/completions", json=_chat(spread))
             assert r.status_code == 400 and "the prompt is 14007 tokens" in r.json()["error"]["message"]
-            assert len(calls) == 3
+            assert "at least" not in r.json()["error"]["message"]
             # a small body's tag RPC still goes out before the parse, as before: 2 × 4096
             # token ids (a 25 KB body) are refused on their count, after the RPC was sent
             r = c.post("/v1/completions", json={"model": MODEL, "prompt": [1] * (2 * MAX_LEN), "max_tokens": 1})
