@@ -8,6 +8,7 @@ from __future__ import annotations
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from conftest import prom_sum as metric
 from rps_astro_cli.dispatch.admission import RequestSlo
@@ -69,12 +70,10 @@ def test_admission_off_serves_what_reject_refuses(length_model, profile_path):
             assert c.get("/decisions").json()[-1]["admission"] == "no_headroom_off"
 
 
-def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
-    """One engine with two batch slots (max_num_seqs 2), both busy with ~2 s requests: a
-    request with a 10 s TTFT target is in time but has no room (the 5 % slot reserve
-    needs a free slot after it). "reject" answers 429; "queue" holds it in the router
-    queue and serves it once the slots free; a 400 ms target that the wait outlives is
-    refused after its deadline passes."""
+def _one_engine_two_slots(st: ExitStack, tmp_path, length_model: str, mode: str, time_scale: float):
+    """A scheduler in admission `mode` over one sim engine with two batch slots (max_num_seqs
+    2), engine and scheduler slowed by `time_scale`; returns (scheduler, engine, fill) where
+    fill() busies both slots with ~2 engine-second requests and returns their threads."""
     import threading
     import time
 
@@ -84,27 +83,38 @@ def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
     from test_services_scheduler import MODEL, write_profile
 
     prof = linear_profile(model=MODEL, gpu="none", num_gpu_blocks=256, max_model_len=1024, max_num_seqs=2)
+    eng = start(st, sim_server.create_app(SimEngine(prof, time_scale=time_scale, instance_id="engine-0", seed=0)))
+    pr = start(st, pred_mod.create_app(pred_mod.PredictorSettings(eng.url, profile=write_profile(tmp_path, prof))))
+    s = scheduler(st, [eng.url], [pr.url], policy="power_of_k", length_model=length_model,
+                  predict_deadline_s=2.0, admission=mode, time_scale=time_scale)
 
-    def fill(url: str, eng_url: str) -> list[threading.Thread]:
+    def fill() -> list[threading.Thread]:
         ts = [threading.Thread(target=lambda: httpx.post(
-            url + "/v1/chat/completions", json=chat(max_tokens=200, ignore_eos=True), timeout=30)) for _ in range(2)]
+            s.url + "/v1/chat/completions", json=chat(max_tokens=200, ignore_eos=True), timeout=60))
+            for _ in range(2)]
         for t in ts:
             t.start()
         deadline = time.monotonic() + 10
-        while len(httpx.get(eng_url + "/status", timeout=5).json()["running"]) < 2:
+        while len(httpx.get(eng.url + "/status", timeout=5).json()["running"]) < 2:
             assert time.monotonic() < deadline, "the busy requests never ran"
             time.sleep(0.01)
         time.sleep(0.3)  # the scheduler's status poll (100 ms) sees them
         return ts
 
+    return s, eng, fill
+
+
+def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
+    """One engine with two batch slots, both busy with ~2 s requests: a request with a 10 s
+    TTFT target is in time but has no room (the 5 % slot reserve needs a free slot after
+    it). "reject" answers 429; "queue" holds it in the router queue and serves it once the
+    slots free; a 400 ms target that the wait outlives is refused after its deadline passes."""
+    import time
+
     for mode in ("reject", "queue"):
         with ExitStack() as st:
-            eng = start(st, sim_server.create_app(SimEngine(prof, time_scale=1.0, instance_id="engine-0", seed=0)))
-            pr = start(st, pred_mod.create_app(pred_mod.PredictorSettings(eng.url,
-                                                                          profile=write_profile(tmp_path, prof))))
-            s = scheduler(st, [eng.url], [pr.url], policy="power_of_k", length_model=length_model,
-                          predict_deadline_s=2.0, admission=mode)
-            busy = fill(s.url, eng.url)
+            s, _, fill = _one_engine_two_slots(st, tmp_path, length_model, mode, 1.0)
+            busy = fill()
             with httpx.Client(base_url=s.url, timeout=30) as c:
                 t0 = time.monotonic()
                 r = c.post("/v1/chat/completions", json=chat(), headers={"x-slo-ttft-ms": "10000"})
@@ -119,7 +129,7 @@ def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
                     rec = [d for d in c.get("/decisions").json() if d.get("outcome") == "ok"][-1]
                     assert rec["admission"] == "headroom"
                     # busy again, now with a target the wait outlives: refused after its deadline
-                    busy = fill(s.url, eng.url)
+                    busy = fill()
                     t0 = time.monotonic()
                     # (the Predictor expects the busy requests' predicted 40 tokens + 10-token
                     # extensions: a slot in ~0.11 s, so in time; they run 200 tokens: it is held
@@ -129,3 +139,26 @@ def test_queue_mode_holds_a_request_until_room_appears(tmp_path, length_model):
                     assert 0.2 <= time.monotonic() - t0 < 5
             for t in busy:
                 t.join(30)
+
+
+def test_queue_mode_counts_a_slowed_fleets_targets_in_engine_seconds(tmp_path, length_model):
+    """A sim fleet slowed 4× (`time_scale` 4: four wall seconds per engine second): a
+    request's TTFT target is engine seconds, as the predictions are. A queued 1 s target
+    that the busy slots (~2 engine s, ~8 wall s) outlive is refused once what is left of it
+    falls under the ~0.1–0.35 s prediction: after ~0.7–0.9 engine s, about 3–3.6 s of wall
+    time — not after under 1 s of wall time, as a wall clock read as engine seconds would."""
+    import time
+
+    with ExitStack() as st:
+        s, _, fill = _one_engine_two_slots(st, tmp_path, length_model, "queue", 4.0)
+        busy = fill()
+        with httpx.Client(base_url=s.url, timeout=30) as c:
+            t0 = time.monotonic()
+            r = c.post("/v1/chat/completions", json=chat(), headers={"x-slo-ttft-ms": "1000"})
+            waited = time.monotonic() - t0
+            rec = c.get("/decisions").json()[-1]
+            assert r.status_code == 429 and rec["outcome"] == "refused", rec
+            assert 2.0 <= waited < 6, (waited, {k: rec.get(k) for k in ("admission", "reason", "predictions")})
+        for t in busy:
+            t.join(60)
+

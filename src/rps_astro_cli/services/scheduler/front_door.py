@@ -161,7 +161,9 @@ class Route:
     tag_wait_us: float
     early: asyncio.Future[DispatchDecision | None] | None = None
     slo: RequestSlo | None = None  # its SLO (headers x-slo-*, body priority, recipe classes)
-    received_s: float = 0.0  # when its route began (time.perf_counter): its SLO's clock
+    # when its route began on the engines' clock (`FrontDoor.engine_now_s`), the clock of
+    # its SLO's targets: they are engine seconds, as the predictions are
+    received_s: float = 0.0
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -279,7 +281,7 @@ class FrontDoor:
         Raises:
             ApiError, HTTPUserError: the client's mistake (counted under `label`).
         """
-        received_s = time.perf_counter()
+        received_s = self.engine_now_s()
         heavy = len(raw) > OFF_LOOP_BYTES  # parsed, counted and hashed off the event loop
         # a small body's tag RPC goes out at once, in parallel with parsing; a big one's
         # only once its JSON is decoded and it has passed the cheap context refusal
@@ -356,6 +358,12 @@ class FrontDoor:
         body["vllm_xargs"] = xargs
         return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early, slo, received_s)
 
+    def engine_now_s(self) -> float:
+        """Now on the engines' clock: wall seconds ÷ `time_scale` (a sim fleet slowed by
+        `time_scale` spends that many wall seconds per engine second). SLO targets and
+        predictions are engine seconds, so a target's remainder is measured on this clock."""
+        return time.perf_counter() / self.s.time_scale
+
     async def first_decision(self, r: Route, excluded: frozenset[int] = frozenset()) -> DispatchDecision | None:
         """The route's decision: the early one when it was started, else one made now. In
         admission mode "queue", a request in time but without room anywhere waits in the
@@ -388,7 +396,7 @@ class FrontDoor:
         on, ones out of time are refused, the rest wait for the next turn."""
         assert self.router_queue is not None
         while len(self.router_queue):
-            await asyncio.sleep(self.dispatcher.admission.queue_retry_s)
+            await asyncio.sleep(self.dispatcher.admission.queue_retry_s * self.s.time_scale)
             for item in self.router_queue.take_all():
                 r: Route = item[0]
                 excluded: frozenset[int] = item[1]
@@ -396,7 +404,7 @@ class FrontDoor:
                 if fut.done():  # the client left
                     continue
                 assert r.slo is not None and r.slo.ttft_s is not None
-                slo = remaining_slo(r.slo, r.received_s, time.perf_counter())
+                slo = remaining_slo(r.slo, r.received_s, self.engine_now_s())
                 try:
                     dec = None if slo is None else await self.dispatcher.choose(r.cand, excluded, *r.blocks,
                                                                                 slo=slo)
