@@ -162,3 +162,43 @@ def test_queue_mode_counts_a_slowed_fleets_targets_in_engine_seconds(tmp_path, l
         for t in busy:
             t.join(60)
 
+
+def test_in_process_lookaheads_of_a_decision_run_without_yielding(tmp_path):
+    """The in-process look-aheads of one decision run inline while each Predictor holds a
+    usable status (the status poll keeps it so): the coroutine ends on its first step, so
+    no other request's work runs inside the decision's timing. Its estimate is the hand
+    profile's: an idle engine, a 200-token prompt in one 200-token prefill step of
+    10 ms + 0.1 ms × 200 = 30 ms. An instance whose Predictor holds no status waits for a
+    fetch (here a refused connection: that instance is left out, with its error kept)."""
+    import asyncio
+    import time
+
+    from conftest import linear_profile, write_profile
+    from rps_astro_cli.protocol.service_wire import PredictRequest
+    from rps_astro_cli.services.scheduler.instances import Instances
+    from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
+    from rps_astro_cli.services.scheduler.predictions import PredictClient
+    from rps_astro_cli.services.scheduler.settings import InstanceEndpoint, SchedulerSettings
+    from rps_astro_cli.types import CandidateRequest, InstanceConfig, InstanceStatus
+
+    eps = tuple(InstanceEndpoint(f"engine-{i}", f"http://127.0.0.1:{9 + i}", None) for i in range(2))
+    s = SchedulerSettings(instances=eps, predict_in_process=True, calibration="off",
+                          profile=write_profile(tmp_path, linear_profile()))
+    m = SchedulerMetrics()
+    inst = Instances(eps, m)
+    pc = PredictClient(s, inst, None, m, "power_of_k")  # type: ignore[arg-type]
+    cfg = InstanceConfig()
+    inst[0].status = InstanceStatus("engine-0", 0.0, cfg, cfg.num_gpu_blocks)
+    inst[0].status_s = time.monotonic()
+    q = PredictRequest(CandidateRequest(prompt_tokens=200, predicted_output_tokens=10), "ttft")
+
+    async def main() -> dict:
+        coro = pc.predict_many([0], q)
+        with pytest.raises(StopIteration) as done:  # finished without ever suspending
+            coro.send(None)
+        assert done.value.value[0].ttft_s == pytest.approx(0.030)
+        return await pc.predict_many([0, 1], q)
+
+    both = asyncio.run(main())
+    assert list(both) == [0] and both[0].ttft_s == pytest.approx(0.030)
+    assert inst[1].predictor_error is not None and inst[1].predictor_error.startswith("in-process error")

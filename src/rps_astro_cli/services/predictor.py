@@ -232,20 +232,29 @@ class Predictor:
         Raises:
             RpcError / TimeoutError / AstroUserError: the engine did not answer / answered junk.
         """
-        now = time.monotonic()
-        if self._status is not None:
-            age = now - self._status_at
-            if age <= self.settings.status_cache_s:
-                return self._status, age
-            if age <= self.settings.status_max_age_s:
-                if self._inflight is None:
-                    self._inflight = asyncio.ensure_future(self._fetch())
-                    self._inflight.add_done_callback(_swallow)
-                return self._status, age
+        held = self.status_now()
+        if held is not None:
+            return held
         if self._inflight is None:
             self._inflight = asyncio.ensure_future(self._fetch())
         st = await asyncio.shield(self._inflight)
         return st, time.monotonic() - self._status_at
+
+    def status_now(self) -> tuple[InstanceStatus, float] | None:
+        """`status()` without waiting: the held status and its age when it may be used
+        now (fresh, or stale-while-revalidate with one background fetch started), else
+        None (the caller must wait for a fetch: `status()`). Needs a running event loop."""
+        if self._status is None:
+            return None
+        age = time.monotonic() - self._status_at
+        if age <= self.settings.status_cache_s:
+            return self._status, age
+        if age <= self.settings.status_max_age_s:
+            if self._inflight is None:
+                self._inflight = asyncio.ensure_future(self._fetch())
+                self._inflight.add_done_callback(_swallow)
+            return self._status, age
+        return None
 
     def adopt(self, status: InstanceStatus, fetched_at: float) -> None:
         """Use `status`, fetched by someone else at `fetched_at` (time.monotonic() when it

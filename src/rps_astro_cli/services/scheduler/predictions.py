@@ -25,7 +25,7 @@ from rps_astro_cli.services.scheduler.clients import Clients, swallow
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, pending_wire
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
-from rps_astro_cli.types import LatencyEstimate
+from rps_astro_cli.types import InstanceStatus, LatencyEstimate
 
 log = logging.getLogger("astro.scheduler")
 
@@ -62,12 +62,18 @@ class PredictClient:
         pred = self._local.get(st.ep.engine_url)
         return None if pred is None or pred.calibration is None else pred.calibration.to_dict()
 
-    async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate | None:
-        pred = self.local_predictor(st)
-        status, age_s = await pred.status()
+    @staticmethod
+    def _estimate(pred: Predictor, held: tuple[InstanceStatus, float], q: PredictRequest) -> LatencyEstimate | None:
+        """`pred`'s look-ahead of `q` on its `held` (status, age s); None when its step
+        model is not trusted now."""
         if not pred.trusted:
             return None
+        status, age_s = held
         return pred.predict(status, q.candidate, with_pending(status, q.pending, age_s))
+
+    async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate | None:
+        pred = self.local_predictor(st)
+        return self._estimate(pred, await pred.status(), q)
 
     async def _predict_one(self, url: str, payload: bytes) -> LatencyEstimate | None:
         """The Predictor's estimate; None when it says its model is not trusted now."""
@@ -116,9 +122,28 @@ class PredictClient:
             tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, body))] = i
         out: dict[int, LatencyEstimate] = {}
         if local:  # after the RPCs went out: the look-aheads run while the sidecars work
-            got = await asyncio.gather(*(asyncio.wait_for(self._predict_local(states[i], q),
-                                                          self.s.predict_deadline_s) for i, q in local),
-                                       return_exceptions=True)
+            # in one go, not as tasks, while each in-process Predictor holds a usable status
+            # (the status poll keeps it so): a decision that yields to the event loop between
+            # its look-aheads has every other request's ready work timed inside it
+            got: list[LatencyEstimate | None | BaseException] = []
+            waiting = []  # those whose Predictor must wait for a status fetch first
+            for k, (i, q) in enumerate(local):
+                pred = self.local_predictor(states[i])
+                held = pred.status_now()
+                if held is None:
+                    waiting.append(k)
+                    got.append(None)
+                    continue
+                try:
+                    got.append(self._estimate(pred, held, q))
+                except Exception as failed:  # noqa: BLE001 - judged below, as the awaited path's are
+                    got.append(failed)
+            if waiting:
+                fetched = await asyncio.gather(*(asyncio.wait_for(self._predict_local(states[local[k][0]], local[k][1]),
+                                                                  self.s.predict_deadline_s) for k in waiting),
+                                               return_exceptions=True)
+                for k, est in zip(waiting, fetched):
+                    got[k] = est
             for (i, _), est in zip(local, got):
                 if est is None:
                     self._untrusted(i, states[i], untrusted)
