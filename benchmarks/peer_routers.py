@@ -138,7 +138,7 @@ from rps_astro_cli.bench import scrape
 from rps_astro_cli.bench.arrivals import ArrivalSpec, arrival_times
 from rps_astro_cli.bench.client import ClientOptions, run_requests, send_request
 from rps_astro_cli.bench.live import to_engine_seconds
-from rps_astro_cli.bench.metrics import all_metrics
+from rps_astro_cli.bench.metrics import all_metrics, percentile
 from rps_astro_cli.bench.records import RequestRecord
 from rps_astro_cli.bench.slo import SloClass, assign_slo_classes, parse_slo_classes
 from rps_astro_cli.bench.workload_base import BenchRequest, WorkloadOptions
@@ -284,6 +284,21 @@ def process_tree(pid: int) -> list[int]:
         except OSError:  # exited meanwhile
             continue
     return out
+
+
+def tree_cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user + system) the processes `pids` and their descendants have used so
+    far (/proc/<pid>/stat utime + stime, all threads; ones that exited are left out)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for root in pids:
+        for p in process_tree(root):
+            try:
+                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / tick
 
 
 def pin_tree(pid: int, cpus: frozenset[int]) -> str:
@@ -517,10 +532,19 @@ class Fleet:
         if self.pinning is not None:  # engines to their set; tagger and Predictors (inherited) checked on the other
             for c in self.sup.engines:
                 self.pins[c.name] = pin_tree(c.pid, self.pinning.engine)
-            for c in [*([self.sup.tagger] if self.sup.tagger else []), *self.sup.predictors]:
+            for c in self._services():
                 self.pins[c.name] = pin_tree(c.pid, self.pinning.front)
             self.info["cpu_pinning"] = dict(self.pins)
         return self.info
+
+    def _services(self) -> list[Any]:
+        """The fleet's tagger and Predictors (astro's services beside its front door)."""
+        if self.sup is None:
+            return []
+        return [*([self.sup.tagger] if self.sup.tagger else []), *self.sup.predictors]
+
+    def service_pids(self) -> list[int]:
+        return [c.pid for c in self._services() if c.pid]
 
     def engine_cpus_now(self) -> list[str]:
         """Each engine's Cpus_allowed_list as the kernel shows it now."""
@@ -734,6 +758,8 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
                 raise HarnessError(f"engines not on CPUs {format_cpus(fleet.pinning.engine)}: {out['cpus']['engines']}")
         opts = client_opts(arm, router.url or "", model, req_timeout_s, slo_of)
         before = asyncio.run(_scrape(urls))
+        services = fleet.service_pids()
+        cpu_router0, cpu_services0 = tree_cpu_s([router.proc.pid]), tree_cpu_s(services)
         cpu0 = read_cpu_times()
         t0 = time.perf_counter()
         # think times are engine seconds too (as `astro bench` live scales them)
@@ -745,7 +771,10 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
             return out
         wall = time.perf_counter() - t0
         cpu1 = read_cpu_times()
+        cpu_router, cpu_services = tree_cpu_s([router.proc.pid]) - cpu_router0, tree_cpu_s(services) - cpu_services0
         after = asyncio.run(_scrape(urls))
+        if arm.router == "astro" and router.url:
+            out["decision_cost"] = decision_costs(router.url)
     finally:
         router.stop()
     for r in records:
@@ -768,6 +797,7 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         cnt = sum(scrape.delta(b, a, name + "_count") or 0.0 for b, a in zip(before, after))
         eng[k] = num / cnt if cnt else None
     mism = sum(1 for r in ok if r.output_tokens != r.expected_output_tokens)
+    tokens = sum(r.output_tokens or 0 for r in records)
     out.update(session_metrics(requests, records, before, after))
     slo = slo_metrics(records, class_names) if slo_of else {}
     out.update(slo)
@@ -780,6 +810,11 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
         ttft_p99_s=m.ttft_s.p99, ttft_mean_s=m.ttft_s.mean, e2e_mean_s=m.e2e_s.mean, e2e_p99_s=m.e2e_s.p99,
         throughput_rps=m.throughput_rps, output_tokens_per_s=m.output_tokens_per_s,
         served_per_engine=[x["served"] for x in lag],
+        # the front door's own CPU (its process tree) and the fleet's tagger + Predictors'
+        # (astro's services; they poll engines in every arm) per output token relayed
+        router_cpu_s=cpu_router, services_cpu_s=cpu_services, tokens_relayed=tokens,
+        router_cpu_ms_per_token=(1e3 * cpu_router / tokens) if tokens else None,
+        services_cpu_ms_per_token=(1e3 * cpu_services / tokens) if tokens else None,
         engine_lag_max_s=run_lag, engine_lag=lag, steps_late_fraction=(late / steps) if steps else None,
         **eng, send_delay_max_s=max(send_delay, default=0.0),
         send_delay_p99_s=float(np.percentile(send_delay, 99)) if send_delay else None,
@@ -788,6 +823,29 @@ def run_one(arm: Arm, fleet: Fleet, requests: list[BenchRequest], times_s: list[
     why = verdict(run_lag, failed, mism, max_lag_s, out["send_delay_p99_s"], max_send_delay_s)
     if why:
         out.update(status="rejected", reason=why)
+    return out
+
+
+def decision_costs(url: str) -> dict[str, Any]:
+    """astro's own cost per request from its scheduler's `/decisions` (the last
+    `decisions_kept`, 1000 by default, of the run): wall ms, p50 / p99 / max, of
+    `decide_us` (the decision, reading loads, look-aheads and admission included),
+    `overhead_us` (everything the front door added to the request) and `tag_wait_us`
+    (how long it waited for the length tag once it needed it), over all decisions
+    and over the refused ones (admission's 429 path), with their counts; {} when the
+    scheduler does not answer."""
+    try:
+        decs = httpx.get(url + "/decisions", params={"n": 100_000}, timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return {}
+    out: dict[str, Any] = {}
+    for name, rows in (("all", decs), ("refused", [d for d in decs if d.get("outcome") == "refused"])):
+        out[f"{name}_n"] = len(rows)
+        for key in ("decide_us", "overhead_us", "tag_wait_us"):
+            v = [d[key] / 1000.0 for d in rows if d.get(key) is not None]
+            stem = f"{name}_{key.removesuffix('_us')}_ms"
+            out.update({f"{stem}_p50": percentile(v, 50), f"{stem}_p99": percentile(v, 99),
+                        f"{stem}_max": max(v, default=None)})
     return out
 
 
@@ -1486,6 +1544,12 @@ def main(argv: list[str] | None = None) -> int:
                   + (f", goodput {res['goodput_rps']:.3g} req/s (window {res['goodput_window_rps']:.3g}), "
                      f"attainment {res['slo_attainment']:.0%}, refused {res['refused']}, cut {res['cut']}"
                      if res.get("goodput_rps") is not None and res.get("goodput_window_rps") is not None else "")
+                  + (f", astro decision P99 {dc['all_decide_ms_p99']:.2f} ms, front door P99 "
+                     f"{dc['all_overhead_ms_p99']:.2f} ms over {dc['all_n']}"
+                     if (dc := res.get("decision_cost") or {}).get("all_overhead_ms_p99") is not None
+                     and dc.get("all_decide_ms_p99") is not None else "")
+                  + (f", front door CPU {res['router_cpu_ms_per_token']:.3f} ms/token"
+                     if res.get("router_cpu_ms_per_token") is not None else "")
                   + (f" ({res['reason']})" if res.get("reason") else ""),
                   file=sys.stderr, flush=True)
             if res["status"] != "ok":

@@ -178,6 +178,18 @@ def test_tiny_fleet_every_request_accounted_for_and_identical_across_arms(tmp_pa
             assert r["engine_ttft_mean_s"] < r["engine_e2e_mean_s"] <= r["e2e_mean_s"]
             if r["arm"].endswith("round_robin"):
                 assert r["served_per_engine"] == [n / 2, n / 2]
+            # every reply's tokens went through the front door, which used some CPU for them
+            wl_tokens = sum(q.output_tokens for q in wl.requests)
+            assert r["tokens_relayed"] == wl_tokens and r["router_cpu_s"] > 0
+            assert r["router_cpu_ms_per_token"] == pytest.approx(1e3 * r["router_cpu_s"] / wl_tokens)
+            if r["router"] == "astro":  # its own decision record for each request (+ the warm-up's)
+                dc = r["decision_cost"]
+                assert dc["all_n"] >= n and dc["refused_n"] == 0 and dc["refused_decide_ms_p99"] is None
+                assert 0 < dc["all_decide_ms_p50"] <= dc["all_decide_ms_p99"] <= dc["all_decide_ms_max"]
+                assert dc["all_decide_ms_p50"] <= dc["all_overhead_ms_p50"]  # the decision is part of it
+                assert 0 <= dc["all_tag_wait_ms_p50"] <= dc["all_tag_wait_ms_max"]
+            else:
+                assert "decision_cost" not in r
     assert {r["digest"] for r in runs if r["repeat"] == 0} != {r["digest"] for r in runs if r["repeat"] == 1}
     md = (out / "peer_routers.md").read_text()
     for a in arms:
@@ -514,3 +526,28 @@ def test_astro_arms_get_the_admission_flags_and_the_fleet_time_scale(tmp_path: P
     assert all(c[c.index("--time-scale") + 1] == "0.5" and "--predict-in-process" in c for c in cmds)
     pr.Router(pr.ARMS["astro/power_of_k"], {**fleet, "time_scale": 1.0}, tmp_path / "r.log", 0)
     assert "--time-scale" not in cmds[-1]
+    # with a tagger service: every arm asks it but the in-process tagging ones
+    tagged = {**fleet, "tagger": {"url": "http://t0"}}
+    for name in ("astro/power_of_k-local", "astro/power_of_k-inproc"):
+        pr.Router(pr.ARMS[name], tagged, tmp_path / "r.log", 0)
+    local, inproc = cmds[-2:]
+    assert local[local.index("--tagger") + 1] == "http://t0" and "--tagger" not in inproc
+    assert "--predict-in-process" not in inproc
+
+
+def test_tree_cpu_s_counts_a_childs_cpu_seconds() -> None:
+    """A shell whose child burns 0.4 s of CPU (its own process_time) and then sleeps: the
+    tree's CPU seconds, read from /proc, hold that child's ~0.4 s; an exited pid is 0."""
+    burn = ("import time\nt = time.process_time()\nwhile time.process_time() - t < 0.4:\n    pass\n"
+            "print('done', flush=True)\ntime.sleep(30)")
+    sh = subprocess.Popen(["sh", "-c", f"{sys.executable} -c \"$0\"; sleep 30", burn],
+                          stdout=subprocess.PIPE, text=True)
+    try:
+        assert sh.stdout is not None and sh.stdout.readline().strip() == "done"
+        used = pr.tree_cpu_s([sh.pid])
+        assert 0.38 <= used <= 0.4 + 0.3  # the child's burn, + interpreter start-up
+    finally:
+        for p in reversed(pr.process_tree(sh.pid)):
+            subprocess.run(["kill", str(p)], check=False)
+        sh.wait(10)
+    assert pr.tree_cpu_s([sh.pid]) == 0.0
