@@ -242,6 +242,18 @@ def _uvicorn_server(app: FastAPI, log_level: str, drain_s: float = 2.0, on_exit:
     return _Server(config)
 
 
+def one_blas_thread() -> None:
+    """Limit this process's BLAS (OpenBLAS, MKL) to one thread. A service's numpy work is
+    small solves (a Predictor's step-model refit: a 2048 × ~20 window; the outcome fit:
+    2 × 2), which a second BLAS thread does not speed up; but OpenBLAS's idle threads
+    busy-wait after each call, and with refits a few times a second that spinning was two
+    thirds of the scheduler's CPU, on the cores its event loop and the engines share
+    (docs/experiments/peer-routers.md, round 4)."""
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning",
                    ready_file: str | None = None, *, use_uvloop: bool = False,
                    on_exit: Callable[[], None] | None = None, drain_s: float | None = None) -> None:
@@ -262,6 +274,7 @@ def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning
     """
     if drain_s is None:
         drain_s = drain_seconds()
+    one_blas_thread()
     sock = bind_socket(host, port)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}"
     server = _uvicorn_server(app, log_level, drain_s, on_exit)
