@@ -16,7 +16,7 @@ echo "lowest.sh: direct dependencies at their lower bounds:"
 "$VENV/bin/python" - <<'PY'
 from importlib.metadata import version
 for n in ["numpy", "scikit-learn", "pydantic", "typer", "click", "rich", "fastapi", "starlette",
-          "httpx", "uvicorn", "matplotlib", "prometheus-client", "pyyaml", "joblib", "pytest", "hypothesis"]:
+          "httpx", "uvicorn", "matplotlib", "prometheus-client", "pyyaml", "joblib", "threadpoolctl", "pytest", "hypothesis"]:
     print(f"  {n} {version(n)}")
 PY
 "$VENV/bin/pytest" -q -rs -p no:cacheprovider
