@@ -29,11 +29,8 @@ from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "src"))
-
-from rps_astro_cli.errors import AstroUserError  # noqa: E402
-from rps_astro_cli.services.config import GROUP_OVERRIDES, instance_specs, load_recipe  # noqa: E402
+from rps_astro_cli.errors import AstroUserError
+from rps_astro_cli.services.config import GROUP_OVERRIDES, instance_specs, load_recipe
 
 
 def window_rate(finish_s: list[float], lo: float = 0.2, hi: float = 0.8) -> float:
