@@ -436,6 +436,9 @@ def test_prefix_hits_live_power_of_k_pin_and_cache_aware(length_model, profile_p
             _wait_cached(c, x, 7)
             for e in engs:  # both idle, so each prediction is one prefill step from now
                 _wait_idle(e.url)
+            # and each Predictor's held status too: one up to status_max_age_s (0.25 s) old is
+            # used as is while it refreshes, and may still show C's last step (+5.9 ms seen)
+            time.sleep(0.3)
             r = c.post("/v1/chat/completions", json=chat(text + "abcd " * 80, max_tokens=2))
             assert r.status_code == 200 and r.headers["x-astro-instance"] == x
             d = c.get("/decisions").json()[-1]
