@@ -185,6 +185,9 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("astro/power_of_k-late", "astro", "power_of_k", lengths="predicted", args=("--no-early-dispatch",)),
     Arm("astro/power_of_k-local", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
         args=("--predict-in-process",)),
+    # `-local` whose forward waits for the tag (the default before `late_tag`)
+    Arm("astro/power_of_k-local-waittag", "astro", "power_of_k", lengths="predicted", predict_in_process=True,
+        args=("--predict-in-process", "--no-late-tag")),
     # the admission ablation of `-local` (its scheduler's default is --admission reject); only
     # requests with an SLO (`--slo-class`) are affected, so they are not in the default --arms
     Arm("astro/power_of_k-local-queue", "astro", "power_of_k", lengths="predicted", predict_in_process=True,

@@ -476,6 +476,9 @@ class DecisionRecord:
     # the decision was made while the tagger worked (text, objective ttft): its
     # predictions' e2e_s assume the scheduler's default reply length
     early_dispatch: bool = False
+    # forwarded before its tag landed (`SchedulerSettings.late_tag`): `tag_wait_us` is 0
+    # and `predicted_output_tokens` is the tag's once it landed
+    late_tag: bool = False
     # ok | client_error | engine_error | midstream_error | no_instance |
     # client_disconnected | refused (admission: the decision's `refused` says why)
     outcome: str | None = None
@@ -500,6 +503,8 @@ class DecisionRecord:
                 d[k] = v
         if self.early_dispatch:
             d["early_dispatch"] = True
+        if self.late_tag:
+            d["late_tag"] = True
         return d
 
 

@@ -359,6 +359,7 @@ def scheduler(
     predict_in_process: Annotated[bool, typer.Option("--predict-in-process", help="Instances without --predictor: run their look-ahead here, on the engine's /status (no sidecar RPC).")] = False,
     predictor_profile: Annotated[list[str] | None, typer.Option("--predictor-profile", help="--predict-in-process: the profile each engine's look-ahead simulates, same order as --engine (default: --profile, else the engine's own).")] = None,
     early_dispatch: Annotated[bool, typer.Option("--early-dispatch/--no-early-dispatch", help="Objective ttft, text requests: ask the Predictors while the tagger works (default on).")] = True,
+    late_tag: Annotated[bool, typer.Option("--late-tag/--no-late-tag", help="With early dispatch, in-process look-aheads and fcfs engines: forward without waiting for the tag; its length follows to the look-aheads (default on).")] = True,
     time_scale: Annotated[float, typer.Option("--time-scale", help="The sim engines' --time-scale (wall s per engine s; 1 for vLLM): observed latencies are divided by it before the prediction-error metrics compare them with the Predictors' engine-second predictions.")] = 1.0,
     max_body_bytes: BodyOpt = 1 << 20,
     host: HostOpt = "127.0.0.1",
@@ -375,7 +376,7 @@ def scheduler(
     settings = _scheduler_settings(flags, decisions_kept=decisions_kept, max_body_bytes=max_body_bytes,
                                    api_key=api_key, early_dispatch=early_dispatch,
                                    predict_in_process=predict_in_process)
-    settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"))
+    settings = replace(settings, time_scale=_positive(time_scale, "--time-scale"), late_tag=late_tag)
     if predictor_profile:
         from rps_astro_cli.errors import AstroUserError
         from rps_astro_cli.services.config import check_profile_ref

@@ -231,6 +231,10 @@ class SimEngine:
             self._fail(er, EngineShutdown(reason))
         return len(live)
 
+    def is_live(self, request_id: str) -> bool:
+        """Whether a request with this id is queued or running now."""
+        return request_id in self._live
+
     @property
     def num_live(self) -> int:
         """Requests admitted and not ended (preprocessing, waiting or running)."""

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import uuid
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
@@ -100,6 +101,9 @@ from rps_astro_cli.tokens import (
 )
 
 log = logging.getLogger(__name__)
+
+# an X-Request-Id the engine takes as its request id's base (else a random one)
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -359,7 +363,14 @@ def create_app(engine: SimEngine, *, api_key: str | None = None, limits: ApiLimi
         charge = vision_charge(req, engine.profile.vision)
         prompt = req.text_tokens + charge.vision_tokens
         check_request_cost(req, prompt, resolve_max_tokens(req, prompt, engine.config.max_model_len), ctx.cost)
-        rid = ("cmpl-" if endpoint == "completions" else "chatcmpl-") + uuid.uuid4().hex
+        # the client's X-Request-Id when it is a plain token not in use, as vLLM's server
+        # takes it (the scheduler names a request it forwards before its tag so, and finds
+        # it again in `/status`); else a random one
+        kind = "cmpl-" if endpoint == "completions" else "chatcmpl-"
+        given = request.headers.get("x-request-id", "")
+        rid = kind + given if _REQUEST_ID.fullmatch(given) else ""
+        if not rid or engine.is_live(rid) or (req.n > 1 and engine.is_live(rid + "-1")):
+            rid = kind + uuid.uuid4().hex
         ids = prompt_token_ids(body, endpoint, ctx.token_ids) if ctx.token_ids is not None else ()
         ers = [engine.submit(req, charge, request_id=rid, token_ids=ids)]
         for i in range(1, req.n):  # n > 1: one sequence per choice (child i's seed: seed + i)

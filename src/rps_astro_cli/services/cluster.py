@@ -306,6 +306,7 @@ class ClusterSupervisor:
                      "--seed", str(s.seed), "--profile", self.specs[0].profile,
                      "--decisions-kept", str(s.decisions_kept)] + (["--oracle-lengths"] if s.oracle_lengths else [])
             argv += [] if s.early_dispatch else ["--no-early-dispatch"]
+            argv += [] if s.late_tag else ["--no-late-tag"]
             argv += ["--prefix-tokenizer", s.prefix_tokenizer, "--tokenize-deadline-ms", repr(s.tokenize_deadline_ms),
                      "--health-timeout-ms", repr(s.health_timeout_ms), "--admission", s.admission,
                      "--calibration", cfg.predictor.calibration]

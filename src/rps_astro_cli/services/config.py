@@ -24,8 +24,8 @@ and every error names the field by its dotted path, e.g. `scheduler.k`.
     tagger:    {enabled, length_model}
     scheduler: {policy, params, k, objective, llumnix_variant, predict_deadline_ms,
                 tag_deadline_ms, health_interval_ms, status_interval_ms, max_body_bytes,
-                port, seed, decisions_kept, oracle_lengths, early_dispatch, prefix_tokenizer,
-                tokenize_deadline_ms, health_timeout_ms}
+                port, seed, decisions_kept, oracle_lengths, early_dispatch, late_tag,
+                prefix_tokenizer, tokenize_deadline_ms, health_timeout_ms}
                 # params: the policy's declared parameters, e.g. {tie_blocks: 8} for
                 # least_kv; k / objective / llumnix_variant: flat keys of power_of_k's
                 # k, objective and llumnix's variant
@@ -128,6 +128,8 @@ class SchedulerSection(_Strict):
     oracle_lengths: bool = Field(False, description="use the true length the bench sends as the prediction")
     early_dispatch: bool = Field(True, description="objective ttft, text requests: ask the Predictors while the "
                                  "tagger works (a text request's TTFT does not depend on its reply length)")
+    late_tag: bool = Field(True, description="with early dispatch, in-process look-aheads and fcfs engines: forward "
+                           "without waiting for the tag; its length follows to the look-aheads")
     prefix_tokenizer: Literal["auto", "engine", "fallback"] = Field(
         "auto", description="prefix-aware policies: a text prompt's token ids for its block hashes from an engine's "
         "POST /tokenize (engine: the ids vLLM caches by), astro's fallback tokenizer (fallback: the sim engine's), or "

@@ -38,7 +38,12 @@
    tag, so the RPC costs no wait unless it is slower than the tagger.
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
-   (`relay.py`). A request whose instance fails before anything was sent to the client
+   (`relay.py`). Late tag (`late_tag`, on by default): when nothing reads that length
+   before the tag lands — the early decision's look-aheads all run here and every
+   engine's in-instance policy is fcfs — the body goes as the client sent it, at once,
+   with an `x-request-id`, and the tag's length follows: onto the request's pending
+   entry and, by that id, onto its rows of the engine's later `/status` polls
+   (`instances.with_late_lengths`), as if the body had carried it. A request whose instance fails before anything was sent to the client
    is retried once on another instance (the failed one's breaker opens).
 
 Every request ends in a response or an error the client sees, and in one
@@ -55,6 +60,7 @@ import asyncio
 import collections
 import functools
 import json
+import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -83,7 +89,7 @@ from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
 from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
-from rps_astro_cli.services.scheduler.instances import Instances
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, Pending
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.prompt_ids import PromptIds, Tokenize
 from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
@@ -146,6 +152,45 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+class LateTag:
+    """The tag of a request forwarded before it landed (`SchedulerSettings.late_tag`):
+    its `x-request-id`, the tag (an RPC in flight, or None: the in-process tagger, run
+    once the forward is out), and where the tag's length goes once it lands — the
+    request's pending entry and decision record, and its instance's `late_lengths` (put
+    on the engine's `/status` rows of it)."""
+
+    __slots__ = ("request_id", "task", "tokens", "st", "entry", "rec")
+
+    def __init__(self, request_id: str, task: asyncio.Future[tuple[int, bytes]] | None):
+        self.request_id = request_id
+        self.task = task
+        self.tokens: int | None = None  # the tag's length for the request (None: not landed, or failed)
+        self.st: InstanceState | None = None
+        self.entry: Pending | None = None
+        self.rec: DecisionRecord | None = None
+
+    def place(self, st: InstanceState, entry: Pending | None, rec: DecisionRecord) -> None:
+        """The request is forwarded to `st` (a retry moves it)."""
+        if self.st is not None and self.st is not st:
+            self.st.late_lengths.pop(self.request_id, None)
+        self.st, self.entry, self.rec = st, entry, rec
+        self._apply()
+
+    def land(self, tokens: int | None) -> None:
+        """The tag's length (None: the tag failed; the default stays)."""
+        self.tokens = tokens
+        self._apply()
+
+    def _apply(self) -> None:
+        if self.tokens is None or self.st is None:
+            return
+        if self.entry is not None:
+            self.entry.predicted_output_tokens = self.tokens
+        if self.rec is not None:
+            self.rec.predicted_output_tokens = self.tokens
+        self.st.remember_length(self.request_id, self.tokens)
+
+
 @dataclass
 class Route:
     """A request on its way to a decision (`FrontDoor.route`): its body (with the tag's
@@ -164,6 +209,7 @@ class Route:
     # when its route began on the engines' clock (`FrontDoor.engine_now_s`), the clock of
     # its SLO's targets: they are engine seconds, as the predictions are
     received_s: float = 0.0
+    late: LateTag | None = None  # forwarded before its tag (`SchedulerSettings.late_tag`)
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -266,7 +312,7 @@ class FrontDoor:
         return hashes, bs, len(ids) if from_engine else None
 
     async def route(self, raw: bytes, endpoint: str, label: str, excluded: frozenset[int] = frozenset(),
-                    headers: Mapping[str, str] | None = None) -> Route:
+                    headers: Mapping[str, str] | None = None, late_ok: bool = False) -> Route:
         """The one path from a request body to a decision, shared by the HTTP front door
         (`handle`) and the endpoint picker (`services.epp`): start the tag RPC, parse
         (off the event loop for a big body), refuse a prompt far past every engine's
@@ -276,7 +322,11 @@ class FrontDoor:
         and the body to forward. `excluded`: instances the decision must not pick.
         `headers`: the request's (lower-case names): its SLO (`x-slo-ttft-ms`,
         `x-slo-tpot-ms`, `x-slo-class`; with the body's `priority`,
-        `dispatch.admission.parse_request_slo`), carried to the decision.
+        `dispatch.admission.parse_request_slo`), carried to the decision. `late_ok`: the
+        caller forwards the body itself and may do so before the tag lands (`late_tag`):
+        then an early-decided route returns without waiting for the tag, its body as the
+        client sent it and `Route.late` set (the front door's `handle`; not the endpoint
+        picker, whose gateway forwards the body with the tag's length in it).
 
         Raises:
             ApiError, HTTPUserError: the client's mistake (counted under `label`).
@@ -334,6 +384,12 @@ class FrontDoor:
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
             early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
+            if late_ok and self.late_tag_ok():  # forwarded without waiting for the tag
+                r = Route(body, parsed, early_cand, blocks, raw, 0.0, early, slo, received_s,
+                          LateTag(f"astro-{os.urandom(8).hex()}", tag_task))
+                if tag_task is not None:  # its length lands whenever the RPC answers
+                    self.tags.later(tag_task, raw, functools.partial(self._tag_landed, r))
+                return r
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
@@ -357,6 +413,29 @@ class FrontDoor:
         xargs["astro_predicted_output_tokens"] = cand.predicted_output_tokens
         body["vllm_xargs"] = xargs
         return Route(body, parsed, cand, blocks, json.dumps(body).encode(), tag_wait_us, early, slo, received_s)
+
+    def late_tag_ok(self) -> bool:
+        """Whether nothing reads a request's predicted length before its tag lands
+        (`SchedulerSettings.late_tag`): every look-ahead runs here (no sidecar reads an
+        engine's `/status` itself) and every instance's latest `/status` names fcfs, the
+        in-instance policy that does not read lengths."""
+        if not (self.s.late_tag and self.s.predict_in_process):
+            return False
+        for st in self.instances:
+            if st.ep.predictor_url or st.status is None or st.status.policy.get("name") != "fcfs":
+                return False
+        return True
+
+    def _tag_landed(self, r: Route, tag: TagResult | None) -> None:
+        """A late tag landed: its length (capped as the candidate's would be) goes where
+        `LateTag` puts it."""
+        assert r.late is not None
+        if tag is None:
+            self.m.fallbacks.labels(self.dispatcher.policy_name, "no tag").inc()
+            r.late.land(None)
+            return
+        cand = candidate_of(tag, r.parsed, self.s.default_output_tokens, self.s.oracle_lengths)
+        r.late.land(cand.predicted_output_tokens)
 
     def engine_now_s(self) -> float:
         """Now on the engines' clock: wall seconds ÷ `time_scale` (a sim fleet slowed by
@@ -429,12 +508,12 @@ class FrontDoor:
         check_api_key(request, self.s.api_key)
         raw = await read_body(request, self.s.max_body_bytes)
         try:
-            r = await self.route(raw, endpoint, endpoint, headers=request.headers)
+            r = await self.route(raw, endpoint, endpoint, headers=request.headers, late_ok=True)
         except ApiError as exc:
             return JSONResponse(exc.to_dict(), status_code=exc.status_code)
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, r.cand.prompt_tokens, r.cand.predicted_output_tokens, r.tag_wait_us,
-                             received_unix_s=received_unix_s)
+                             received_unix_s=received_unix_s, late_tag=r.late is not None)
         fwd = asyncio.ensure_future(self._forward(endpoint, r, rec, t0))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -477,17 +556,23 @@ class FrontDoor:
             if st is None:  # dropped by discovery while the predictions were out
                 excluded = excluded | {dec.choice}
                 continue
-            entry = self.instances.acquire(st, cand if self.s.count_pending else None)
+            late = r.late
+            entry = self.instances.acquire(st, cand if self.s.count_pending else None,
+                                           request_id=None if late is None else late.request_id)
             rec.decision = dec
             rec.instance = st.ep.name
             pool = self.clients.pool(st.ep.engine_url)
+            headers = {"content-type": "application/json"}
+            if late is not None:
+                headers["x-request-id"] = late.request_id
+                late.place(st, entry, rec)
+                if attempt == 0 and late.task is None:  # the in-process tagger runs once the forward is out
+                    self.tags.later(None, r.payload, functools.partial(self._tag_landed, r))
             t_send = time.perf_counter()
             overhead += t_send - t0
             resp = None
             try:
-                resp = await asyncio.wait_for(
-                    pool.request("POST", path, payload, {"content-type": "application/json"}),
-                    self.s.upstream_timeout_s)
+                resp = await asyncio.wait_for(pool.request("POST", path, payload, headers), self.s.upstream_timeout_s)
                 if entry is not None:
                     entry.accepted_s = time.monotonic()  # the engine holds it from here on
                 cap = self.cost.max_response_bytes

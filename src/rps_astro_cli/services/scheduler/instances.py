@@ -16,16 +16,19 @@ not dispatchable, until its outstanding requests end, then it is dropped.
 
 from __future__ import annotations
 
+import collections
 import logging
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
 
 from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow
 from rps_astro_cli.protocol.service_wire import PendingRequest
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 from rps_astro_cli.sim.prefix_cache import PrefixMirror
-from rps_astro_cli.types import CandidateRequest, InstanceStatus
+from rps_astro_cli.types import CandidateRequest, InstanceStatus, RequestStatus
 
 log = logging.getLogger("astro.scheduler")
 
@@ -34,13 +37,43 @@ class Pending:
     """A request forwarded to an instance, as the scheduler remembers it for its Predictor
     (times on `time.monotonic()`, s)."""
 
-    __slots__ = ("prompt_tokens", "predicted_output_tokens", "sent_s", "accepted_s")
+    __slots__ = ("prompt_tokens", "predicted_output_tokens", "sent_s", "accepted_s", "request_id")
 
-    def __init__(self, prompt_tokens: int, predicted_output_tokens: int, sent_s: float):
+    def __init__(self, prompt_tokens: int, predicted_output_tokens: int, sent_s: float,
+                 request_id: str | None = None):
         self.prompt_tokens = prompt_tokens  # tokens
-        self.predicted_output_tokens = predicted_output_tokens  # tokens
+        self.predicted_output_tokens = predicted_output_tokens  # tokens (a late tag updates it)
         self.sent_s = sent_s  # forwarded to the engine
         self.accepted_s: float | None = None  # the engine answered the forward (holds it)
+        self.request_id = request_id  # its `x-request-id` when forwarded before its tag
+
+
+# how many late tags' lengths an instance remembers (the oldest are forgotten first)
+LATE_LENGTHS_KEPT = 4096
+# the id the scheduler gives a request it forwards before its tag (`x-request-id`); an
+# engine's own id for it contains it (vLLM's and the sim engine's: "chatcmpl-" + the header)
+LATE_ID = re.compile(r"astro-[0-9a-f]{16}")
+
+
+def with_late_lengths(status: InstanceStatus, lengths: Mapping[str, int]) -> InstanceStatus:
+    """`status` with the tag's predicted length on each request forwarded before its tag
+    (no `predicted_output_tokens` on the engine's side, an id in `lengths` — the length
+    model's answer, arrived after the forward); unchanged when there is none."""
+    def fix(rows: tuple[RequestStatus, ...]) -> tuple[RequestStatus, ...]:
+        out = None
+        for i, r in enumerate(rows):
+            if r.predicted_output_tokens is None and (m := LATE_ID.search(r.request_id)) is not None:
+                n = lengths.get(m.group())
+                if n is not None:
+                    if out is None:
+                        out = list(rows)
+                    out[i] = replace(r, predicted_output_tokens=n)
+        return rows if out is None else tuple(out)
+
+    running, waiting, arriving = fix(status.running), fix(status.waiting), fix(status.arriving)
+    if running is status.running and waiting is status.waiting and arriving is status.arriving:
+        return status
+    return replace(status, running=running, waiting=waiting, arriving=arriving)
 
 
 def pending_wire(pending: list[Pending], now_s: float, keep_s: float) -> tuple[PendingRequest, ...]:
@@ -60,7 +93,7 @@ class InstanceState:
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
                  "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind",
-                 "prefix_caching")
+                 "prefix_caching", "late_lengths")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
         self.index = index  # stable id in the scheduler's instance table (never reused)
@@ -89,6 +122,15 @@ class InstanceState:
         self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
         # "astro-sim" | "other" (its /version, asked once under prefix_tokenizer auto; None: not known yet)
         self.engine_kind: str | None = None
+        # request id → the tag's predicted length (tokens) of requests forwarded before
+        # their tag: put on its `/status` rows (`with_late_lengths`), oldest forgotten first
+        self.late_lengths: collections.OrderedDict[str, int] = collections.OrderedDict()
+
+    def remember_length(self, request_id: str, tokens: int) -> None:
+        """A late tag's length for request `request_id` forwarded here."""
+        self.late_lengths[request_id] = tokens
+        if len(self.late_lengths) > LATE_LENGTHS_KEPT:
+            self.late_lengths.popitem(last=False)
 
     def problems(self) -> list[str]:
         """What is wrong with it, for `/health` and `/instances` (empty: nothing)."""
@@ -210,10 +252,11 @@ class Instances:
             log.warning("instance %s readmitted", st.ep.name)
 
     def acquire(self, st: InstanceState, cand: CandidateRequest | None = None,
-                now_s: float | None = None) -> Pending | None:
+                now_s: float | None = None, request_id: str | None = None) -> Pending | None:
         """Count a request forwarded to `st`; with `cand`, also remember it as pending there
-        (sent at `now_s`, default now) and return that entry (mark its `accepted_s` when
-        the engine answers; pass it to `release` if the forward fails)."""
+        (sent at `now_s`, default now; `request_id`: its `x-request-id` when it goes before
+        its tag) and return that entry (mark its `accepted_s` when the engine answers; pass
+        it to `release` if the forward fails)."""
         st.outstanding += 1
         st.dispatched += 1
         self.m.outstanding.labels(st.ep.name).set(st.outstanding)
@@ -221,7 +264,7 @@ class Instances:
         if cand is None:
             return None
         entry = Pending(cand.prompt_tokens, cand.predicted_output_tokens,
-                        time.monotonic() if now_s is None else now_s)
+                        time.monotonic() if now_s is None else now_s, request_id)
         st.pending.append(entry)
         return entry
 
@@ -229,8 +272,11 @@ class Instances:
         """Count the end of a request forwarded to `st` (the last one of a removed
         instance drops it); `entry`: its pending entry, forgotten now (a failed forward,
         or the request ended: no later `/status` can show it)."""
-        if entry is not None and entry in st.pending:
-            st.pending.remove(entry)
+        if entry is not None:
+            if entry in st.pending:
+                st.pending.remove(entry)
+            if entry.request_id is not None:
+                st.late_lengths.pop(entry.request_id, None)
         st.outstanding -= 1
         if st.removed:
             if st.outstanding == 0:

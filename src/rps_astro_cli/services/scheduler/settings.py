@@ -81,6 +81,14 @@ class SchedulerSettings:
         tagger works, on the parser's prompt tokens (the tagger counts the same way) and
         `default_output_tokens` (its own reply length does not change its TTFT); the
         decision's `e2e_s` predictions then assume that length.
+    late_tag: with early dispatch, forward a text request without waiting for its tag
+        when nothing reads the predicted length before it lands: every look-ahead runs in
+        this process (`predict_in_process`, no sidecar reads the engine's `/status`
+        directly) and every engine's in-instance policy is fcfs. The request goes with an
+        `x-request-id` (`astro-` + 16 hex digits) and the tag's length, when it lands, is
+        put on its pending entry and on its rows of the engine's later `/status` polls
+        (`instances.with_late_lengths`) — what the engine would have shown had the length
+        been in the body. Takes the tag's wait off the critical path.
     predict_in_process: an instance without a Predictor URL is predicted in the
         scheduler's own process — the sidecar's `services.predictor.Predictor` look-ahead
         on the engine's `/status` from the scheduler's status poll (or its own fetch),
@@ -143,6 +151,7 @@ class SchedulerSettings:
     oracle_lengths: bool = False
     early_dispatch: bool = True
     predict_in_process: bool = False
+    late_tag: bool = True
     count_pending: bool = True
     pending_keep_s: float = 1.0
     discovery: DiscoverySettings | None = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 
 from rps_astro_cli.protocol.service_wire import TagResult
 from rps_astro_cli.services.rpc import RpcError
@@ -47,19 +48,37 @@ class TagClient:
         """The tag, or None if it failed or missed `tag_deadline_s` (a late RPC is left to
         finish in the background)."""
         if task is None:  # in-process tagger
-            try:
-                out = self._tagger.tag_result(json.loads(raw))  # type: ignore[union-attr]
-            except Exception:
-                self.m.tag_rpcs.labels("error").inc()
-                return None
-            self.m.tag_rpcs.labels("ok").inc()
-            return out
+            return self._in_process(raw)
         done, _ = await asyncio.wait({task}, timeout=self.s.tag_deadline_s)
         if not done:
             task.add_done_callback(swallow)
             self.m.tag_rpcs.labels("timeout").inc()
             self.error = f"a /tag RPC missed its {self.s.tag_deadline_s * 1000:g} ms deadline"
             return None
+        return self._result(task)
+
+    def later(self, task: asyncio.Future[tuple[int, bytes]] | None, raw: bytes,
+              on_tag: Callable[[TagResult | None], None]) -> None:
+        """Call `on_tag` with the tag (None: it failed) once it is in, without waiting for
+        it: for a request forwarded before its tag (`FrontDoor.route`'s late tag). The
+        in-process tagger runs on the next turn of the event loop, after the forward went
+        out; an RPC ends within the clients' bound (`clients.RPC_BOUND_S`), no deadline."""
+        if task is None:
+            asyncio.get_running_loop().call_soon(lambda: on_tag(self._in_process(raw)))
+        else:
+            task.add_done_callback(lambda t: on_tag(None if t.cancelled() else self._result(t)))
+
+    def _in_process(self, raw: bytes) -> TagResult | None:
+        try:
+            out = self._tagger.tag_result(json.loads(raw))  # type: ignore[union-attr]
+        except Exception:
+            self.m.tag_rpcs.labels("error").inc()
+            return None
+        self.m.tag_rpcs.labels("ok").inc()
+        return out
+
+    def _result(self, task: asyncio.Future[tuple[int, bytes]]) -> TagResult | None:
+        """The finished tag RPC's tag (None: it failed; counted either way)."""
         try:
             status, body = task.result()
             if status != 200:

@@ -1,0 +1,105 @@
+"""A request forwarded before its tag lands (`SchedulerSettings.late_tag`): the tag's wait
+leaves the critical path, and the tag's length still reaches the Predictors — on the
+pending entry and on the engine's `/status` rows of the request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import ExitStack
+
+import httpx
+from fastapi import FastAPI
+
+from conftest import write_profile
+from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
+from rps_astro_cli.services.scheduler.instances import with_late_lengths
+from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
+from test_services_scheduler import MODEL, chat, engine_app, hand_profile, start
+
+TAG_TOKENS = 7  # the slow tagger's answer
+TAG_DELAY_S = 0.4
+
+
+def _row(rid: str, predicted: int | None) -> RequestStatus:
+    return RequestStatus(rid, 0.0, 100, 100, 3, predicted)
+
+
+def test_with_late_lengths_fills_only_rows_without_a_length():
+    rid = "astro-0123456789abcdef"
+    status = InstanceStatus("e0", 1.0, InstanceConfig(),
+                            kv_blocks_free=10, running=(_row(f"chatcmpl-{rid}", None), _row("chatcmpl-x", None)),
+                            waiting=(_row(f"cmpl-{rid}-1", 55),))
+    out = with_late_lengths(status, {rid: 9})
+    assert out.running[0].predicted_output_tokens == 9  # the engine's id contains the header's
+    assert out.running[1].predicted_output_tokens is None  # not one of ours
+    assert out.waiting[0].predicted_output_tokens == 55  # the engine has a length: kept
+    assert with_late_lengths(status, {"astro-ffffffffffffffff": 3}) is status  # nothing to fill
+
+
+def slow_tagger() -> FastAPI:
+    """A tagger answering TAG_TOKENS after TAG_DELAY_S."""
+    app = FastAPI()
+
+    @app.post("/tag")
+    async def _tag():
+        await asyncio.sleep(TAG_DELAY_S)
+        return {"predicted_output_tokens": TAG_TOKENS, "prompt_tokens": 4, "text_tokens": 4}
+
+    return app
+
+
+def test_forwarded_before_the_tag_and_its_length_follows(tmp_path):
+    """In-process look-aheads, fcfs engines, a tagger slower than the whole reply: the
+    response ends before the tag answers (the forward did not wait for it), the engine's
+    id carries the scheduler's `x-request-id`, and once the tag lands the decision record
+    and the scheduler's copy of the engine's `/status` show the tag's length. With
+    `late_tag` off the response waits for the tag."""
+    tagger = slow_tagger()
+    profile = write_profile(tmp_path, hand_profile())
+    with ExitStack() as stack:
+        eng = start(stack, engine_app(0, time_scale=1.0))
+        tag = start(stack, tagger)
+        for late in (True, False):
+            with ExitStack() as inner:
+                recs = _two_requests(inner, eng.url, tag.url, profile, late)
+            # the tag's length, capped by max_tokens (2, then 200), late or not
+            assert [d["predicted_output_tokens"] for d in recs] == [2, TAG_TOKENS]
+            for d in recs:
+                assert d.get("late_tag", False) is late
+                assert (d["tag_wait_us"] == 0) is late
+
+
+def _two_requests(stack: ExitStack, engine_url: str, tagger_url: str, profile: str, late: bool) -> list[dict]:
+    app = create_app(SchedulerSettings(
+        instances=(InstanceEndpoint("engine-0", engine_url, None),), policy="power_of_k", served_models=(MODEL,),
+        profile=profile,
+        tagger_url=tagger_url, tag_deadline_s=2.0, predict_in_process=True, late_tag=late, status_interval_s=0.02))
+    s = start(stack, app)
+    sched = app.state.scheduler
+    with httpx.Client(base_url=s.url, timeout=10) as c:
+        deadline = time.monotonic() + 5
+        while sched.instances[0].status is None and time.monotonic() < deadline:  # the first /status poll
+            time.sleep(0.01)
+        # a short reply: it ends before the tag answers only when the forward did not wait
+        t0 = time.monotonic()
+        r = c.post("/v1/chat/completions", json=chat(max_tokens=2))
+        took_s = time.monotonic() - t0
+        assert r.status_code == 200, r.text
+        assert r.json()["id"].startswith("chatcmpl-astro-") is late  # the engine took our x-request-id
+        assert (took_s < TAG_DELAY_S) is late, took_s
+        # a long one, still running when its tag lands: a later poll shows the tag's length
+        long = chat(max_tokens=200, stream=True, vllm_xargs={"astro_output_tokens": 200})
+        with c.stream("POST", "/v1/chat/completions", json=long) as resp:
+            lines = resp.iter_lines()  # kept: a dropped iterator closes the stream
+            next(lines)  # its first token: it runs on the engine
+            rows: list[RequestStatus] = []
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                rows = list(sched.instances[0].status.running)
+                if rows and rows[0].predicted_output_tokens == TAG_TOKENS:
+                    break
+                time.sleep(0.02)
+            assert rows and rows[0].predicted_output_tokens == TAG_TOKENS, rows
+        time.sleep(0.1)  # the cut stream's record
+        return c.get("/decisions").json()[-2:]
