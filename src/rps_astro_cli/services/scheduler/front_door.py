@@ -40,10 +40,11 @@
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). Late tag (`late_tag`, on by default): when nothing reads that length
    before the tag lands — the early decision's look-aheads all run here and every
-   engine's in-instance policy is fcfs — the body goes as the client sent it, at once,
-   with an `x-request-id`, and the tag's length follows: onto the request's pending
-   entry and, by that id, onto its rows of the engine's later `/status` polls
-   (`instances.with_late_lengths`), as if the body had carried it. A request whose instance fails before anything was sent to the client
+   engine's in-instance policy is fcfs — the decision is made at once (not as a task),
+   the body goes as the client sent it, with an `x-request-id`, and the tag's length
+   follows: onto the request's pending entry and, by that id, onto its rows of the
+   engine's later `/status` polls (`instances.with_late_lengths`), as if the body had
+   carried it. A request whose instance fails before anything was sent to the client
    is retried once on another instance (the failed one's breaker opens).
 
 Every request ends in a response or an error the client sees, and in one
@@ -339,7 +340,10 @@ class FrontDoor:
         # tagger never tokenizes it. A legitimate big prompt is therefore tagged after
         # its decode (still in parallel with its validation and counting)
         tag_task = None if heavy else self.tags.start(raw)
-        if tag_task is not None:
+        # forwarded before its tag if it is decided early (`late_tag`): then nothing waits
+        # for the tag RPC, which goes out at the forward's first wait
+        late = late_ok and self.late_tag_ok()
+        if tag_task is not None and not late:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
         limit = self.context_limit()
         try:
@@ -383,13 +387,18 @@ class FrontDoor:
             assert blocks is not None
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
-            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
-            if late_ok and self.late_tag_ok():  # forwarded without waiting for the tag
+            if late:  # forwarded without waiting for the tag: decided here, no task to wait for
+                early = asyncio.get_running_loop().create_future()
+                try:
+                    early.set_result(await self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
+                except Exception as exc:  # noqa: BLE001 - raised where the decision is awaited, as a task's is
+                    early.set_exception(exc)
                 r = Route(body, parsed, early_cand, blocks, raw, 0.0, early, slo, received_s,
                           LateTag(f"astro-{os.urandom(8).hex()}", tag_task))
                 if tag_task is not None:  # its length lands whenever the RPC answers
                     self.tags.later(tag_task, raw, functools.partial(self._tag_landed, r))
                 return r
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
