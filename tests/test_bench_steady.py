@@ -62,6 +62,20 @@ def test_burst_that_fits_the_batch_is_not_capacity(tmp_path):
     assert cap.capacity_rps is not None and cap.capacity_rps < 10
     assert "not steady" in cap.note and cap.interpolated_rps is None  # no latency crossing to interpolate
     assert any("too short to show steady state" in w for w in res.warnings)
+    # every probe of 30 requests is short (arrivals over < 10 s, mean E2E ≥ 3.9 s): the
+    # capacity found is one of them, so its note says it is provisional, with the -n that
+    # would span 10 mean E2Es at the highest passing rate
+    assert "Provisional" in cap.note and "raise -n to at least" in cap.note, cap.note
+    need = int(cap.note.rsplit("at least ", 1)[1].rstrip("."))
+    assert need >= cap.capacity_rps * 10 * 3.9 and need % 100 == 0, need
+
+
+def test_requests_for_steady_state():
+    from rps_astro_cli.bench.capacity import requests_for_steady_state
+
+    assert requests_for_steady_state(14.0, 9.0) == 1300  # 14 req/s × 10 × 9 s = 1,260 → 1,300
+    assert requests_for_steady_state(2.0, 5.0) == 100  # exactly 100
+    assert requests_for_steady_state(0.5, 1.0) == 100  # never fewer than 100
 
 
 def test_capacity_notes_name_real_flags():

@@ -82,6 +82,13 @@ STEADY_MIN_WINDOW_E2E = 10.0
 """An arrival window shorter than this many mean E2Es is too short to show steady state."""
 
 
+def requests_for_steady_state(rate_rps: float, mean_e2e_s: float) -> int:
+    """Requests a run at `rate_rps` needs for its arrivals to span `STEADY_MIN_WINDOW_E2E`
+    mean E2Es (`mean_e2e_s`, as a shorter probe measured it; a longer run's is no
+    shorter), rounded up to a hundred."""
+    return max(100, math.ceil(rate_rps * STEADY_MIN_WINDOW_E2E * mean_e2e_s / 100) * 100)
+
+
 @dataclass(frozen=True)
 class SteadyState:
     """Steady-state check of one run (module docstring).

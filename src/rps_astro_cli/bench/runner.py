@@ -526,13 +526,24 @@ class _Sweep:
         return v, st.steady
 
     def short_warning(self, res: cap.CapacityResult, short: list[tuple[float, cap.SteadyState]]) -> None:
-        if short:
-            r0, st0 = min(short, key=lambda x: x[0])
-            self.result.warnings.append(
-                f"{res.label}: {len(short)} passing capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
-                f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
-                f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
-                f"raise -n for a trustworthy capacity")
+        """Warn of passing probes too short to show steady state, with the `-n` that would
+        be long enough at the highest of them; when the capacity itself is such a probe's
+        rate, say so in its note too (beside the figure, where it is read)."""
+        if not short:
+            return
+        r0, st0 = min(short, key=lambda x: x[0])
+        top, st_top = max(short, key=lambda x: x[0])
+        need = cap.requests_for_steady_state(top, st_top.mean_e2e_s or 0.0)
+        self.result.warnings.append(
+            f"{res.label}: {len(short)} passing capacity probe(s) (e.g. {r0:.3g} req/s: arrivals over "
+            f"{st0.window_s:.3g} s, mean E2E {st0.mean_e2e_s:.3g} s) lasted under "
+            f"{cap.STEADY_MIN_WINDOW_E2E:g} × the mean E2E — too short to show steady state; "
+            f"raise -n to at least {need} for a trustworthy capacity")
+        if res.capacity_rps is not None and any(math.isclose(r, res.capacity_rps) for r, _ in short):
+            sep = "" if not res.note else " " if res.note.rstrip().endswith(".") else ". "
+            res.note = res.note + sep + (
+                f"Provisional: the probe at {res.capacity_rps:.3g} req/s was too short to show steady state "
+                f"(a longer run may miss); raise -n to at least {need}.")
 
     def rates(self) -> list[float]:
         return list(self.config.arrivals.rates_rps or [self.config.arrivals.request_rate_rps])
