@@ -202,6 +202,7 @@ class Pool:
     predicted_tokens: np.ndarray
     info: dict[str, Any]
     calibration: Any = None  # the length model's LogSpreadCalibration (meta.json fit.dist), if any
+    prompts: tuple[str, ...] = ()  # each pair's prompt text, same order (what the engine is sent)
 
 
 def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all") -> Pool:
@@ -267,7 +268,7 @@ def held_out_pool(data: Path, model_name: str | None = None, pairs: str = "all")
             "test_conversations": len(set(test.conversation_ids))}
     info["calibrated"] = model.calibration is not None
     return Pool(np.asarray(pt, np.int64), np.asarray(ot, np.int64), np.asarray(pred, np.int64), info,
-                model.calibration)
+                model.calibration, tuple(prompts))
 
 
 def workload(pool: Pool, n: int, rate_rps: float, seed: int, lengths: str) -> list[TimedRequest]:
