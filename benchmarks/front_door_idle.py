@@ -44,6 +44,7 @@ from peer_routers import (
     Pinning,
     Router,
     client_opts,
+    decision_costs,
     fleet_config,
     parse_cpus,
     peer_binary,
@@ -172,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             ttfts = asyncio.run(rounds(targets, prompts, model))
             wall_s = time.perf_counter() - t0
+            # astro's own account of its share (its /decisions): the front door's overhead,
+            # the decision and the wait for the tag, P50 / P99
+            costs = {r.arm.name: decision_costs(r.url or "") for r in routers if r.arm.router == "astro"}
         finally:
             for r in routers:
                 r.stop()
@@ -180,10 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.rounds} rounds × {len(targets)} arms in {wall_s:.0f} s ({a.instances} sim engines, "
           f"{'pinned ' + a.engine_cpus + ' / ' + a.front_cpus if pinning else 'not pinned'})")
     print(markdown(rows))
+    for name, c in costs.items():
+        if c:
+            print(f"{name} by its /decisions (ms, P50 / P99): overhead {c['all_overhead_ms_p50']:.2f} / "
+                  f"{c['all_overhead_ms_p99']:.2f}, decision {c['all_decide_ms_p50']:.2f} / "
+                  f"{c['all_decide_ms_p99']:.2f}, "
+                  f"tag wait {c['all_tag_wait_ms_p50']:.2f} / {c['all_tag_wait_ms_p99']:.2f}")
     if a.json:
         a.json.write_text(json.dumps({"rounds": a.rounds, "instances": a.instances, "seed": a.seed,
                                       "pinning": pinning.describe() if pinning else None, "wall_s": wall_s,
-                                      "summary": rows, "ttft_s": ttfts},
+                                      "summary": rows, "astro_costs": costs, "ttft_s": ttfts},
                                      indent=1))
     return 0
 

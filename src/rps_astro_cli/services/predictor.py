@@ -325,6 +325,8 @@ class Predictor:
         if seq < self._steps_seq:  # the engine restarted: its count began again
             samples = samples[-seq:] if seq > 0 else []
         self._steps_seq = seq
+        if not samples and self.calibration is not None:
+            return  # nothing new (an idle engine, polled 10 times a second): its state stands
         if self.calibrator.observe_many(samples):
             self._resolved = None  # a new fit: the next predict uses it
         self.calibration = self.calibrator.state()  # what the event loop reads
