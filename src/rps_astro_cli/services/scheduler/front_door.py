@@ -340,10 +340,7 @@ class FrontDoor:
         # tagger never tokenizes it. A legitimate big prompt is therefore tagged after
         # its decode (still in parallel with its validation and counting)
         tag_task = None if heavy else self.tags.start(raw)
-        # forwarded before its tag if it is decided early (`late_tag`): then nothing waits
-        # for the tag RPC, which goes out at the forward's first wait
-        late = late_ok and self.late_tag_ok()
-        if tag_task is not None and not late:
+        if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
         limit = self.context_limit()
         try:
@@ -387,7 +384,7 @@ class FrontDoor:
             assert blocks is not None
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
-            if late:  # forwarded without waiting for the tag: decided here, no task to wait for
+            if late_ok and self.late_tag_ok():  # forwarded without waiting for the tag: decided here
                 early = asyncio.get_running_loop().create_future()
                 try:
                     early.set_result(await self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
