@@ -18,7 +18,7 @@ from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
 from test_services_scheduler import MODEL, chat, engine_app, hand_profile, start
 
 TAG_TOKENS = 7  # the slow tagger's answer
-TAG_DELAY_S = 0.4
+TAG_DELAY_S = 0.7  # far above a 2-token reply (~30 ms); under the tag RPC's 1 s bound (RPC_BOUND_S)
 
 
 def _row(rid: str, predicted: int | None) -> RequestStatus:
@@ -63,7 +63,7 @@ def test_forwarded_before_the_tag_and_its_length_follows(tmp_path):
         for late in (True, False):
             with ExitStack() as inner:
                 recs = _two_requests(inner, eng.url, tag.url, profile, late)
-            # the tag's length, capped by max_tokens (2, then 200), late or not
+            # the tag's length, capped by max_tokens (2, then 400), late or not
             assert [d["predicted_output_tokens"] for d in recs] == [2, TAG_TOKENS]
             for d in recs:
                 assert d.get("late_tag", False) is late
@@ -89,7 +89,7 @@ def _two_requests(stack: ExitStack, engine_url: str, tagger_url: str, profile: s
         assert r.json()["id"].startswith("chatcmpl-astro-") is late  # the engine took our x-request-id
         assert (took_s < TAG_DELAY_S) is late, took_s
         # a long one, still running when its tag lands: a later poll shows the tag's length
-        long = chat(max_tokens=200, stream=True, vllm_xargs={"astro_output_tokens": 200})
+        long = chat(max_tokens=400, stream=True, vllm_xargs={"astro_output_tokens": 400})
         with c.stream("POST", "/v1/chat/completions", json=long) as resp:
             lines = resp.iter_lines()  # kept: a dropped iterator closes the stream
             next(lines)  # its first token: it runs on the engine
