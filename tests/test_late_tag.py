@@ -103,3 +103,45 @@ def _two_requests(stack: ExitStack, engine_url: str, tagger_url: str, profile: s
             assert rows and rows[0].predicted_output_tokens == TAG_TOKENS, rows
         time.sleep(0.1)  # the cut stream's record
         return c.get("/decisions").json()[-2:]
+
+
+def test_a_late_tag_rpc_goes_out_after_the_forward(tmp_path):
+    """A text request forwarded before its tag sends the tag RPC only once the forward is
+    written (nothing waits for it, so it costs the request nothing); with `late_tag` off
+    the RPC goes out first, before parsing, and the forward waits for it."""
+    profile = write_profile(tmp_path, hand_profile())
+    with ExitStack() as stack:
+        eng = start(stack, engine_app(0, time_scale=1.0))
+        tag = start(stack, slow_tagger())
+        for late in (True, False):
+            with ExitStack() as inner:
+                app = create_app(SchedulerSettings(
+                    instances=(InstanceEndpoint("engine-0", eng.url, None),), policy="power_of_k",
+                    served_models=(MODEL,), profile=profile, tagger_url=tag.url, tag_deadline_s=2.0,
+                    predict_in_process=True, late_tag=late, status_interval_s=0.02))
+                s = start(inner, app)
+                sched = app.state.scheduler
+                order: list[str] = []
+                clients = sched.clients
+                post_json, pool = clients.post_json, clients.pool(eng.url)
+                request = pool.request
+
+                async def tag_rpc(*a, **k):  # runs at the tag RPC task's first step
+                    order.append("tag")
+                    return await post_json(*a, **k)
+
+                async def engine_rpc(method, *a, **k):  # the forward is written in its first step
+                    if method == "POST":
+                        order.append("forward")
+                    return await request(method, *a, **k)
+
+                clients.post_json, pool.request = tag_rpc, engine_rpc
+                with httpx.Client(base_url=s.url, timeout=10) as c:
+                    deadline = time.monotonic() + 5
+                    while sched.instances[0].status is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    r = c.post("/v1/chat/completions", json=chat(max_tokens=2))
+                    assert r.status_code == 200, r.text
+                    time.sleep(TAG_DELAY_S + 0.2)  # the late tag lands
+                    assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 2  # capped by max_tokens
+                assert order == (["forward", "tag"] if late else ["tag", "forward"])

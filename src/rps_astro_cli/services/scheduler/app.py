@@ -26,6 +26,7 @@ from rps_astro_cli.services.scheduler.instances import Instances, InstanceState
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.predictions import PredictClient
 from rps_astro_cli.services.scheduler.prompt_ids import PromptIds
+from rps_astro_cli.services.scheduler.relay import RelayResponse
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint, SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 
@@ -122,14 +123,15 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
     app.state.scheduler = sched
     install_error_handlers(app)
 
-    async def chat(request: Request) -> Response:
+    async def chat(request: Request) -> Response | RelayResponse:
         return await door.handle(request, "chat")
 
-    async def completions(request: Request) -> Response:
+    async def completions(request: Request) -> Response | RelayResponse:
         return await door.handle(request, "completions")
 
-    app.add_api_route("/v1/chat/completions", chat, methods=["POST"])  # reached via FastRoutes only
-    app.add_api_route("/v1/completions", completions, methods=["POST"])
+    # reached via FastRoutes only (FastAPI answers their other methods: 405 with Allow)
+    app.add_api_route("/v1/chat/completions", chat, methods=["POST"], response_model=None)
+    app.add_api_route("/v1/completions", completions, methods=["POST"], response_model=None)
 
     @app.get("/v1/models", response_model=None)
     async def models(request: Request) -> dict[str, Any]:

@@ -44,8 +44,10 @@
    the body goes as the client sent it, with an `x-request-id`, and the tag's length
    follows: onto the request's pending entry and, by that id, onto its rows of the
    engine's later `/status` polls (`instances.with_late_lengths`), as if the body had
-   carried it. A request whose instance fails before anything was sent to the client
-   is retried once on another instance (the failed one's breaker opens).
+   carried it; its tag RPC goes out right after the forward, not before parsing as
+   others' do (a text body: one naming no image or video part), so nothing of the tag
+   is on its path. A request whose instance fails before anything was sent to the
+   client is retried once on another instance (the failed one's breaker opens).
 
 Every request ends in a response or an error the client sees, and in one
 `DecisionRecord` (`GET /decisions`). A client that disconnects before the response is
@@ -93,7 +95,7 @@ from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, Pending
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.prompt_ids import PromptIds, Tokenize
-from rps_astro_cli.services.scheduler.relay import first_chunk, relay_headers, stream_response
+from rps_astro_cli.services.scheduler.relay import RelayResponse, first_chunk, relay_headers, stream_response
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
@@ -155,8 +157,8 @@ async def _disconnected(request: Request) -> None:
 
 class LateTag:
     """The tag of a request forwarded before it landed (`SchedulerSettings.late_tag`):
-    its `x-request-id`, the tag (an RPC in flight, or None: the in-process tagger, run
-    once the forward is out), and where the tag's length goes once it lands — the
+    its `x-request-id`, the tag (an RPC in flight; None until the forward is out, when
+    the RPC starts — or the in-process tagger runs: it stays None), and where the tag's length goes once it lands — the
     request's pending entry and decision record, and its instance's `late_lengths` (put
     on the engine's `/status` rows of it)."""
 
@@ -338,8 +340,13 @@ class FrontDoor:
         # only once its JSON is decoded and it has passed the cheap context refusal
         # (`decode`): a prompt certainly too long is refused with no tag RPC, so the
         # tagger never tokenizes it. A legitimate big prompt is therefore tagged after
-        # its decode (still in parallel with its validation and counting)
-        tag_task = None if heavy else self.tags.start(raw)
+        # its decode (still in parallel with its validation and counting). A text
+        # request this front door will forward before its tag lands (`late_tag_ok`; a
+        # body naming no image or video part) is tagged once the forward is out
+        # (`_forward`): nothing waits for that tag, so its RPC stays off the request's path
+        late = late_ok and self.s.early_dispatch and self.dispatcher.objective == "ttft" and self.late_tag_ok()
+        deferred = late and not heavy and b"image_url" not in raw and b"video_url" not in raw
+        tag_task = None if heavy or deferred else self.tags.start(raw)
         if tag_task is not None:
             await asyncio.sleep(0)  # let the tag RPC go out before we parse
         limit = self.context_limit()
@@ -384,7 +391,7 @@ class FrontDoor:
             assert blocks is not None
             early_cand = in_engine_tokens(
                 candidate_of(None, parsed, self.s.default_output_tokens, self.s.oracle_lengths), blocks)
-            if late_ok and self.late_tag_ok():  # forwarded without waiting for the tag: decided here
+            if late:  # forwarded without waiting for the tag: decided here
                 early = asyncio.get_running_loop().create_future()
                 try:
                     early.set_result(await self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
@@ -399,6 +406,8 @@ class FrontDoor:
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
+        if deferred:  # not forwarded before its tag after all (its parts are media): tag it now
+            tag_task = self.tags.start(raw)
         t_tag = time.perf_counter()
         try:
             tag = await self.tags.finish(tag_task, raw)
@@ -509,7 +518,7 @@ class FrontDoor:
                     fut.set_result(dec)
                     await asyncio.sleep(0)  # its handler takes the instance before the next decision
 
-    async def handle(self, request: Request, endpoint: str) -> Response:
+    async def handle(self, request: Request, endpoint: str) -> Response | RelayResponse:
         t0, received_unix_s = time.perf_counter(), time.time()
         check_api_key(request, self.s.api_key)
         raw = await read_body(request, self.s.max_body_bytes)
@@ -538,7 +547,7 @@ class FrontDoor:
         self.decisions.append(rec)
         return Response(status_code=499)
 
-    async def _forward(self, endpoint: str, r: Route, rec: DecisionRecord, t0: float) -> Response:
+    async def _forward(self, endpoint: str, r: Route, rec: DecisionRecord, t0: float) -> Response | RelayResponse:
         path = _PATHS[endpoint]
         payload, stream, cand, blocks = r.payload, r.parsed.stream, r.cand, r.blocks
         excluded: frozenset[int] = frozenset()
@@ -572,13 +581,16 @@ class FrontDoor:
             if late is not None:
                 headers["x-request-id"] = late.request_id
                 late.place(st, entry, rec)
-                if attempt == 0 and late.task is None:  # the in-process tagger runs once the forward is out
-                    self.tags.later(None, r.payload, functools.partial(self._tag_landed, r))
+                if attempt == 0 and late.task is None:  # tagged once the forward is out (`route`)
+                    # scheduled now, run at the forward's first wait: after its bytes are written
+                    late.task = self.tags.start(r.payload)
+                    self.tags.later(late.task, r.payload, functools.partial(self._tag_landed, r))
             t_send = time.perf_counter()
             overhead += t_send - t0
             resp = None
             try:
-                resp = await asyncio.wait_for(pool.request("POST", path, payload, headers), self.s.upstream_timeout_s)
+                async with asyncio.timeout(self.s.upstream_timeout_s):  # inline: no task, written at once
+                    resp = await pool.request("POST", path, payload, headers)
                 if entry is not None:
                     entry.accepted_s = time.monotonic()  # the engine holds it from here on
                 cap = self.cost.max_response_bytes

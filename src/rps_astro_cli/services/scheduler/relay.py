@@ -10,13 +10,12 @@ end (the engine then aborts the request).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
 
-from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from rps_astro_cli.services.http_common import error_body
@@ -47,24 +46,62 @@ async def first_chunk(it: AsyncIterator[bytes]) -> bytes:
         return b""
 
 
-class _RelayResponse(StreamingResponse):
-    """A StreamingResponse that runs `cleanup` even when the client left before the body
-    iterator ever started (Starlette then never enters the generator, so its `finally`
-    would not run and the instance's outstanding count and connection would leak)."""
+class RelayResponse:
+    """The client's response (an ASGI app): the status and headers, then each piece of
+    `content` as it comes, while a second task watches for the client's disconnect —
+    which stops the relay there. `cleanup` runs at the end whatever happened, even when
+    the client left before the first piece (the body iterator's own `finally` would then
+    never run, and the instance's outstanding count and connection would leak).
 
-    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]], **kw: Any):
-        super().__init__(content, **kw)
+    Starlette's StreamingResponse does the same under uvicorn's ASGI 2.3 with an anyio
+    task group: measured ~0.2 ms more per response before the first byte is written."""
+
+    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]], status_code: int,
+                 headers: dict[str, str]):
+        self.body_iterator = content
+        self.status_code = status_code
+        self.headers = headers
         self._cleanup = cleanup
 
+    async def _send_all(self, send: Send) -> None:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+        await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        relay = asyncio.ensure_future(self._send_all(send))
+        gone = asyncio.ensure_future(_disconnected(receive))
         try:
-            await super().__call__(scope, receive, send)
-        except* ResponseCut:
+            await asyncio.wait((relay, gone), return_when=asyncio.FIRST_COMPLETED)
+            if relay.done():
+                relay.result()  # its error, if any
+        except ResponseCut:
             # return with the body unfinished: the server closes the connection without
             # the body's end (one log line, no traceback), so the client sees a cut body
             log.warning("a relayed response was cut mid-body")
         finally:
+            gone.cancel()
+            if not relay.done():  # the client left, or this response was cancelled
+                relay.cancel()
+                await asyncio.gather(relay, return_exceptions=True)
+                await _close(self.body_iterator)
             await self._cleanup()
+
+
+async def _disconnected(receive: Receive) -> None:
+    """Return once the client has disconnected (its body was read to the end already)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _close(it: AsyncIterator[bytes]) -> None:
+    """Close an async generator left unfinished (its `finally` runs now, not at garbage
+    collection)."""
+    aclose = getattr(it, "aclose", None)
+    if aclose is not None:
+        await aclose()
 
 
 class ResponseCut(Exception):
@@ -76,7 +113,7 @@ class ResponseCut(Exception):
 def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
                     first: bytes, rec: DecisionRecord, t_send: float,
                     on_end: Callable[[DecisionRecord, str], None], entry: Pending | None = None, *,
-                    sse: bool = True, max_bytes: int | None = None) -> StreamingResponse:
+                    sse: bool = True, max_bytes: int | None = None) -> RelayResponse:
     """The client's response relaying `resp` as it arrives (whose first chunk `first` has
     been read from `it`), never holding more than a read's worth of it: an SSE stream
     (`sse`) as whole events, else the bytes as they come. At the end, once: the engine
@@ -148,4 +185,4 @@ def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, 
         finally:
             await cleanup()
 
-    return _RelayResponse(relay(), cleanup, status_code=resp.status, headers=relay_headers(resp, st.ep.name))
+    return RelayResponse(relay(), cleanup, resp.status, relay_headers(resp, st.ep.name))
