@@ -145,3 +145,48 @@ def test_a_late_tag_rpc_goes_out_after_the_forward(tmp_path):
                     time.sleep(TAG_DELAY_S + 0.2)  # the late tag lands
                     assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 2  # capped by max_tokens
                 assert order == (["forward", "tag"] if late else ["tag", "forward"])
+
+
+def test_in_process_tagging_leaves_the_event_loop_free(tmp_path, monkeypatch):
+    """With no tagger service the scheduler tags in-process, on its worker thread: while
+    one request's tag takes 0.6 s, another call is answered at once — whether the forward
+    waits for that tag or not (`late_tag`). On the event loop it would wait the 0.6 s."""
+    import json
+    import threading
+
+    from rps_astro_cli.services.tagger import Tagger
+
+    real = Tagger.tag_result
+
+    def slow(self, body):
+        time.sleep(0.6)  # work that holds no lock the event loop needs
+        return real(self, body)
+
+    monkeypatch.setattr(Tagger, "tag_result", slow)
+    length_model = tmp_path / "len.json"
+    length_model.write_text(json.dumps({"kind": "bin_median", "edges_tokens": [], "median_output_tokens": [40]}))
+    profile = write_profile(tmp_path, hand_profile())
+    with ExitStack() as stack:
+        eng = start(stack, engine_app(0, time_scale=1.0))
+        for late in (True, False):
+            with ExitStack() as inner:
+                app = create_app(SchedulerSettings(
+                    instances=(InstanceEndpoint("engine-0", eng.url, None),), policy="power_of_k",
+                    served_models=(MODEL,), profile=profile, length_model=str(length_model), tag_deadline_s=2.0,
+                    predict_in_process=True, late_tag=late, status_interval_s=0.02))
+                s = start(inner, app)
+                with httpx.Client(base_url=s.url, timeout=10) as c:
+                    deadline = time.monotonic() + 5
+                    while app.state.scheduler.instances[0].status is None and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    codes: list[int] = []
+                    t = threading.Thread(target=lambda: codes.append(
+                        httpx.post(s.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=10).status_code))
+                    t.start()
+                    time.sleep(0.15)  # the chat request's tag is running now
+                    t0 = time.monotonic()
+                    assert c.get("/v1/models").status_code == 200
+                    took_s = time.monotonic() - t0
+                    t.join()
+                assert codes == [200]
+                assert took_s < 0.3, (late, took_s)
