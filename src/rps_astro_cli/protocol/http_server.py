@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import json
 import os
 import socket
@@ -284,6 +285,10 @@ def serve_blocking(app: FastAPI, host: str, port: int, log_level: str = "warning
         while not server.started and not task.done():
             await asyncio.sleep(0.01)
         if server.started:
+            # what starting made (modules, models, profiles, the app) lives as long as the
+            # process: out of every later garbage collection. A full collection scanned it
+            # all, ~30 ms on the 2-core machine, a stall of every request in flight
+            gc.freeze()
             print(f"ready: {url}", flush=True)
             if ready_file:
                 with open(ready_file, "w") as fh:
