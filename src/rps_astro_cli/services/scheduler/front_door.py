@@ -95,7 +95,13 @@ from rps_astro_cli.services.scheduler.dispatcher import Dispatcher
 from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, Pending
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.prompt_ids import PromptIds, Tokenize
-from rps_astro_cli.services.scheduler.relay import RelayResponse, first_chunk, relay_headers, stream_response
+from rps_astro_cli.services.scheduler.relay import (
+    ClientWatch,
+    RelayResponse,
+    first_chunk,
+    relay_headers,
+    stream_response,
+)
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
 from rps_astro_cli.sim.prefix_cache import block_hashes
@@ -146,13 +152,6 @@ def in_engine_tokens(cand: CandidateRequest, blocks: PromptBlocks) -> CandidateR
     tagger's fallback count, the sim engine's own unit)."""
     n = blocks[2]
     return cand if n is None or n == cand.prompt_tokens else replace(cand, prompt_tokens=n)
-
-
-async def _disconnected(request: Request) -> None:
-    """Return once the client has disconnected (its body was read to the end already, so
-    the next ASGI message is `http.disconnect`)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 class LateTag:
@@ -529,19 +528,16 @@ class FrontDoor:
         self._n += 1
         rec = DecisionRecord(self._n, endpoint, r.cand.prompt_tokens, r.cand.predicted_output_tokens, r.tag_wait_us,
                              received_unix_s=received_unix_s, late_tag=r.late is not None)
-        fwd = asyncio.ensure_future(self._forward(endpoint, r, rec, t0))
-        gone = asyncio.ensure_future(_disconnected(request))
+        watch = ClientWatch(request.receive)  # the client leaving cancels the forward, here
         try:
-            await asyncio.wait((fwd, gone), return_when=asyncio.FIRST_COMPLETED)
+            return await self._forward(endpoint, r, rec, t0)
+        except asyncio.CancelledError:
+            r.cancel()
+            if not watch.stop():  # not the client's leaving
+                raise
         finally:
-            gone.cancel()
-            if not fwd.done():  # the client left (or this handler was cancelled): abort upstream
-                fwd.cancel()
-                r.cancel()
-                await asyncio.gather(fwd, return_exceptions=True)
-        if not fwd.cancelled():
-            return fwd.result()
-        # closing the engine connection mid-response makes the engine abort the request
+            watch.stop()
+        # the client left: the forward's engine connection was closed (the engine aborts)
         self.m.requests.labels(endpoint, "client_disconnected").inc()
         rec.outcome = "client_disconnected"
         self.decisions.append(rec)
