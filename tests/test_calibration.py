@@ -233,3 +233,22 @@ def test_non_decreasing_by_hand():
     # (3, 1) pool to 2, 2; then (2, 2, 2) stays; 5 ≥ 2; (5, 4) pool to 4.5
     assert non_decreasing(np.array([1.0, 3.0, 1.0, 2.0, 5.0, 4.0])).tolist() == [1.0, 2.0, 2.0, 2.0, 4.5, 4.5]
     assert non_decreasing(np.array([0.5, 0.7])).tolist() == [0.5, 0.7]
+
+
+def test_a_refit_model_comes_with_its_memo_filled():
+    """A refit's new step model has its memo tables filled as far as the old one's had
+    grown, by the refit (the worker thread, for a scheduler's Predictors), with the new
+    profile's values — so the next look-ahead (on the event loop) fills nothing."""
+    cal = StepCalibrator(PRIOR, refit_every=64, min_samples=32)
+    cal.latency.reserve(48, 512)  # what look-aheads on a 48-sequence, 512-token engine fill
+    old = cal.latency
+    rng = np.random.default_rng(0)
+    for s in steps(true_engine(), 64, rng):
+        cal.observe(s)
+    new = cal.latency
+    assert new is not old and new.profile is cal.profile and cal.refits == 1
+    # as far as the old tables had grown (the reserve above, and the steps' own shapes)
+    assert len(new.seq_s) == len(old.seq_s) >= 49 and len(new.tok_s) == len(old.tok_s) >= 513
+    p = cal.profile
+    assert new.tok_s[300] == p.linear_s(300) and new.tok_s[300] != old.tok_s[300]
+    assert new.seq_s[17] == p.base_s + p.per_seq_s * 17
