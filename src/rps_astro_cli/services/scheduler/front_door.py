@@ -157,9 +157,9 @@ def in_engine_tokens(cand: CandidateRequest, blocks: PromptBlocks) -> CandidateR
 class LateTag:
     """The tag of a request forwarded before it landed (`SchedulerSettings.late_tag`):
     its `x-request-id`, the tag (an RPC in flight; None until the forward is out, when
-    the RPC starts — or the in-process tagger runs: it stays None), and where the tag's length goes once it lands — the
-    request's pending entry and decision record, and its instance's `late_lengths` (put
-    on the engine's `/status` rows of it)."""
+    the RPC starts — or the in-process tagger runs, and it stays None), and where the
+    tag's length goes once it lands — the request's pending entry and decision record,
+    and its instance's `late_lengths` (put on the engine's `/status` rows of it)."""
 
     __slots__ = ("request_id", "task", "tokens", "st", "entry", "rec")
 
