@@ -126,14 +126,14 @@ def test_a_late_tag_rpc_goes_out_after_the_forward(tmp_path):
                 post_json, pool = clients.post_json, clients.pool(eng.url)
                 request = pool.request
 
-                async def tag_rpc(*a, **k):  # runs at the tag RPC task's first step
-                    order.append("tag")
-                    return await post_json(*a, **k)
+                async def tag_rpc(*a, _order=order, _post=post_json, **k):  # the tag RPC task's first step
+                    _order.append("tag")
+                    return await _post(*a, **k)
 
-                async def engine_rpc(method, *a, **k):  # the forward is written in its first step
+                async def engine_rpc(method, *a, _order=order, _request=request, **k):  # writes the forward
                     if method == "POST":
-                        order.append("forward")
-                    return await request(method, *a, **k)
+                        _order.append("forward")
+                    return await _request(method, *a, **k)
 
                 clients.post_json, pool.request = tag_rpc, engine_rpc
                 with httpx.Client(base_url=s.url, timeout=10) as c:
@@ -180,8 +180,11 @@ def test_in_process_tagging_leaves_the_event_loop_free(tmp_path, monkeypatch):
                     while app.state.scheduler.instances[0].status is None and time.monotonic() < deadline:
                         time.sleep(0.01)
                     codes: list[int] = []
-                    t = threading.Thread(target=lambda: codes.append(
-                        httpx.post(s.url + "/v1/chat/completions", json=chat(max_tokens=2), timeout=10).status_code))
+                    def post(url: str = s.url, out: list[int] = codes) -> None:
+                        out.append(httpx.post(url + "/v1/chat/completions", json=chat(max_tokens=2),
+                                              timeout=10).status_code)
+
+                    t = threading.Thread(target=post)
                     t.start()
                     time.sleep(0.15)  # the chat request's tag is running now
                     t0 = time.monotonic()
