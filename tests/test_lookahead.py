@@ -126,6 +126,34 @@ def test_jump_equals_stepwise(policy: str, sc) -> None:
     _same(ref, got)
 
 
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=scenarios())
+def test_first_token_only_keeps_the_ttft(policy: str, sc) -> None:
+    # nothing before the candidate's first token depends on how long it then decodes:
+    # stopping there gives the full look-ahead's TTFT, on both look-aheads
+    lat, status, cand, kw = sc
+    full = predict(status, cand, lat, POLICIES[policy](), **kw)
+    short = predict(status, cand, lat, POLICIES[policy](), first_token_only=True, **kw)
+    ref = predict_stepwise(status, cand, lat, POLICIES[policy](), first_token_only=True, **kw)
+    assert short.ttft_s == pytest.approx(full.ttft_s, rel=1e-9, abs=1e-12)
+    assert short.e2e_s == short.ttft_s
+    assert short.steps_simulated <= full.steps_simulated
+    _same(ref, short)
+
+
+def test_first_token_only_stops_at_the_first_token() -> None:
+    # hand-computed: an empty instance, a 100-token prompt and 50 predicted tokens; the
+    # full look-ahead runs the prefill step and 49 decode steps, the short one the prefill:
+    # 10 ms + 100 tokens × 0.1 ms = 20 ms
+    lat = LatencyModel(HAND)
+    status = InstanceStatus("i", 0.0, InstanceConfig(max_model_len=2048), 1000, (), ())
+    full = predict(status, CandidateRequest(100, 50), lat, FCFSPolicy())
+    short = predict(status, CandidateRequest(100, 50), lat, FCFSPolicy(), first_token_only=True)
+    assert (full.steps_simulated, short.steps_simulated) == (50, 1)
+    assert short.ttft_s == short.e2e_s == full.ttft_s == pytest.approx(0.020)
+
+
 def test_jump_takes_few_events_on_a_long_decode_run() -> None:
     # 8 decoders with 1000 tokens to go and an empty queue: a handful of events, 1000+ steps.
     cfg = InstanceConfig(max_model_len=4096)

@@ -10,7 +10,7 @@ from contextlib import ExitStack
 
 import httpx
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
 from conftest import linear_profile, write_profile
@@ -479,8 +479,9 @@ def test_default_power_of_k_hashes_no_prompt_when_no_engine_caches(length_model,
 
 def slow_tagger_and_timed_predictor() -> tuple[dict[str, list[float]], FastAPI, FastAPI]:
     """A tagger that answers 7 tokens after 0.3 s and a Predictor that answers at once,
-    each stamping `times` ("tag_in", "tag_out", "predict": time.monotonic())."""
-    times: dict[str, list[float]] = {"tag_in": [], "tag_out": [], "predict": []}
+    each stamping `times` ("tag_in", "tag_out", "predict": time.monotonic()); the
+    Predictor also notes each body's `first_token_only` (1.0 true, 0.0 false or absent)."""
+    times: dict[str, list[float]] = {"tag_in": [], "tag_out": [], "predict": [], "first_token_only": []}
     tagger = FastAPI()
 
     @tagger.post("/tag")
@@ -493,8 +494,9 @@ def slow_tagger_and_timed_predictor() -> tuple[dict[str, list[float]], FastAPI, 
     predictor = FastAPI()
 
     @predictor.post("/predict")
-    async def _predict():
+    async def _predict(request: Request):
         times["predict"].append(time.monotonic())
+        times["first_token_only"].append(float((await request.json()).get("first_token_only", False)))
         return {"ttft_s": 0.01, "e2e_s": 0.1}
 
     return times, tagger, predictor
@@ -502,8 +504,10 @@ def slow_tagger_and_timed_predictor() -> tuple[dict[str, list[float]], FastAPI, 
 
 def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
     """Objective ttft, a text request: the Predictor RPCs go out before the (slow) tag
-    returns; the forward still carries the tag's length. Objective e2e, or early
-    dispatch off: the Predictors are asked only after the tag."""
+    returns, told that the decision reads the TTFT only (`first_token_only`: their
+    look-ahead may stop at the first token); the forward still carries the tag's length.
+    Objective e2e, or early dispatch off: the Predictors are asked only after the tag,
+    for the whole reply."""
     times, tagger, predictor = slow_tagger_and_timed_predictor()
     with ExitStack() as st:
         eng = start(st, engine_app(0))
@@ -522,6 +526,7 @@ def test_early_dispatch_asks_predictors_while_the_tagger_works(length_model):
             assert len(times["predict"]) == 1 and len(times["tag_out"]) == 1, times
             asked_before_tag = times["predict"][0] < times["tag_out"][0]
             assert asked_before_tag is early_expected, (params, early_on, times)
+            assert times["first_token_only"] == [float(early_expected)]
             assert d.get("early_dispatch", False) is early_expected
             assert d["predicted_output_tokens"] == 7  # the tag's length, early or not
 

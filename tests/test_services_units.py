@@ -274,6 +274,7 @@ def test_predictor_by_hand(profile_path):
     ({"prompt_tokens": 5, "predicted_output_tokens": 3, "modality": "audio"}, "modality"),
     ({"prompt_tokens": 5, "predicted_output_tokens": 3, "objective": "cost"}, "objective"),
     ({"prompt_tokens": 5, "predicted_output_tokens": 3, "encoder_s": -1}, "encoder_s"),
+    ({"prompt_tokens": 5, "predicted_output_tokens": 3, "first_token_only": "yes"}, "first_token_only"),
 ])
 def test_predict_bad_candidate_names_field(body, field):
     with pytest.raises(pred_mod.HTTPUserError) as ei:
@@ -303,6 +304,9 @@ def test_predictor_service_caches_status_and_exports_metrics(profile_path):
             assert 'astro:predictor_requests_total{outcome="ok"} 3.0' in m
             assert "astro:predictor_cpu_seconds_total" in m and "astro:predictor_predict_seconds_count 3.0" in m
             assert "process_cpu_seconds_total" in m
+            # told the caller reads the TTFT only, the look-ahead stops at step 1 (above)
+            r = c.post("/predict", json={**body, "first_token_only": True}).json()
+            assert r["ttft_s"] == pytest.approx(0.0201) and r["e2e_s"] == pytest.approx(0.0201)
 
 
 def test_predictor_uses_stale_status_while_refreshing(profile_path):

@@ -474,7 +474,8 @@ class DecisionRecord:
     # scheduler overhead (µs; see services/scheduler)
     overhead_us: float | None = None
     # the decision was made while the tagger worked (text, objective ttft): its
-    # predictions' e2e_s assume the scheduler's default reply length
+    # look-aheads stopped at the candidate's first token, so its predictions' e2e_s
+    # equal their ttft_s
     early_dispatch: bool = False
     # forwarded before its tag landed (`SchedulerSettings.late_tag`): `tag_wait_us` is 0
     # and `predicted_output_tokens` is the tag's once it landed

@@ -75,8 +75,8 @@ class PredictRequest:
     JSON: {"prompt_tokens": int ≥ 1, "predicted_output_tokens": int ≥ 1, "modality":
     "text"|"image"|"video" = "text", "vision_tokens": int ≥ 0 = 0, "encoder_s": s ≥ 0 = 0,
     "preprocess_s": s ≥ 0 = 0, "req_class": str|null (omitted when null), "deadline_s":
-    s|null (omitted when null), "objective": "e2e"|"ttft" = "e2e", "pending":
-    [PendingRequest...] (omitted when empty)}.
+    s|null (omitted when null), "objective": "e2e"|"ttft" = "e2e", "first_token_only":
+    bool = false (omitted when false), "pending": [PendingRequest...] (omitted when empty)}.
     """
 
     # the request being placed
@@ -85,6 +85,9 @@ class PredictRequest:
     objective: str = "e2e"
     # requests the scheduler sent to this instance that its /status may not show yet
     pending: tuple[PendingRequest, ...] = ()
+    # the look-ahead may stop at the candidate's first token (`lookahead.predict`): the
+    # caller reads only its TTFT, and the reply's e2e_s then equals its ttft_s
+    first_token_only: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         c = self.candidate
@@ -103,6 +106,8 @@ class PredictRequest:
         if c.cached_tokens:
             d["cached_tokens"] = c.cached_tokens
         d["objective"] = self.objective
+        if self.first_token_only:
+            d["first_token_only"] = True
         if self.pending:
             d["pending"] = [p.to_dict() for p in self.pending]
         return d
@@ -142,7 +147,11 @@ class PredictRequest:
         if not isinstance(raw, (list, tuple)):
             raise AstroUserError("pending must be a list of objects", field="pending")
         pending = tuple(PendingRequest.from_dict(p, f"pending[{i}]") for i, p in enumerate(raw))
-        return cls(cand, objective, pending)
+        first_token_only = body.get("first_token_only", False)
+        if not isinstance(first_token_only, bool):
+            raise AstroUserError(f"first_token_only must be true or false, got {first_token_only!r}",
+                                 field="first_token_only")
+        return cls(cand, objective, pending, first_token_only)
 
 
 def _int(body: Mapping[str, Any], name: str, default: int | None, minimum: int) -> int:

@@ -368,10 +368,11 @@ class Predictor:
         return pol
 
     def predict(self, status: InstanceStatus, cand: CandidateRequest,
-                view: InstanceStatus | None = None) -> LatencyEstimate:
+                view: InstanceStatus | None = None, first_token_only: bool = False) -> LatencyEstimate:
         """Run the look-ahead of `cand` on `status` (CPU-bound, ~1 ms with the fast one);
         `view`: the state to simulate when it differs from the fetched `status` (e.g.
-        `with_pending`'s), same engine and policy."""
+        `with_pending`'s), same engine and policy; `first_token_only`: stop at the
+        candidate's first token (`lookahead.predict`)."""
         res = self._resolved
         if res is None or res[0] is not status:
             res = self._resolved = (status, self.latency_model(status), self.policy(status))
@@ -379,6 +380,7 @@ class Predictor:
             view if view is not None else status, cand, res[1], res[2],
             extension_tokens=self.settings.extension_tokens,
             default_output_tokens=self.settings.default_output_tokens,
+            first_token_only=first_token_only,
         )
 
 
@@ -439,7 +441,7 @@ def create_app(settings: PredictorSettings) -> FastRoutes:
         c0 = time.process_time()
         t1 = time.perf_counter()
         try:
-            est = pred.predict(status, cand, with_pending(status, query.pending, age_s))
+            est = pred.predict(status, cand, with_pending(status, query.pending, age_s), query.first_token_only)
         except AstroUserError as exc:
             m_req.labels("bad_request").inc()
             return error_response(400, str(exc), exc.field or "candidate")

@@ -77,8 +77,10 @@ def _to_sim(r: RequestStatus, target: int) -> SimRequest:
     )
 
 
-def candidate_to_sim(c: CandidateRequest, now_s: float) -> SimRequest:
-    """The candidate as a fresh `SimRequest` arriving at `now_s + preprocess_s`."""
+def candidate_to_sim(c: CandidateRequest, now_s: float, first_token_only: bool = False) -> SimRequest:
+    """The candidate as a fresh `SimRequest` arriving at `now_s + preprocess_s`;
+    `first_token_only`: it ends with its first token (its predicted length still orders
+    it for a policy that reads lengths)."""
     if c.prompt_tokens <= 0 or c.predicted_output_tokens <= 0:
         raise AstroUserError(
             "prompt_tokens and predicted_output_tokens must be ≥ 1", field="candidate"
@@ -87,7 +89,7 @@ def candidate_to_sim(c: CandidateRequest, now_s: float) -> SimRequest:
         request_id=CANDIDATE_ID,
         arrival_s=now_s + c.preprocess_s,
         prompt_tokens=c.prompt_tokens,
-        target_output_tokens=c.predicted_output_tokens,
+        target_output_tokens=1 if first_token_only else c.predicted_output_tokens,
         modality=c.modality,
         vision_tokens=c.vision_tokens,
         encoder_s=c.encoder_s,
@@ -155,10 +157,11 @@ def predict_stepwise(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
+    first_token_only: bool = False,
 ) -> LatencyEstimate:
     """Reference look-ahead: step `InstanceSim` until the candidate finishes. Requests
     still in preprocessing (`status.arriving`) and the candidate join the queue at their
-    ready times (`arrivals_order`).
+    ready times (`arrivals_order`). `first_token_only`: as `predict`'s.
 
     Raises:
         AstroUserError: the candidate cannot fit the instance at all.
@@ -167,7 +170,7 @@ def predict_stepwise(
     sim = build_sim(status, latency, policy, extension_tokens, default_output_tokens, remaining)
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
-    cand = candidate_to_sim(candidate, status.time_s)
+    cand = candidate_to_sim(candidate, status.time_s, first_token_only)
     ext, dflt = extension_tokens, default_output_tokens
     mx = cfg.max_model_len
     arriving = [_to_sim(r, expected_output_tokens(r, ext, dflt, remaining, mx)) for r in status.arriving]
@@ -211,6 +214,7 @@ def predict(
     extension_tokens: int = 10,
     default_output_tokens: int = 256,
     remaining: RemainingLength | OnlineRemaining | None = None,
+    first_token_only: bool = False,
 ) -> LatencyEstimate:
     """Jump look-ahead: the candidate's predicted TTFT and E2E on this instance, equal to
     `predict_stepwise` (up to float rounding of summed step times), in O(events) rather
@@ -225,6 +229,11 @@ def predict(
     extension_tokens / default_output_tokens: the auto-extension rule (tokens), see
         `expected_output_tokens`. remaining: the conditional remaining-length rule
         (`sim.remaining`) instead of auto-extension, for queued/running/arriving requests.
+    first_token_only: stop at the candidate's first token (it is simulated as a request
+        of one output token): the same TTFT — nothing before a request's first token
+        depends on how long it then decodes — for a fraction of the work when the
+        instance is busy; the estimate's `e2e_s` then equals its `ttft_s` (for a caller
+        that ranks by TTFT and has no length for the candidate yet: an early decision).
 
     Returns a `LatencyEstimate` in seconds from `status.time_s`; `events` counts loop
     iterations (jumps + individually simulated steps).
@@ -236,7 +245,7 @@ def predict(
     """
     cfg = status.limits
     _check_fits(candidate, cfg.max_model_len)
-    cand = engine.lreq_candidate(candidate_to_sim(candidate, status.time_s))
+    cand = engine.lreq_candidate(candidate_to_sim(candidate, status.time_s, first_token_only))
     ext, dflt = extension_tokens, default_output_tokens
     running = _lreqs_from_status(status.running, ext, dflt, remaining, cfg.max_model_len)
     waiting = _lreqs_from_status(status.waiting, ext, dflt, remaining, cfg.max_model_len)

@@ -75,7 +75,8 @@ class Dispatcher:
 
     async def choose(self, candidate: CandidateRequest, excluded: frozenset[int],
                      block_hashes: tuple[int, ...] = (), block_size: int = 16,
-                     prefix_tokens: int | None = None, slo: RequestSlo | None = None) -> DispatchDecision | None:
+                     prefix_tokens: int | None = None, slo: RequestSlo | None = None,
+                     first_token_only: bool = False) -> DispatchDecision | None:
         """Choose a dispatchable instance for `candidate` outside `excluded` (instance
         indices); None when there is none. The policy sees only the dispatchable
         instances, at positions 0..n-1 (so its "no healthy instance → all" fallback
@@ -89,7 +90,10 @@ class Dispatcher:
         computed, as the engine caps it) and is the load's `request_prompt_tokens`, so
         the hit's share of the prompt (cache_aware) and the KV headroom gate count in
         the engine's tokens, the unit of its hits and of its `/status`. `slo`: the
-        request's SLO, judged by the settings' `admission` (a refusal: `refused` set)."""
+        request's SLO, judged by the settings' `admission` (a refusal: `refused` set).
+        `first_token_only`: the look-aheads stop at the candidate's first token (its TTFT
+        is all the decision reads: an early decision, whose length is not known yet);
+        each prediction's E2E then equals its TTFT."""
         t0 = time.perf_counter()
         pool = self.instances.dispatchable()
         req = DispatchRequest(prefix_tokens or candidate.prompt_tokens, block_hashes, block_size)
@@ -99,7 +103,7 @@ class Dispatcher:
             loads = [replace(ld, healthy=pool[ld.index].index not in excluded) for ld in loads]
             if not any(ld.healthy for ld in loads):
                 return None
-        query = PredictRequest(candidate, self.objective)
+        query = PredictRequest(candidate, self.objective, first_token_only=first_token_only)
         identity = all(st.index == j for j, st in enumerate(pool))
         cached = ({pool[ld.index].index: ld.prefix_hit_tokens for ld in loads if ld.prefix_hit_tokens}
                   if block_hashes else None)

@@ -28,8 +28,10 @@
    request's Predictor RPCs go out right after parsing, while the tagger works — its
    TTFT on an instance does not depend on its own reply length, and the parser counts
    prompt tokens as the tagger does. The forward still waits for the tag (the engine's
-   `/status` and the pending list carry the tag's length); the decision's `e2e_s`
-   predictions assume `default_output_tokens` (`DecisionRecord.early_dispatch`). When
+   `/status` and the pending list carry the tag's length); the decision's look-aheads
+   stop at the candidate's first token (`first_token_only`: the same TTFT for a fraction
+   of the work on a busy instance), so its `e2e_s` predictions equal its TTFT ones
+   (`DecisionRecord.early_dispatch`). When
    the prompt's ids come from `/tokenize`, the early decision starts once they are in
    (or at the deadline): fallback ids never match a vLLM engine's cache, so deciding
    before they arrive would leave a prefix-aware policy blind on the one signal it
@@ -393,7 +395,8 @@ class FrontDoor:
             if late:  # forwarded without waiting for the tag: decided here
                 early = asyncio.get_running_loop().create_future()
                 try:
-                    early.set_result(await self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
+                    early.set_result(await self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo,
+                                                                  first_token_only=True))
                 except Exception as exc:  # noqa: BLE001 - raised where the decision is awaited, as a task's is
                     early.set_exception(exc)
                 r = Route(body, parsed, early_cand, blocks, raw, 0.0, early, slo, received_s,
@@ -401,7 +404,8 @@ class FrontDoor:
                 if tag_task is not None:  # its length lands whenever the RPC answers
                     self.tags.later(tag_task, raw, functools.partial(self._tag_landed, r))
                 return r
-            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo))
+            early = asyncio.ensure_future(self.dispatcher.choose(early_cand, excluded, *blocks, slo=slo,
+                                                                 first_token_only=True))
             await asyncio.sleep(0)  # let the predict RPCs go out before an in-process tag runs
         elif tok is not None:
             await asyncio.sleep(0)  # let the /tokenize RPC go out before an in-process tag runs
@@ -499,8 +503,8 @@ class FrontDoor:
                 assert r.slo is not None and r.slo.ttft_s is not None
                 slo = remaining_slo(r.slo, r.received_s, self.engine_now_s())
                 try:
-                    dec = None if slo is None else await self.dispatcher.choose(r.cand, excluded, *r.blocks,
-                                                                                slo=slo)
+                    dec = None if slo is None else await self.dispatcher.choose(
+                        r.cand, excluded, *r.blocks, slo=slo, first_token_only=r.late is not None)
                 except Exception as exc:  # noqa: BLE001 - one request's failure is its own
                     if not fut.done():
                         fut.set_exception(exc)
@@ -556,7 +560,8 @@ class FrontDoor:
                 dec = await self.first_decision(r)
                 rec.early_dispatch = r.early is not None  # chosen while the tagger worked
             else:
-                dec = await self.dispatcher.choose(cand, excluded, *blocks, slo=r.slo)
+                dec = await self.dispatcher.choose(cand, excluded, *blocks, slo=r.slo,
+                                                   first_token_only=r.late is not None)
             if dec is None:
                 break
             if dec.refused is not None:
@@ -713,7 +718,7 @@ class FrontDoor:
             ts = self.s.time_scale  # the engines' seconds, as the predictions are
             served = (None if rec.observed_ttft_s is None else rec.observed_ttft_s / ts,
                       None if rec.observed_e2e_s is None else rec.observed_e2e_s / ts)
-            # an early decision's e2e assumed the default reply length: not an E2E prediction
+            # an early decision's look-aheads stopped at the first token: no E2E prediction
             self.m.record_outcome(rec.instance, {"ttft": ttft_s, "e2e": None if rec.early_dispatch else e2e_s},
                                   {"ttft": served[0], "e2e": served[1]})
             outcomes = self.dispatcher.outcomes

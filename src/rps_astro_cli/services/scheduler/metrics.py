@@ -16,8 +16,8 @@
 - router quality (what a dashboard of the dispatch reads; `record_outcome`):
   `astro:prediction_abs_error_seconds{instance,metric}` |predicted − observed| and
   `astro:prediction_rel_error{instance,metric}` |predicted − observed| / observed, for
-  metric ttft and e2e (e2e not for early-dispatch decisions, whose e2e assumed the default
-  reply length), per request that finished ok with a prediction for the chosen
+  metric ttft and e2e (e2e not for early-dispatch decisions, whose look-aheads stop at
+  the first token), per request that finished ok with a prediction for the chosen
   instance (observed: the scheduler's own forward → first chunk / end of stream, the same
   pairs `GET /decisions` holds, so Δsum/Δcount are the report's predictor MAE and MAPE);
   `astro:prediction_error_seconds{instance,metric}` (a summary of predicted − observed,

@@ -69,7 +69,7 @@ class PredictClient:
         if not pred.trusted:
             return None
         status, age_s = held
-        return pred.predict(status, q.candidate, with_pending(status, q.pending, age_s))
+        return pred.predict(status, q.candidate, with_pending(status, q.pending, age_s), q.first_token_only)
 
     async def _predict_local(self, st: InstanceState, q: PredictRequest) -> LatencyEstimate | None:
         pred = self.local_predictor(st)

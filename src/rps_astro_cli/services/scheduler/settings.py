@@ -80,7 +80,8 @@ class SchedulerSettings:
     early_dispatch: with objective ttft, a text request's Predictor RPCs go out while the
         tagger works, on the parser's prompt tokens (the tagger counts the same way) and
         `default_output_tokens` (its own reply length does not change its TTFT); the
-        decision's `e2e_s` predictions then assume that length.
+        look-aheads stop at its first token, so the decision's `e2e_s` predictions
+        equal its TTFT ones.
     late_tag: with early dispatch, forward a text request without waiting for its tag
         when nothing reads the predicted length before it lands: every look-ahead runs in
         this process (`predict_in_process`, no sidecar reads the engine's `/status`
