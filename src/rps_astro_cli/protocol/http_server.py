@@ -103,46 +103,6 @@ def raw_error(status: int, message: str, type_: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
-HOLD_WRITES = "astro.hold_writes"
-"""The ASGI scope extension under which a connection's `HeldWrites` is found: an app
-that knows its next messages follow at once (a relay holding its first chunk) sends
-them as one write."""
-
-
-class HeldWrites:
-    """A connection's transport whose writes can be held and then sent as one: between
-    `hold()` and `flush()` each write is kept, and `flush` writes them joined — one
-    system call and one wake-up of the client instead of one per ASGI message (the
-    response head and the first chunk of a relayed stream). Everything else is the
-    transport's own."""
-
-    __slots__ = ("_transport", "_held")
-
-    def __init__(self, transport: Any):
-        self._transport = transport
-        self._held: list[bytes] | None = None
-
-    def write(self, data: bytes) -> None:
-        if self._held is None:
-            self._transport.write(data)
-        else:
-            self._held.append(data)
-
-    def hold(self) -> None:
-        """Keep the writes from now on until `flush`."""
-        if self._held is None:
-            self._held = []
-
-    def flush(self) -> None:
-        """Write what was held, as one write (idempotent; writes pass straight on again)."""
-        held, self._held = self._held, None
-        if held and not self._transport.is_closing():
-            self._transport.write(b"".join(held))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
     """uvicorn's httptools HTTP/1.1 protocol with `limits` enforced on every connection
     before any route runs (so before an API key is checked):
@@ -155,8 +115,6 @@ def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
       connection's start) → 408 and closed; the body not complete `body_timeout_s` after
       the headers → 408 (or, once a response has started, closed);
     - more than `max_connections` open at once → 503 and closed at once.
-
-    Its transport is a `HeldWrites`, in each request's scope under `HOLD_WRITES`.
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -199,7 +157,7 @@ def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
             self._refuse(408, f"the request's {what} did not arrive within {secs:g} s ({var})", "request_timeout")
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(HeldWrites(transport))
+            super().connection_made(transport)
             if len(self.connections) > limits.max_connections:
                 self._refuse(503, f"this server holds {limits.max_connections} connections already "
                              "(ASTRO_HTTP_MAX_CONNECTIONS); retry later", "server_busy")
@@ -225,7 +183,6 @@ def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self.scope["extensions"] = {HOLD_WRITES: self.transport}  # type: ignore[typeddict-unknown-key]
             self._in_head, self._head_bytes, self._n_headers = True, 0, 0
 
         def on_header(self, name: bytes, value: bytes) -> None:

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.types import Receive, Scope, Send
 
-from rps_astro_cli.protocol.http_server import HOLD_WRITES, HeldWrites
 from rps_astro_cli.services.http_common import error_body
 from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
@@ -99,26 +98,17 @@ class RelayResponse:
         self.headers = headers
         self._cleanup = cleanup
 
-    async def _send_all(self, send: Send, held: HeldWrites | None) -> None:
+    async def _send_all(self, send: Send) -> None:
         raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
-        if held is not None:  # the head goes out with the first piece, in one write
-            held.hold()
-        try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                if held is not None:
-                    held.flush()
-                    held = None
-        finally:
-            if held is not None:
-                held.flush()
+        await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+        async for chunk in self.body_iterator:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = ClientWatch(receive)
         try:
-            await self._send_all(send, scope.get("extensions", {}).get(HOLD_WRITES))
+            await self._send_all(send)
         except asyncio.CancelledError:
             if not watch.stop():
                 raise
