@@ -13,7 +13,10 @@ waiting for a core), the step-by-step median on a subset, their ratio (same subs
 mean steps simulated and mean events, and the largest relative difference between the two
 look-aheads' TTFT/E2E on the subset. When the engine (sim/lookahead_engine/) runs as its
 mypyc build, the same snapshots are also timed on the interpreted source in this process
-("src med µs") and the ratio printed ("×src").
+("src med µs") and the ratio printed ("×src"). "1st med µs": the same snapshots'
+look-ahead stopped at the candidate's first token (`first_token_only`, an early
+decision's), "×1st" the full one's median over it; its TTFT must equal the full one's
+("max rel diff" covers it too).
 
     .venv/bin/python benchmarks/lookahead_speed.py [--snapshots 200] [--stepwise 15] [--policy fcfs]
 
@@ -153,7 +156,8 @@ def main() -> None:
           f"max_num_seqs {cfg.max_num_seqs}, chunk {cfg.max_num_batched_tokens}; policy {args.policy}; "
           f"engine {'mypyc build' if lookahead.NATIVE else 'interpreted source'}")
     print(f"{'running':>7} {'waiting':>7} | {'jump med µs':>11} {'jump p99 µs':>11} "
-          f"{'cpu med µs':>10} {'cpu p99 µs':>10} | {'src med µs':>10} {'×src':>5} | {'step med µs':>11} {'ratio':>7} | "
+          f"{'cpu med µs':>10} {'cpu p99 µs':>10} | {'src med µs':>10} {'×src':>5} | {'1st med µs':>10} {'×1st':>5} | "
+          f"{'step med µs':>11} {'ratio':>7} | "
           f"{'steps':>7} {'events':>7} {'max rel diff':>12}")
     for n_run in (8, 48):
         for n_wait in (0, 50, 200):
@@ -170,6 +174,13 @@ def main() -> None:
                 cpu_us.append((time.process_time() - c0) * 1e6)
                 steps.append(est.steps_simulated)
                 events.append(est.events)
+            first_us, maxdiff = [], 0.0
+            for (st, cand), est in zip(snaps, (predict(st, cand, lat, policy) for st, cand in snaps)):
+                t0 = time.perf_counter()
+                short = predict(st, cand, lat, policy, first_token_only=True)
+                first_us.append((time.perf_counter() - t0) * 1e6)
+                maxdiff = max(maxdiff, abs(short.ttft_s - est.ttft_s) / est.ttft_s)
+            first_med = float(np.median(first_us))
             src_med, src_ratio = float("nan"), float("nan")
             if source is not None:  # the interpreted engine on the same snapshots
                 lookahead.engine = source
@@ -181,7 +192,7 @@ def main() -> None:
                 lookahead.engine = native
                 src_med = float(np.median(src_us))
                 src_ratio = src_med / float(np.median(fast_us))
-            slow_us, fast_sub, maxdiff = [], [], 0.0
+            slow_us, fast_sub = [], []
             for (st, cand), f_us in zip(snaps[: args.stepwise], fast_us[: args.stepwise]):
                 t0 = time.perf_counter()
                 ref = predict_stepwise(st, cand, lat, policy)
@@ -196,12 +207,13 @@ def main() -> None:
             ratio = smed / float(np.median(fast_sub)) if slow_us else float("nan")
             cmed, cp99 = float(np.median(cpu_us)), float(np.percentile(cpu_us, 99))
             print(f"{n_run:>7} {n_wait:>7} | {med:>11.0f} {p99:>11.0f} {cmed:>10.0f} {cp99:>10.0f} | "
-                  f"{src_med:>10.0f} {src_ratio:>4.1f}× | "
+                  f"{src_med:>10.0f} {src_ratio:>4.1f}× | {first_med:>10.0f} {med / first_med:>4.1f}× | "
                   f"{smed:>11.0f} {ratio:>6.0f}× | "
                   f"{np.mean(steps):>7.0f} {np.mean(events):>7.0f} {maxdiff:>12.1e}", flush=True)
             rows.append({"running": n_run, "waiting": n_wait, "jump_median_us": med, "jump_p99_us": p99,
                          "cpu_median_us": cmed, "cpu_p99_us": cp99, "source_median_us": src_med,
-                         "source_ratio": src_ratio, "stepwise_median_us": smed, "stepwise_ratio": ratio,
+                         "source_ratio": src_ratio, "first_token_median_us": first_med,
+                         "stepwise_median_us": smed, "stepwise_ratio": ratio,
                          "steps_mean": float(np.mean(steps)), "events_mean": float(np.mean(events)),
                          "max_rel_diff": maxdiff})
     if args.json:
