@@ -124,20 +124,21 @@ class Dispatcher:
             return outcomes.correct_all({j: pool[j].ep.name for j in got}, got, uncorrected)
 
         dec = await decide_async(self.policy, loads, self.rng, predict, slo, self.admission)
+        changes: dict[str, Any] = {}  # one copy of the decision, not one per change
         if untrusted:
-            dec = replace(dec, untrusted=tuple(untrusted))
-        if uncorrected:
-            dec = replace(dec, uncorrected=uncorrected)
+            changes["untrusted"] = tuple(untrusted)
+        raw = uncorrected or dec.uncorrected
+        if not identity:
+            changes.update(choice=pool[dec.choice].index if dec.refused is None else -1,
+                           candidates=tuple(pool[j].index for j in dec.candidates),
+                           predictions={pool[j].index: p for j, p in dec.predictions.items()})
+            raw = {pool[j].index: p for j, p in raw.items()}
+        if raw:
+            changes["uncorrected"] = raw
         dt = time.perf_counter() - t0
-        if identity:
-            dec = replace(dec, decide_us=dt * 1e6)
-        else:
-            dec = replace(dec, decide_us=dt * 1e6, choice=pool[dec.choice].index if dec.refused is None else -1,
-                          candidates=tuple(pool[j].index for j in dec.candidates),
-                          predictions={pool[j].index: p for j, p in dec.predictions.items()},
-                          uncorrected={pool[j].index: p for j, p in dec.uncorrected.items()})
-        self.m.decisions.labels(self.policy_name, dec.reason).inc()
-        self.m.decide.labels(self.policy_name).observe(dt)
+        dec = replace(dec, decide_us=dt * 1e6, **changes)
+        self.m.child(self.m.decisions, self.policy_name, dec.reason).inc()
+        self.m.child(self.m.decide, self.policy_name).observe(dt)
         self.m.record_decision(self.policy_name, dec.reason, dec.stage_us)
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision %s", dec.to_dict())

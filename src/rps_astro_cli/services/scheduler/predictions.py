@@ -95,7 +95,7 @@ class PredictClient:
         deadline; then it is probed again. A Predictor whose step model is not trusted
         (`sim.calibration`) answers, but its estimate is left out (outcome "untrusted",
         its index appended to `untrusted`): the policy compares that instance by load."""
-        payload = json.dumps(query.to_dict()).encode()
+        payload = b""  # the query's body, encoded once a sidecar is asked it unchanged
         tasks: dict[asyncio.Task[LatencyEstimate | None], int] = {}
         states: dict[int, InstanceState] = {}  # held here: discovery may drop one while we wait
         now = time.monotonic()
@@ -119,6 +119,8 @@ class PredictClient:
                 continue
             if q is not query:
                 body = json.dumps(q.to_dict()).encode()
+            elif not payload:
+                body = payload = json.dumps(query.to_dict()).encode()
             tasks[asyncio.ensure_future(self._predict_one(st.ep.predictor_url, body))] = i
         out: dict[int, LatencyEstimate] = {}
         if local:  # after the RPCs went out: the look-aheads run while the sidecars work
@@ -149,7 +151,7 @@ class PredictClient:
                     self._untrusted(i, states[i], untrusted)
                 elif isinstance(est, LatencyEstimate):
                     out[i] = est
-                    self.m.predict_rpcs.labels(self.policy_name, "in_process").inc()
+                    self.m.child(self.m.predict_rpcs, self.policy_name, "in_process").inc()
                     states[i].predictor_failures = 0
                     states[i].predictor_error = None
                 elif isinstance(est, (TimeoutError, RpcError, AstroUserError, ValueError, OSError)):
@@ -173,7 +175,7 @@ class PredictClient:
                     self._untrusted(tasks[t], states[tasks[t]], untrusted)
                     continue
                 out[tasks[t]] = est
-                self.m.predict_rpcs.labels(self.policy_name, "ok").inc()
+                self.m.child(self.m.predict_rpcs, self.policy_name, "ok").inc()
                 states[tasks[t]].predictor_failures = 0
                 states[tasks[t]].predictor_error = None
             else:
