@@ -266,8 +266,11 @@ def test_midstream_failure_ends_with_an_error_event(length_model):
 def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
     with ExitStack() as st:
         engs = [start(st, engine_app(i, time_scale=1.0)) for i in range(2)]
+        # the tag awaited (late_tag off): the body the engine gets carries the tag's length
+        # (with late tags, the default for a length-blind policy on fcfs engines, the
+        # length follows on the scheduler's copy of /status instead: test_late_tag.py)
         s = scheduler(st, [e.url for e in engs], policy="llumnix", length_model=length_model,
-                      status_interval_s=0.05)
+                      status_interval_s=0.05, late_tag=False)
         with httpx.Client(base_url=s.url, timeout=20) as c:
             with c.stream("POST", "/v1/chat/completions", json=chat(max_tokens=300, stream=True)) as r:
                 it = r.iter_lines()

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rps_astro_cli.dispatch import STATUS, decide_async, make_dispatch, prefix_hits_wanted
+from rps_astro_cli.dispatch import PREDICTIONS, STATUS, decide_async, make_dispatch, prefix_hits_wanted
 from rps_astro_cli.dispatch.admission import Admission, RequestSlo
 from rps_astro_cli.dispatch.loads import DispatchRequest, loads_for
 from rps_astro_cli.dispatch.outcome import OutcomeCorrection
@@ -44,6 +44,11 @@ class Dispatcher:
         self.predict = predict
         self.m = metrics
         self.objective: str = self.policy.describe().get("objective") or "e2e"
+        # whether a decision asks Predictors, and whether it reads the candidate's own
+        # predicted length (only an E2E prediction does: a TTFT does not depend on it,
+        # and a policy without predictions reads no length at all)
+        self.asks_predictors = PREDICTIONS in self.policy.inputs
+        self.reads_length = self.asks_predictors and self.objective == "e2e"
         self.admission = Admission(settings.admission)
         # each instance's estimates corrected by what its requests then took (`dispatch.outcome`),
         # keyed by instance name; fed by the front door as requests end

@@ -24,10 +24,11 @@
    hashed (counted). A token-id prompt's ids are its own (no RPC). With the engine's
    ids the candidate's prompt length is their count (`in_engine_tokens`): the unit
    of the engine's `/status` and of its hits.
-   Early dispatch (`early_dispatch`, on by default): under objective ttft a text
-   request's Predictor RPCs go out right after parsing, while the tagger works — its
-   TTFT on an instance does not depend on its own reply length, and the parser counts
-   prompt tokens as the tagger does. The forward still waits for the tag (the engine's
+   Early dispatch (`early_dispatch`, on by default): when the decision reads no reply
+   length (objective ttft, or a policy that asks no Predictor) a text request's
+   decision starts right after parsing, while the tagger works — its TTFT on an
+   instance does not depend on its own reply length, and the parser counts prompt
+   tokens as the tagger does. The forward still waits for the tag (the engine's
    `/status` and the pending list carry the tag's length); the decision's look-aheads
    stop at the candidate's first token (`first_token_only`: the same TTFT for a fraction
    of the work on a busy instance), so its `e2e_s` predictions equal its TTFT ones
@@ -41,8 +42,8 @@
 3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
    the dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). Late tag (`late_tag`, on by default): when nothing reads that length
-   before the tag lands — the early decision's look-aheads all run here and every
-   engine's in-instance policy is fcfs — the decision is made at once (not as a task),
+   before the tag lands — the early decision's look-aheads all run here (or it asks no
+   Predictor) and every engine's in-instance policy is fcfs — the decision is made at once (not as a task),
    the body goes as the client sent it, with an `x-request-id`, and the tag's length
    follows: onto the request's pending entry and, by that id, onto its rows of the
    engine's later `/status` polls (`instances.with_late_lengths`), as if the body had
@@ -345,7 +346,7 @@ class FrontDoor:
         # request this front door will forward before its tag lands (`late_tag_ok`; a
         # body naming no image or video part) is tagged once the forward is out
         # (`_forward`): nothing waits for that tag, so its RPC stays off the request's path
-        late = late_ok and self.s.early_dispatch and self.dispatcher.objective == "ttft" and self.late_tag_ok()
+        late = late_ok and self.s.early_dispatch and not self.dispatcher.reads_length and self.late_tag_ok()
         deferred = late and not heavy and b"image_url" not in raw and b"video_url" not in raw
         tag_task = None if heavy or deferred else self.tags.start(raw)
         if tag_task is not None:
@@ -375,7 +376,7 @@ class FrontDoor:
         # and never finished, or hashes wanted with no ids asked for)
         wanted = self.dispatcher.prefix_wanted()
         tok = self.start_prompt_ids(body, endpoint, parsed, wanted)
-        early_ok = self.s.early_dispatch and self.dispatcher.objective == "ttft" and parsed.modality == "text"
+        early_ok = self.s.early_dispatch and not self.dispatcher.reads_length and parsed.modality == "text"
         blocks: PromptBlocks | None = None
         if tok is None or early_ok:  # an early decision waits for the engine's ids (module docstring)
             try:
@@ -435,12 +436,14 @@ class FrontDoor:
     def late_tag_ok(self) -> bool:
         """Whether nothing reads a request's predicted length before its tag lands
         (`SchedulerSettings.late_tag`): every look-ahead runs here (no sidecar reads an
-        engine's `/status` itself) and every instance's latest `/status` names fcfs, the
-        in-instance policy that does not read lengths."""
-        if not (self.s.late_tag and self.s.predict_in_process):
+        engine's `/status` itself), or the policy asks no Predictor at all, and every
+        instance's latest `/status` names fcfs, the in-instance policy that does not read
+        lengths (a policy that polls no `/status` never knows that: it waits for tags)."""
+        asks = self.dispatcher.asks_predictors
+        if not (self.s.late_tag and (self.s.predict_in_process or not asks)):
             return False
         for st in self.instances:
-            if st.ep.predictor_url or st.status is None or st.status.policy.get("name") != "fcfs":
+            if (asks and st.ep.predictor_url) or st.status is None or st.status.policy.get("name") != "fcfs":
                 return False
         return True
 

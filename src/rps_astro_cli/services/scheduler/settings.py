@@ -77,19 +77,22 @@ class SchedulerSettings:
     oracle_lengths: use the request's true length (`vllm_xargs.astro_output_tokens`, which
     the bench sends) as the predicted length when present — the Astrolabe "oracle"
     ablation; the tagger is still called for the modality facts.
-    early_dispatch: with objective ttft, a text request's Predictor RPCs go out while the
-        tagger works, on the parser's prompt tokens (the tagger counts the same way) and
+    early_dispatch: when the decision reads no reply length (objective ttft, or a policy
+        that asks no Predictor), a text request's decision starts while the tagger
+        works, on the parser's prompt tokens (the tagger counts the same way) and
         `default_output_tokens` (its own reply length does not change its TTFT); the
         look-aheads stop at its first token, so the decision's `e2e_s` predictions
         equal its TTFT ones.
     late_tag: with early dispatch, forward a text request without waiting for its tag
         when nothing reads the predicted length before it lands: every look-ahead runs in
         this process (`predict_in_process`, no sidecar reads the engine's `/status`
-        directly) and every engine's in-instance policy is fcfs. The request goes with an
-        `x-request-id` (`astro-` + 16 hex digits) and the tag's length, when it lands, is
-        put on its pending entry and on its rows of the engine's later `/status` polls
-        (`instances.with_late_lengths`) — what the engine would have shown had the length
-        been in the body. Takes the tag's wait off the critical path.
+        directly) or the policy asks no Predictor, and every engine's in-instance policy
+        is fcfs (known from its `/status`: a policy that polls none waits for tags). The
+        request goes with an `x-request-id` (`astro-` + 16 hex digits) and the tag's
+        length, when it lands, is put on its pending entry and on its rows of the
+        engine's later `/status` polls (`instances.with_late_lengths`) — what the engine
+        would have shown had the length been in the body. Takes the tag's wait off the
+        critical path.
     predict_in_process: an instance without a Predictor URL is predicted in the
         scheduler's own process — the sidecar's `services.predictor.Predictor` look-ahead
         on the engine's `/status` from the scheduler's status poll (or its own fetch),
