@@ -43,6 +43,7 @@ from peer_routers import (
     HarnessError,
     Pinning,
     Router,
+    arm_of,
     client_opts,
     decision_costs,
     fleet_config,
@@ -145,12 +146,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give both --engine-cpus and --front-cpus, or neither")
     arms = []
     for name in (s.strip() for s in a.arms.split(",") if s.strip()):
-        if name not in ARMS:
-            ap.error(f"unknown arm {name!r}; one of: {', '.join(ARMS)}")
-        if ARMS[name].router != "astro" and peer_binary(ARMS[name].router) is None:
-            print(f"skipped {name}: {ARMS[name].router} is not installed (pip install -e '.[peers]')", file=sys.stderr)
+        if name.partition("@")[0] not in ARMS:
+            ap.error(f"unknown arm {name!r}; one of: {', '.join(ARMS)} (NAME@SRC: an astro arm from another build)")
+        try:
+            arm = arm_of(name)
+        except HarnessError as e:
+            ap.error(str(e))
+        if arm.router != "astro" and peer_binary(arm.router) is None:
+            print(f"skipped {name}: {arm.router} is not installed (pip install -e '.[peers]')", file=sys.stderr)
             continue
-        arms.append(ARMS[name])
+        arms.append(arm)
     pinning = None
     if a.engine_cpus is not None:
         pinning = Pinning(parse_cpus(a.engine_cpus), parse_cpus(a.front_cpus))

@@ -172,6 +172,7 @@ class Arm:
     args: tuple[str, ...] = ()  # extra `astro serve scheduler` flags (astro arms)
     tag_in_process: bool = False  # astro arms: the scheduler tags itself (no tagger service RPC)
     predict_in_process: bool = False  # astro arms: the scheduler runs the look-aheads (no Predictor RPCs)
+    src: str | None = None  # astro arms: the scheduler runs from this source tree (`arm_of`'s NAME@SRC)
 
 
 # the Astrolabe paper's Po2 (astro's defaults since issue 13 are k all, objective ttft,
@@ -206,6 +207,28 @@ ARMS: dict[str, Arm] = {a.name: a for a in (
     Arm("sglang-router/round_robin", "sglang-router", "round_robin"),
 )}
 ABLATION_ARMS = ("astro/power_of_k-local-queue", "astro/power_of_k-local-off")
+
+
+def arm_of(name: str) -> Arm:
+    """The arm called `name`; `NAME@SRC` is astro arm NAME with its scheduler run from the
+    source tree SRC (a directory holding `rps_astro_cli`, e.g. `git worktree add /tmp/base
+    REV` then `/tmp/base/src`, with the look-ahead engine's build copied in): an A/B of two
+    builds in one interleaved run, on the same fleet. SRC's code imports this environment's
+    packages.
+
+    Raises:
+        KeyError: no arm NAME. HarnessError: SRC on a peer router's arm, or no package there.
+    """
+    base, at, src = name.partition("@")
+    arm = ARMS[base]
+    if not at:
+        return arm
+    if arm.router != "astro":
+        raise HarnessError(f"{name}: only an astro arm runs from another source tree")
+    path = Path(src).resolve()
+    if not (path / "rps_astro_cli" / "__init__.py").is_file():
+        raise HarnessError(f"{name}: {path} holds no rps_astro_cli package (give a checkout's src directory)")
+    return replace(arm, name=name, src=str(path))
 DEFAULT_ARMS = [n for n in ARMS if n not in ABLATION_ARMS]
 PEER_BINARIES = ("vllm-router", "sglang-router")
 LAG_NAME = "astro:engine_lag_seconds_max"
@@ -389,11 +412,15 @@ class Router:
                     "--worker-startup-check-interval", "1",
                     "--log-level", "warn" if arm.router == "sglang-router" else "warning"]
         self.cmd = cmd
+        env = None
+        if arm.src is not None:  # another build's scheduler (`arm_of`)
+            env = {**os.environ, "PYTHONPATH": arm.src}
         log = open(log_path, "ab")
-        log.write(f"\n--- {time.strftime('%H:%M:%S')} {' '.join(cmd)}\n".encode())
+        log.write(f"\n--- {time.strftime('%H:%M:%S')} {'PYTHONPATH=' + arm.src + ' ' if arm.src else ''}"
+                  f"{' '.join(cmd)}\n".encode())
         log.flush()
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=die_with_parent)
+                                     start_new_session=True, preexec_fn=die_with_parent, env=env)
         log.close()
 
     def wait_ready(self, opts_for, timeout_s: float = 90.0) -> None:
@@ -1331,13 +1358,17 @@ def parse_args(argv: list[str] | None = None):
                      f"{format_cpus(have)} (got {format_cpus(eng)} / {format_cpus(front)})")
         args.pinning = Pinning(eng, front)
     names = [a.strip() for a in args.arms.split(",") if a.strip()]
-    bad = [a for a in names if a not in ARMS]
+    bad = [a for a in names if a.partition("@")[0] not in ARMS]
     if bad:
         ap.error(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
-    missing = sorted({ARMS[a].router for a in names if ARMS[a].router != "astro" and peer_binary(ARMS[a].router) is None})
+    try:
+        arms = [arm_of(a) for a in names]
+    except HarnessError as e:
+        ap.error(f"--arms: {e}")
+    missing = sorted({a.router for a in arms if a.router != "astro" and peer_binary(a.router) is None})
     if missing and not args.skip_missing:
         ap.error(f"--arms: {', '.join(missing)} not installed; pip install -e '.[peers]' or pass --skip-missing")
-    args.arm_list = [ARMS[a] for a in names if ARMS[a].router not in missing]
+    args.arm_list = [a for a in arms if a.router not in missing]
     if not args.arm_list:
         ap.error("--arms: no arm left to run")
     if args.reference not in [a.name for a in args.arm_list]:

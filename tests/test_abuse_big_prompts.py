@@ -192,10 +192,12 @@ def test_a_megabyte_prompt_is_refused_with_no_tag_rpc_and_no_tokenizing(parses):
     ~1 MB prompt (200,000 tokens) is refused with the context refusal's 400 before its tag
     RPC and before it is counted; a normal prompt is still tagged (its RPC sent before the
     parse, as before), and so is a legitimate big body (over OFF_LOOP_BYTES: tagged once
-    its JSON passed the cheap check)."""
+    its JSON passed the cheap check). The tag is awaited here (`late_tag` off: the order
+    of the tag RPC and the parse is what this test checks); with late tags see
+    `test_a_late_tagged_small_body_refused_on_its_count_sends_no_tag_rpc`."""
     calls: list[int] = []
     with ExitStack() as stack:
-        sch, door = _door(stack, calls, tag_deadline_s=5.0)
+        sch, door = _door(stack, calls, tag_deadline_s=5.0, late_tag=False)
         assert door.context_limit() == MAX_LEN
         with httpx.Client(base_url=sch.url, timeout=30) as c:
             big = "word " * 200_000
@@ -235,6 +237,28 @@ def test_a_megabyte_prompt_is_refused_with_no_tag_rpc_and_no_tokenizing(parses):
             while len(calls) < 4 and time.monotonic() < deadline:
                 time.sleep(0.02)
             assert len(calls) == 4
+
+
+def test_a_late_tagged_small_body_refused_on_its_count_sends_no_tag_rpc():
+    """With late tags (llumnix reads no reply length; an fcfs engine), a small body's tag
+    RPC goes out only once it is forwarded: 2 × 4096 token ids refused on their count cost
+    the tagger nothing, and a valid request is still tagged (after its forward)."""
+    calls: list[int] = []
+    with ExitStack() as stack:
+        sch, door = _door(stack, calls, tag_deadline_s=5.0)
+        assert door.late_tag_ok()
+        with httpx.Client(base_url=sch.url, timeout=30) as c:
+            r = c.post("/v1/completions", json={"model": MODEL, "prompt": [1] * (2 * MAX_LEN), "max_tokens": 1})
+            assert r.status_code == 400 and "at least 8192 tokens" in r.json()["error"]["message"]
+            r = c.post("/v1/chat/completions", json={**_chat("hi"), "max_tokens": 50})
+            assert r.status_code == 200, r.text
+            deadline = time.monotonic() + 5
+            while not calls and time.monotonic() < deadline:
+                time.sleep(0.02)
+            time.sleep(0.2)
+            assert len(calls) == 1  # the valid request's tag only
+            d = c.get("/decisions").json()[-1]
+            assert d["late_tag"] and d["tag_wait_us"] == 0
 
 
 def test_the_engine_refuses_a_megabyte_prompt_before_counting_it(parses):
