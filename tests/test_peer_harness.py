@@ -551,3 +551,20 @@ def test_tree_cpu_s_counts_a_childs_cpu_seconds() -> None:
             subprocess.run(["kill", str(p)], check=False)
         sh.wait(10)
     assert pr.tree_cpu_s([sh.pid]) == 0.0
+
+
+def test_an_arm_of_another_build_runs_from_its_source_tree(tmp_path) -> None:
+    # NAME@SRC: the astro arm NAME, its scheduler on PYTHONPATH=SRC (an A/B of two builds)
+    src = tmp_path / "src"
+    (src / "rps_astro_cli").mkdir(parents=True)
+    (src / "rps_astro_cli" / "__init__.py").write_text("")
+    arm = pr.arm_of(f"astro/power_of_k-local@{src}")
+    assert arm.name == f"astro/power_of_k-local@{src}" and arm.src == str(src.resolve())
+    assert arm.args == pr.ARMS["astro/power_of_k-local"].args and pr.ARMS["astro/power_of_k-local"].src is None
+    assert pr.arm_of("astro/llumnix") is pr.ARMS["astro/llumnix"]
+    with pytest.raises(pr.HarnessError, match="no rps_astro_cli package"):
+        pr.arm_of(f"astro/llumnix@{tmp_path}")
+    with pytest.raises(pr.HarnessError, match="only an astro arm"):
+        pr.arm_of(f"vllm-router/power_of_two@{src}")
+    with pytest.raises(KeyError):
+        pr.arm_of("astro/nope@/tmp")

@@ -76,8 +76,9 @@ def decisions_summary(decisions: list[dict[str, Any]], time_scale: float = 1.0) 
     seconds) against the scheduler-observed `observed_e2e_s` (forward → end of stream,
     wall seconds) ÷ `time_scale` (the sim engines' wall s per engine s), over decisions
     that ended "ok" — the pairs the scheduler's `astro:prediction_*` metrics count — and
-    were not made early (`early_dispatch`: predicted before the tag, so their e2e assumed
-    the default reply length); predictor_ttft likewise, early ones included. (Before the
+    were not made early (`early_dispatch`: predicted before the tag, their look-aheads
+    stopped at the first token, so their e2e is their TTFT); predictor_ttft likewise,
+    early ones included. (Before the
     ÷ time_scale, a cluster at time scale 1.5 read ~33 % E2E error from the clocks alone.)
     """
     def stats(vals: list[float]) -> dict[str, float | None]:
@@ -91,7 +92,7 @@ def decisions_summary(decisions: list[dict[str, Any]], time_scale: float = 1.0) 
         pairs = []
         for d in decisions:
             if key == "e2e_s" and d.get("early_dispatch"):
-                continue  # predicted before the tag: its e2e assumed the default reply length
+                continue  # predicted before the tag, up to the first token: no E2E prediction
             pred = (d.get("predictions") or {}).get(str(d.get("choice")))
             if (isinstance(pred, dict) and isinstance(pred.get(key), (int, float))
                     and isinstance(d.get(obs), (int, float)) and d.get("outcome", "ok") == "ok"):
