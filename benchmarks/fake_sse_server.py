@@ -69,8 +69,9 @@ class FakeSSE:
                 raw = await reader.readexactly(length) if length else b""
                 arrival = time.perf_counter()
                 if method != b"POST" or not path.endswith(b"/chat/completions"):
-                    ok = path.endswith(b"/models")
-                    msg = b'{"object":"list","data":[{"id":"fake","object":"model"}]}' if ok else b'{"error":"no"}'
+                    ok = path.endswith(b"/models") or path == b"/health"  # /health: a router's check
+                    msg = (b'{"object":"list","data":[{"id":"fake","object":"model"}]}' if path.endswith(b"/models")
+                           else b"{}" if ok else b'{"error":"no"}')
                     writer.write(b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
                                  % (b"200 OK" if ok else b"404 Not Found", len(msg), msg))
                     await writer.drain()
