@@ -13,7 +13,11 @@ scheduler does besides relaying (status polls, decisions, calibration).
         [--repeats 3] [--arms astro,vllm-router] [--json out.json]
 
 An arm `astro@SRC` runs astro's scheduler from the source tree SRC (another checkout's
-`src`, on PYTHONPATH): two builds of the relay compared in one run.
+`src`, on PYTHONPATH): two builds of the relay compared in one run. Arms `lean-streams` and
+`lean-protocol` are the two relay shapes of `relay_shapes.py` as minimal HTTP front doors
+(one request per client connection read, forwarded on a new engine connection, the body
+relayed): what a Python relay with none of astro's layers costs under the same engine,
+client and pinning.
 """
 
 from __future__ import annotations
@@ -60,10 +64,51 @@ def wait_ok(url: str, timeout_s: float = 60.0) -> None:
     raise SystemExit(f"{url} did not answer within {timeout_s:.0f} s")
 
 
+LEAN = ("lean-streams", "lean-protocol")
+
+
+def lean_server(shape: str, port: int, engine_port: int) -> None:
+    """A minimal front door: each client request (head and content-length body) is sent
+    on a new engine connection and the engine's chunked response relayed with `shape`."""
+    from relay_shapes import RelayProtocol, streams_relay
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await r.readuntil(b"\r\n\r\n")
+                lines = head.split(b"\r\n")
+                n = next((int(x.split(b":", 1)[1]) for x in lines[1:] if x.lower().startswith(b"content-length:")), 0)
+                body = await r.readexactly(n)
+                req = (lines[0] + b"\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+                       % len(body) + body)
+                if shape == "lean-streams":
+                    await streams_relay(w, engine_port, req, close=False)
+                else:
+                    loop = asyncio.get_running_loop()
+                    done: asyncio.Future[None] = loop.create_future()
+                    w.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n")
+                    t, _ = await loop.create_connection(lambda d=done: RelayProtocol(w.transport, d, close_out=False),
+                                                        "127.0.0.1", engine_port)
+                    t.write(req)
+                    await done
+        except (asyncio.IncompleteReadError, ConnectionError):
+            w.close()
+
+    async def main() -> None:
+        srv = await asyncio.start_server(handle, "127.0.0.1", port)
+        await srv.serve_forever()
+
+    import uvloop
+    uvloop.run(main())
+
+
 def start_router(arm: str, engine_url: str, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = None
-    if arm.partition("@")[0] == "astro":
+    if arm in LEAN:
+        cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(HERE)!r}); import relay_cpu; "
+               f"relay_cpu.lean_server({arm!r}, {port}, {int(engine_url.rsplit(':', 1)[1])})"]
+    elif arm.partition("@")[0] == "astro":
         cmd = [sys.executable, "-m", "rps_astro_cli.cli.main", "serve", "scheduler", "--engine", engine_url,
                "--policy", "round_robin", "--host", "127.0.0.1", "--port", str(port)]
         src = arm.partition("@")[2]
@@ -82,7 +127,20 @@ def start_router(arm: str, engine_url: str, log: Path) -> tuple[subprocess.Popen
                             start_new_session=True, env=env)
     os.sched_setaffinity(proc.pid, {1})
     url = f"http://127.0.0.1:{port}"
-    wait_ok(url + "/v1/models")
+    if arm in LEAN:  # it relays chat streams only: wait for its port
+        import socket
+
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"{arm} did not listen within 30 s") from None
+                time.sleep(0.1)
+    else:
+        wait_ok(url + "/v1/models")
     return proc, url
 
 

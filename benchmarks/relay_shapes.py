@@ -14,7 +14,7 @@ everything. Prints the relay process's CPU time ÷ tokens relayed, per repeat, t
 interleaved. No scheduling, parsing, decisions or status polls: the relay loop alone.
 
     .venv/bin/python benchmarks/relay_shapes.py [--streams 32] [--tokens 400] [--step-ms 20] \\
-        [--repeats 3] [--json out.json]
+        [--repeats 3] [--spread] [--json out.json]
 """
 
 from __future__ import annotations
@@ -34,8 +34,11 @@ FRAME = b"%x\r\n" % len(EVENT) + EVENT + b"\r\n"
 HEAD = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-type: text/event-stream\r\n\r\n"
 
 
-def engine(conn: Any, streams: int, tokens: int, step_s: float) -> None:
-    """Accept `streams` connections, then write one event on each every `step_s`."""
+def engine(conn: Any, streams: int, tokens: int, step_s: float, spread: bool = False) -> None:
+    """Accept `streams` connections, then write one event on each every `step_s`: all at
+    once (an engine step's tokens go out together, as vLLM's do), or with `spread` each
+    stream's at its own offset in the step (the relay then wakes once per token, as
+    behind `fake_sse_server.py`, whose streams keep their own clocks)."""
     async def main() -> None:
         writers: list[asyncio.StreamWriter] = []
         ready = asyncio.Event()
@@ -51,6 +54,11 @@ def engine(conn: Any, streams: int, tokens: int, step_s: float) -> None:
         for w in writers:
             w.write(HEAD)
         for _ in range(tokens):
+            if spread:
+                for w in writers:
+                    await asyncio.sleep(step_s / streams)
+                    w.write(FRAME)
+                continue
             await asyncio.sleep(step_s)
             for w in writers:
                 w.write(FRAME)
@@ -75,8 +83,12 @@ def client(port: int, streams: int) -> None:
     asyncio.run(main())
 
 
-async def streams_relay(cw: asyncio.StreamWriter, eng_port: int) -> None:
+async def streams_relay(cw: asyncio.StreamWriter, eng_port: int, request: bytes = b"", close: bool = True) -> None:
+    """Relay one engine response (sent `request` first, when given) onto `cw`; `close`:
+    close `cw` at the end (else the connection stays for the client's next request)."""
     er, ew = await asyncio.open_connection("127.0.0.1", eng_port)
+    if request:
+        ew.write(request)
     await er.readuntil(b"\r\n\r\n")
     cw.write(HEAD)
 
@@ -107,15 +119,16 @@ async def streams_relay(cw: asyncio.StreamWriter, eng_port: int) -> None:
     async for piece in sse():
         await send({"type": "http.response.body", "body": piece, "more_body": True})
     await send({"type": "http.response.body", "body": b"", "more_body": False})
-    cw.close()
+    if close:
+        cw.close()
     ew.close()
 
 
 class RelayProtocol(asyncio.Protocol):
     """The engine connection: chunked decoding and SSE cuts in `data_received`."""
 
-    def __init__(self, out: asyncio.WriteTransport, done: asyncio.Future[None]):
-        self.out, self.done = out, done
+    def __init__(self, out: asyncio.WriteTransport, done: asyncio.Future[None], close_out: bool = True):
+        self.out, self.done, self.close_out = out, done, close_out
         self.buf, self.need, self.head, self.pending = b"", -1, True, b""
         self.transport: asyncio.Transport | None = None
 
@@ -142,7 +155,8 @@ class RelayProtocol(asyncio.Protocol):
                 if size == 0:
                     self.cut(out)
                     self.out.write(b"0\r\n\r\n")
-                    self.out.close()
+                    if self.close_out:
+                        self.out.close()
                     assert self.transport is not None
                     self.transport.close()
                     self.done.set_result(None)
@@ -204,10 +218,10 @@ def relay(conn: Any, shape: str, eng_port: int, streams: int) -> None:
     conn.send(run(main()))
 
 
-def one_run(shape: str, streams: int, tokens: int, step_s: float) -> float:
+def one_run(shape: str, streams: int, tokens: int, step_s: float, spread: bool = False) -> float:
     """µs of relay CPU per token for one run of `shape`."""
     a, b = mp.Pipe()
-    pe = mp.Process(target=engine, args=(b, streams, tokens, step_s))
+    pe = mp.Process(target=engine, args=(b, streams, tokens, step_s, spread))
     pe.start()
     os.sched_setaffinity(pe.pid, {0})
     eport = a.recv()
@@ -231,6 +245,8 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=400, help="events per stream")
     ap.add_argument("--step-ms", type=float, default=20.0, help="engine step: one event per stream each")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--spread", action="store_true", help="each stream's event at its own offset in the step "
+                    "(one relay wake-up per token) instead of all at once")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
@@ -238,14 +254,14 @@ def main() -> int:
     out: dict[str, list[float]] = {"streams": [], "protocol": []}
     for r in range(a.repeats):
         for shape in (("streams", "protocol") if r % 2 == 0 else ("protocol", "streams")):
-            us = one_run(shape, a.streams, a.tokens, a.step_ms / 1000)
+            us = one_run(shape, a.streams, a.tokens, a.step_ms / 1000, a.spread)
             out[shape].append(us)
             print(f"repeat {r} {shape:8s} {us:6.1f} µs CPU per token", flush=True)
     for shape, v in out.items():
         print(f"{shape:8s} median {sorted(v)[len(v) // 2]:.1f} µs ({', '.join(f'{x:.1f}' for x in v)})")
     if a.json:
         a.json.write_text(json.dumps({"streams": a.streams, "tokens": a.tokens, "step_ms": a.step_ms,
-                                      "us_cpu_per_token": out}, indent=1) + "\n")
+                                      "spread": a.spread, "us_cpu_per_token": out}, indent=1) + "\n")
     return 0
 
 
