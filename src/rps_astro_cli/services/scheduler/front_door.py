@@ -25,32 +25,32 @@
    ids the candidate's prompt length is their count (`in_engine_tokens`): the unit
    of the engine's `/status` and of its hits.
    Early dispatch (`early_dispatch`, on by default): when the decision reads no reply
-   length (objective ttft, or a policy that asks no Predictor) a text request's
-   decision starts right after parsing, while the tagger works — its TTFT on an
-   instance does not depend on its own reply length, and the parser counts prompt
-   tokens as the tagger does. The forward still waits for the tag (the engine's
-   `/status` and the pending list carry the tag's length); the decision's look-aheads
-   stop at the candidate's first token (`first_token_only`: the same TTFT for a fraction
-   of the work on a busy instance), so its `e2e_s` predictions equal its TTFT ones
-   (`DecisionRecord.early_dispatch`). When
-   the prompt's ids come from `/tokenize`, the early decision starts once they are in
-   (or at the deadline): fallback ids never match a vLLM engine's cache, so deciding
-   before they arrive would leave a prefix-aware policy blind on the one signal it
-   exists for; the wait is bounded by `tokenize_deadline_s` (20 ms, under the tag's
-   50 ms) and overlaps the tag RPC. Without early dispatch the ids are awaited after the
-   tag, so the RPC costs no wait unless it is slower than the tagger.
-3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length
-   the dispatch used (so the engine's `/status` shows it) and relay the response
+   length (objective ttft, or a policy that asks no Predictor) a text request's decision
+   starts right after parsing, while the tagger works — its TTFT on an instance does not
+   depend on its own reply length, and the parser counts prompt tokens as the tagger
+   does. The forward still waits for the tag (the engine's `/status` and the pending list
+   carry the tag's length); the decision's look-aheads stop at the candidate's first
+   token (`first_token_only`: the same TTFT for a fraction of the work on a busy
+   instance), so its `e2e_s` predictions equal its TTFT ones
+   (`DecisionRecord.early_dispatch`). When the prompt's ids come from `/tokenize`, the
+   early decision starts once they are in (or at the deadline): fallback ids never match
+   a vLLM engine's cache, so deciding before they arrive would leave a prefix-aware
+   policy blind on the one signal it exists for; the wait is bounded by
+   `tokenize_deadline_s` (20 ms, under the tag's 50 ms) and overlaps the tag RPC. Without
+   early dispatch the ids are awaited after the tag, so the RPC costs no wait unless it
+   is slower than the tagger.
+3. Forward the body with `vllm_xargs.astro_predicted_output_tokens` set to the length the
+   dispatch used (so the engine's `/status` shows it) and relay the response
    (`relay.py`). Late tag (`late_tag`, on by default): when nothing reads that length
    before the tag lands — the early decision's look-aheads all run here (or it asks no
-   Predictor) and every engine's in-instance policy is fcfs — the decision is made at once (not as a task),
-   the body goes as the client sent it, with an `x-request-id`, and the tag's length
-   follows: onto the request's pending entry and, by that id, onto its rows of the
-   engine's later `/status` polls (`instances.with_late_lengths`), as if the body had
-   carried it; its tag RPC goes out right after the forward, not before parsing as
-   others' do (a text body: one naming no image or video part), so nothing of the tag
-   is on its path. A request whose instance fails before anything was sent to the
-   client is retried once on another instance (the failed one's breaker opens).
+   Predictor) and every engine's in-instance policy is fcfs — the decision is made at
+   once (not as a task), the body goes as the client sent it, with an `x-request-id`, and
+   the tag's length follows: onto the request's pending entry and, by that id, onto its
+   rows of the engine's later `/status` polls (`instances.with_late_lengths`), as if the
+   body had carried it; its tag RPC goes out right after the forward, not before parsing
+   as others' do (a text body: one naming no image or video part), so nothing of the tag
+   is on its path. A request whose instance fails before anything was sent to the client
+   is retried once on another instance (the failed one's breaker opens).
 
 Every request ends in a response or an error the client sees, and in one
 `DecisionRecord` (`GET /decisions`). A client that disconnects before the response is
@@ -215,6 +215,12 @@ class Route:
     # its SLO's targets: they are engine seconds, as the predictions are
     received_s: float = 0.0
     late: LateTag | None = None  # forwarded before its tag (`SchedulerSettings.late_tag`)
+
+    @property
+    def first_token_only(self) -> bool:
+        """Whether its later decisions (a retry, the router queue's) read the TTFT only:
+        forwarded before its tag, its candidate carries the default length, not one."""
+        return self.late is not None
 
     def cancel(self) -> None:
         """Drop the early decision (the request went away)."""
@@ -507,7 +513,7 @@ class FrontDoor:
                 slo = remaining_slo(r.slo, r.received_s, self.engine_now_s())
                 try:
                     dec = None if slo is None else await self.dispatcher.choose(
-                        r.cand, excluded, *r.blocks, slo=slo, first_token_only=r.late is not None)
+                        r.cand, excluded, *r.blocks, slo=slo, first_token_only=r.first_token_only)
                 except Exception as exc:  # noqa: BLE001 - one request's failure is its own
                     if not fut.done():
                         fut.set_exception(exc)
@@ -564,7 +570,7 @@ class FrontDoor:
                 rec.early_dispatch = r.early is not None  # chosen while the tagger worked
             else:
                 dec = await self.dispatcher.choose(cand, excluded, *blocks, slo=r.slo,
-                                                   first_token_only=r.late is not None)
+                                                   first_token_only=r.first_token_only)
             if dec is None:
                 break
             if dec.refused is not None:
