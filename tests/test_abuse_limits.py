@@ -155,6 +155,62 @@ def test_the_scheduler_cuts_responses_over_the_byte_limit():
         assert dec[-1]["outcome"] == "ok" and dec[-1]["observed_e2e_s"] > 0
 
 
+def test_a_client_that_stops_reading_pauses_the_engine_and_loses_nothing():
+    """Flow control through the relay: a streaming client that stops reading makes the
+    scheduler stop reading its engine (the engine's sends stall: the scheduler holds no
+    more than socket buffers and a read), and once the client reads again every event
+    arrives, in order, then [DONE]."""
+    n_events, pad = 8_000, "x" * 4000  # ~32 MB in all
+    sent = [0]
+    app = FastAPI()
+
+    @app.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @app.post("/v1/chat/completions")
+    async def _chat():
+        async def gen():
+            for i in range(n_events):
+                ev = f'data: {{"i": {i}, "choices": [{{"index": 0, "delta": {{"content": "{pad}"}}}}]}}\n\n'
+                sent[0] += 1
+                yield ev.encode()
+            yield b"data: [DONE]\n\n"
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                       "stream": True}).encode()
+    with ExitStack() as st:
+        eng = st.enter_context(ServerThread(app))
+        s = SchedulerSettings(instances=(InstanceEndpoint("engine-0", eng.url, None),), policy="round_robin",
+                              served_models=(MODEL,))
+        url = st.enter_context(ServerThread(create_app(s))).url
+        host, port = url.removeprefix("http://").split(":")
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)  # the client's window stays small
+        sock.connect((host, int(port)))
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                     b"content-length: %d\r\n\r\n%b" % (len(body), body))
+        last, still_since = -1, time.monotonic()
+        deadline = time.monotonic() + 30
+        while time.monotonic() - still_since < 1.0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            if sent[0] != last:
+                last, still_since = sent[0], time.monotonic()
+        assert 0 < sent[0] < n_events // 2, sent[0]  # stalled, well short of the end
+        sock.settimeout(30)
+        raw = b""
+        while not raw.endswith(b"0\r\n\r\n"):  # the response's last chunk
+            more = sock.recv(1 << 20)
+            assert more, "the connection closed before the response ended"
+            raw += more
+        sock.close()
+    text = raw.split(b"\r\n\r\n", 1)[1].decode()
+    events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    assert [json.loads(e)["i"] for e in events[:-1]] == list(range(n_events))
+
+
 # -- connection limits -----------------------------------------------------------------
 def _hello_app() -> FastAPI:
     app = FastAPI()

@@ -66,16 +66,16 @@ def test_keep_alive_reuses_one_connection():
     asyncio.run(main())
 
 
-def test_chunked_body_is_decoded_chunk_by_chunk():
+def test_chunked_body_is_decoded_and_the_connection_stays_in_step():
     async def main():
         resp = (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
                 b"4\r\nabcd\r\n3\r\nefg\r\n0\r\n\r\n")
         async with RawServer([resp, ok(b"next")]) as url:
             pool = HostPool(url)
             r = await pool.request("GET", "/s")
-            chunks = [c async for c in r.chunks()]
+            body = b"".join([c async for c in r.body_reads()])
             await r.aclose()
-            assert (r.status, chunks) == (200, [b"abcd", b"efg"])
+            assert (r.status, body) == (200, b"abcdefg")
             assert await pool.post_json("/y", b"") == (200, b"next")  # same connection, still in sync
             pool.close()
 
@@ -104,7 +104,7 @@ def test_refused_and_broken_connections_raise_rpc_error():
         async with RawServer([cut], close_after=1) as url:
             r = await HostPool(url).request("POST", "/p", b"{}")
             with pytest.raises(RpcError, match="body broken"):
-                async for _ in r.chunks():
+                async for _ in r.body_reads():
                     pass
 
     asyncio.run(main())
@@ -154,3 +154,55 @@ def test_body_reads_decodes_chunked_bodies_split_anywhere_and_keeps_the_connecti
     got = asyncio.run(asyncio.wait_for(main(), 20))
     assert got == [b"hello world again"] * 2
     assert len(conns) == 1  # one keep-alive connection served both
+
+
+def test_tap_hands_the_body_to_callbacks_split_anywhere_then_reuses_the_connection():
+    """`Response.tap` (the front door's relay): the same split chunked body as above,
+    tapped after its first read, gives exactly the chunks' data through `on_data`, then
+    one `on_end(None)`; the connection serves the next request. A body cut mid-chunk ends
+    with one `on_end(RpcError)`."""
+    body = b"5\r\nhello\r\n1;ext=1\r\n \r\nb\r\nworld again\r\n0\r\nx-trailer: 1\r\n\r\n"
+    pieces = [body[:2], body[2:9], body[9:10], body[10:23], body[23:]]
+    head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+    conns = []
+
+    async def handle(reader, writer):
+        conns.append(writer)
+        for _ in range(2):
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(head)
+            for p in pieces:
+                writer.write(p)
+                await writer.drain()
+                await asyncio.sleep(0.01)
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(head + body[:30])  # cut inside "world again"
+        await writer.drain()
+        writer.close()
+
+    async def tapped(resp):
+        got, ends = [await resp.read_some()], []
+        done = asyncio.get_running_loop().create_future()
+
+        def end(err):
+            ends.append(err)
+            done.set_result(None)
+
+        resp.tap(got.append, end)
+        await asyncio.wait_for(done, 5)
+        await asyncio.sleep(0.05)  # no second end
+        resp.aclose_sync()
+        return b"".join(got), ends
+
+    async def main():
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        pool = HostPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
+        out = [await tapped(await pool.request("GET", "/x")) for _ in range(3)]
+        pool.close()
+        srv.close()
+        return out
+
+    (b1, e1), (b2, e2), (b3, e3) = asyncio.run(asyncio.wait_for(main(), 20))
+    assert b1 == b2 == b"hello world again" and e1 == e2 == [None]
+    assert b3 == b"hello world" and len(e3) == 1 and isinstance(e3[0], RpcError)
+    assert len(conns) == 1  # one keep-alive connection served all three

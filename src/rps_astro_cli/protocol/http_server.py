@@ -12,7 +12,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -103,6 +103,52 @@ def raw_error(status: int, message: str, type_: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
+CLIENT_BODY = "astro.client_body"  # the scope extension naming a request's `ClientBody`
+
+
+class ClientBody:
+    """A request's response body written straight to the client's connection, from any
+    callback on the event loop (the front door's relay writes each engine read from the
+    engine connection's own data callback: no task woken, no ASGI message per piece).
+
+    Only once the response has started (through ASGI `send`) with chunked framing; its
+    end goes through ASGI `send` too (uvicorn then finishes the cycle: keep-alive, the
+    next request). `paused` while the client's connection holds more unsent bytes than its
+    high-water mark; `drain()` waits for it to go under."""
+
+    __slots__ = ("_cycle",)
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle = cycle
+
+    def ready(self) -> bool:
+        """The response has started, chunked, and not ended: `write` may be used."""
+        c = self._cycle
+        return bool(c.response_started and c.chunked_encoding and not c.response_complete)
+
+    def write(self, data: bytes) -> bool:
+        """Write `data` as one chunk; False when the client has gone (nothing written)."""
+        c = self._cycle
+        if c.disconnected or c.transport.is_closing():
+            return False
+        c.transport.write(b"%x\r\n%b\r\n" % (len(data), data))
+        return True
+
+    @property
+    def paused(self) -> bool:
+        return bool(self._cycle.flow.write_paused)
+
+    async def drain(self) -> None:
+        await self._cycle.flow.drain()
+
+
+def client_body(scope: MutableMapping[str, Any]) -> ClientBody | None:
+    """The request's `ClientBody` once its response has started chunked; None under a
+    server other than `bounded_http_protocol`'s (then write through ASGI `send`)."""
+    body = scope.get("extensions", {}).get(CLIENT_BODY)
+    return body if isinstance(body, ClientBody) and body.ready() else None
+
+
 def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
     """uvicorn's httptools HTTP/1.1 protocol with `limits` enforced on every connection
     before any route runs (so before an API key is checked):
@@ -115,6 +161,8 @@ def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
       connection's start) → 408 and closed; the body not complete `body_timeout_s` after
       the headers → 408 (or, once a response has started, closed);
     - more than `max_connections` open at once → 503 and closed at once.
+
+    Each request's scope carries its `ClientBody` (extension `CLIENT_BODY`).
     """
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -199,7 +247,10 @@ def bounded_http_protocol(limits: HttpLimits) -> type[asyncio.Protocol]:
                              f"{limits.max_headers} (ASTRO_HTTP_MAX_HEADERS)", "request_header_fields_too_large")
                 return
             self._arm(limits.body_timeout_s, "body")
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not before:  # a request cycle was made (not an upgrade)
+                self.scope.setdefault("extensions", {})[CLIENT_BODY] = ClientBody(self.cycle)
 
         def on_body(self, body: bytes) -> None:
             if not self._refused:

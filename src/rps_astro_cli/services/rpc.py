@@ -9,7 +9,10 @@ would cap one scheduler process near 400 req/s. httpx stays in use for everythin
 
 Scope (deliberately small): plain `http://host:port` (no TLS, no proxies, no redirects),
 request bodies with Content-Length, responses with Content-Length, chunked transfer
-encoding or read-to-close. One pool of idle connections per destination. A request on
+encoding or read-to-close, each read with one incremental decoder (`_Chunked`, `_Length`,
+`_ToClose`) whether the body is awaited (`Response.read_some`) or handed to callbacks
+run by the connection as bytes arrive (`Response.tap`: the front door's relay). One
+pool of idle connections per destination. A request on
 a reused idle connection that the server had already closed (EOF before any response
 byte) is retried once on a fresh connection, which is safe because the server never saw
 it. Every transport failure raises `RpcError`.
@@ -18,7 +21,7 @@ it. Every transport failure raises `RpcError`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from urllib.parse import urlsplit
 
 _MAX_HEAD_BYTES = 64 * 1024
@@ -28,27 +31,173 @@ class RpcError(ConnectionError):
     """The destination could not be reached or broke the HTTP exchange."""
 
 
+class _Reader(asyncio.StreamReader):
+    """asyncio's StreamReader whose incoming bytes can go to a callback instead of its
+    buffer (`Response.tap`): the engine connection's data callback then relays them with
+    no task woken per read."""
+
+    _on_data: Callable[[bytes], None] | None = None
+    _on_lost: Callable[[BaseException | None], None] | None = None
+
+    def feed_data(self, data: bytes) -> None:
+        if self._on_data is not None:
+            self._on_data(data)
+        else:
+            super().feed_data(data)
+
+    def feed_eof(self) -> None:
+        super().feed_eof()
+        if self._on_lost is not None:
+            self._on_lost(None)
+
+    def set_exception(self, exc: BaseException) -> None:
+        super().set_exception(exc)
+        if self._on_lost is not None:
+            self._on_lost(exc)
+
+    def start_tap(self, on_data: Callable[[bytes], None], on_lost: Callable[[BaseException | None], None]) -> bytes:
+        """Send later bytes to `on_data` and the connection's end to `on_lost`; the bytes
+        buffered until now are returned (the caller hands them on first)."""
+        buf: bytearray = self._buffer  # type: ignore[attr-defined]
+        buffered = bytes(buf)
+        buf.clear()
+        if self._paused:  # type: ignore[attr-defined]  # paused for a full buffer: it is empty now
+            self._paused = False
+            self._transport.resume_reading()  # type: ignore[attr-defined]
+        self._on_data, self._on_lost = on_data, on_lost
+        return buffered
+
+    def stop_tap(self, rest: bytes = b"") -> None:
+        """Buffer incoming bytes again, starting with `rest`."""
+        self._on_data = self._on_lost = None
+        if rest:
+            super().feed_data(rest)
+
+
 class _Conn:
     __slots__ = ("reader", "writer", "reused")
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, reader: _Reader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
         self.reused = False
 
     def close(self) -> None:
+        self.reader.stop_tap()
         try:
             self.writer.close()
         except Exception:  # pragma: no cover - already gone
             pass
 
 
+class _Chunked:
+    """Incremental decoder of the chunked transfer coding: `feed` bytes as they arrive,
+    get the body's data back; `done` once the last chunk and trailers have come, `rest`
+    the bytes past the body's end.
+
+    Raises (from feed): ValueError on a malformed size line or a chunk not closed by CRLF.
+    """
+
+    __slots__ = ("buf", "need", "trailers", "done", "rest")
+
+    def __init__(self) -> None:
+        self.buf = b""  # unparsed bytes
+        self.need = -1  # data bytes of the current chunk still to come (then its CRLF); -1: a size line is next
+        self.trailers = False  # past the last chunk: trailer lines until an empty one
+        self.done = False
+        self.rest = b""
+
+    def feed(self, data: bytes) -> bytes:
+        buf = self.buf + data if self.buf else data
+        pos, need, out = 0, self.need, []
+        while True:
+            nl = -1
+            if self.trailers or need < 0:
+                nl = buf.find(b"\r\n", pos)
+                if nl < 0:
+                    if len(buf) - pos > _MAX_HEAD_BYTES:
+                        raise ValueError("a chunk size or trailer line is too long")
+                    break
+            if self.trailers:
+                empty, pos = nl == pos, nl + 2
+                if empty:
+                    self.done, self.rest, self.buf = True, buf[pos:], b""
+                    return b"".join(out)
+                continue
+            if need < 0:
+                size = int(buf[pos:nl].split(b";", 1)[0].strip() or b"0", 16)
+                if size < 0:
+                    raise ValueError(f"negative chunk size {size}")
+                pos = nl + 2
+                if size == 0:
+                    self.trailers = True
+                    continue
+                need = size
+            avail = len(buf) - pos
+            if avail < need + 2:
+                if need and avail > 0:  # hand on what arrived of a long chunk now
+                    take = min(avail, need)
+                    out.append(buf[pos:pos + take])
+                    pos += take
+                    need -= take
+                break
+            if buf[pos + need:pos + need + 2] != b"\r\n":
+                raise ValueError("a chunk's data is not followed by CRLF")
+            out.append(buf[pos:pos + need])
+            pos += need + 2
+            need = -1
+        self.buf, self.need = buf[pos:], need
+        return b"".join(out)
+
+    def eof(self) -> None:
+        raise ValueError("the connection ended inside a chunked body")
+
+
+class _Length:
+    """A Content-Length body (see `_Chunked`)."""
+
+    __slots__ = ("left", "done", "rest")
+
+    def __init__(self, n: int) -> None:
+        self.left = n
+        self.done = n == 0
+        self.rest = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if len(data) < self.left:
+            self.left -= len(data)
+            return data
+        out, self.rest = data[:self.left], data[self.left:]
+        self.left, self.done = 0, True
+        return out
+
+    def eof(self) -> None:
+        raise ValueError(f"the connection ended {self.left} bytes before the body's end")
+
+
+class _ToClose:
+    """A body that ends when the connection does (see `_Chunked`)."""
+
+    __slots__ = ("done", "rest")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.rest = b""
+
+    def feed(self, data: bytes) -> bytes:
+        return data
+
+    def eof(self) -> None:
+        self.done = True
+
+
 class Response:
-    """A response whose body is read as an async stream of decoded chunks.
+    """A response whose body is read as it arrives.
 
     status: HTTP status code. headers: lower-cased names → values.
-    Call `read()` for the whole body, or iterate `chunks()`, then `aclose()` (idempotent;
-    returns the connection to the pool when the body was fully read).
+    Read the body with `read()`, `read_some()` / `body_reads()`, or hand its rest to
+    callbacks with `tap`; then `aclose()` (idempotent; returns the connection to the pool
+    when the body was read to its end).
     """
 
     def __init__(self, pool: HostPool, conn: _Conn, status: int, headers: dict[str, str]):
@@ -56,122 +205,122 @@ class Response:
         self.status = status
         self.headers = headers
         self._conn: _Conn | None = conn
-        self._done = False
-        te = headers.get("transfer-encoding", "").lower()
-        self._chunked = "chunked" in te
+        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
         cl = headers.get("content-length")
-        self._remaining = int(cl) if cl is not None and not self._chunked else None
-        self._keep = headers.get("connection", "").lower() != "close" and (self._chunked or cl is not None)
-        if status in (204, 304) or (self._remaining == 0):
-            self._done = True
+        self._dec: _Chunked | _Length | _ToClose = (
+            _Chunked() if chunked else _Length(int(cl)) if cl is not None else _ToClose())
+        self._keep = headers.get("connection", "").lower() != "close" and (chunked or cl is not None)
+        self._done = status in (204, 304) or self._dec.done
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        """The body, chunk by chunk (decoded from chunked encoding when used).
+    def _broken(self, exc: BaseException) -> RpcError:
+        self._drop()
+        return RpcError(f"{self.pool.base_url}: response body broken: {exc!r}")
+
+    def _ended(self) -> None:
+        self._done = True
+        if self._dec.rest:  # bytes past the body's end: the connection is out of step
+            self._keep = False
+
+    async def read_some(self) -> bytes:
+        """The body's next bytes, framing removed, as one socket read brings them (a read
+        that carries several chunks, a burst of SSE events, is one piece); b"" once the
+        body has ended.
 
         Raises:
             RpcError: the connection broke before the body ended.
         """
-        conn = self._conn
-        if conn is None or self._done:
-            return
-        r = conn.reader
-        try:
-            if self._chunked:
-                while True:
-                    line = await r.readuntil(b"\r\n")
-                    size = int(line.split(b";", 1)[0].strip() or b"0", 16)
-                    if size == 0:
-                        while (await r.readuntil(b"\r\n")) != b"\r\n":  # trailers
-                            pass
-                        break
-                    data = await r.readexactly(size + 2)
-                    yield data[:-2]
-            elif self._remaining is not None:
-                while self._remaining > 0:
-                    data = await r.read(min(self._remaining, 1 << 16))
-                    if not data:
-                        raise asyncio.IncompleteReadError(b"", self._remaining)
-                    self._remaining -= len(data)
-                    yield data
-            else:  # read to close
-                while data := await r.read(1 << 16):
-                    yield data
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as exc:
-            self._drop()
-            raise RpcError(f"{self.pool.base_url}: response body broken: {exc!r}") from None
-        self._done = True
+        conn, dec = self._conn, self._dec
+        while conn is not None and not self._done:
+            try:
+                more = await conn.reader.read(1 << 16)
+                if more:
+                    out = dec.feed(more)
+                else:
+                    dec.eof()
+                    out = b""
+            except (OSError, ValueError) as exc:
+                raise self._broken(exc) from None
+            if dec.done:
+                self._ended()
+            if out:
+                return out
+        return b""
 
     async def body_reads(self) -> AsyncIterator[bytes]:
-        """The body as it arrives: one piece per socket read, chunked framing removed, so
-        a read that carries several chunks (a burst of SSE events) is one piece — what a
-        streaming client timing network arrivals wants, with one await per read instead
-        of two per chunk (`chunks`). Content-Length and read-to-close bodies are read as
-        `chunks` reads them.
+        """The body as it arrives: `read_some` until its end (what a streaming client
+        timing network arrivals wants).
 
         Raises:
             RpcError: the connection broke before the body ended.
         """
+        while piece := await self.read_some():
+            yield piece
+
+    def tap(self, on_data: Callable[[bytes], None], on_end: Callable[[RpcError | None], None]) -> None:
+        """Hand the rest of the body to callbacks run by the connection itself as bytes
+        arrive (no task woken per read): `on_data(bytes)` with each read's body bytes,
+        framing removed; then once `on_end(None)` when the body has ended (`aclose` then
+        returns the connection to the pool) or `on_end(RpcError)` when the connection broke
+        first. Bytes already read are handed on at once, inside this call. `pause_reading`
+        / `resume_reading` for flow control; `aclose` stops the callbacks."""
         conn = self._conn
         if conn is None or self._done:
+            on_end(None if self._done else RpcError(f"{self.pool.base_url}: response already closed"))
             return
-        if not self._chunked:
-            async for data in self.chunks():
-                yield data
-            return
-        r = conn.reader
-        buf, pos = b"", 0  # unparsed bytes start at buf[pos] (an index: no re-slicing per chunk)
-        need = -1  # bytes of chunk data still to come (then its CRLF); -1: a size line is next
-        try:
-            while True:
-                out = []
-                while True:
-                    if need < 0:
-                        nl = buf.find(b"\r\n", pos)
-                        if nl < 0:
-                            break
-                        size = int(buf[pos:nl].split(b";", 1)[0].strip() or b"0", 16)
-                        pos = nl + 2
-                        if size == 0:  # last chunk: optional trailers, then an empty line
-                            tail = buf[pos:]
-                            while not (tail.startswith(b"\r\n") or b"\r\n\r\n" in tail):
-                                more = await r.read(1 << 16)
-                                if not more:
-                                    raise asyncio.IncompleteReadError(b"", None)
-                                tail += more
-                            if out:
-                                yield b"".join(out)
-                            self._done = True
-                            return
-                        need = size
-                    avail = len(buf) - pos
-                    if avail < need + 2:
-                        if need and avail > 0:  # hand on what arrived of a long chunk now
-                            take = min(avail, need)
-                            out.append(buf[pos:pos + take])
-                            pos += take
-                            need -= take
-                        break
-                    out.append(buf[pos:pos + need])
-                    pos += need + 2
-                    need = -1
-                if out:
-                    yield b"".join(out)
-                more = await r.read(1 << 16)
-                if not more:
-                    raise asyncio.IncompleteReadError(b"", None)
-                buf, pos = buf[pos:] + more, 0
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError, ValueError) as exc:
-            self._drop()
-            raise RpcError(f"{self.pool.base_url}: response body broken: {exc!r}") from None
+        reader, dec = conn.reader, self._dec
+
+        def data(more: bytes) -> None:
+            try:
+                out = dec.feed(more)
+            except ValueError as exc:
+                on_end(self._broken(exc))
+                return
+            if out:
+                on_data(out)
+            if dec.done and self._conn is conn:
+                reader.stop_tap(dec.rest)
+                self._ended()
+                on_end(None)
+
+        def lost(exc: BaseException | None) -> None:
+            if self._done or self._conn is not conn:
+                return
+            try:
+                dec.eof()
+            except ValueError as why:
+                on_end(self._broken(exc or why))
+                return
+            reader.stop_tap()
+            self._ended()
+            on_end(None)
+
+        buffered = reader.start_tap(data, lost)
+        if buffered:
+            data(buffered)
+        if not self._done and self._conn is conn and reader.at_eof():
+            lost(reader.exception())
+
+    def pause_reading(self) -> None:
+        """Stop reading the body from the socket (the peer then stops sending)."""
+        if self._conn is not None:
+            self._conn.writer.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        if self._conn is not None:
+            self._conn.writer.transport.resume_reading()
 
     async def read(self, max_bytes: int | None = None) -> bytes:
         """The whole body (then the connection goes back to the pool); with `max_bytes`,
-        at most its first `max_bytes` bytes (the rest unread: the connection is dropped)."""
+        at most its first `max_bytes` bytes (the rest unread: the connection is dropped).
+
+        Raises:
+            RpcError: the connection broke before the body ended.
+        """
         parts = []
         size = 0
-        async for c in self.chunks():
-            parts.append(c)
-            size += len(c)
+        while piece := await self.read_some():
+            parts.append(piece)
+            size += len(piece)
             if max_bytes is not None and size >= max_bytes:
                 break
         self.aclose_sync()
@@ -221,11 +370,14 @@ class HostPool:
 
     async def _connect(self) -> _Conn:
         try:
-            reader, writer = await asyncio.wait_for(
-                asyncio.open_connection(self.host, self.port, limit=_MAX_HEAD_BYTES), self.connect_timeout_s)
+            loop = asyncio.get_running_loop()
+            reader = _Reader(limit=_MAX_HEAD_BYTES, loop=loop)
+            protocol = asyncio.StreamReaderProtocol(reader, loop=loop)
+            transport, _ = await asyncio.wait_for(
+                loop.create_connection(lambda: protocol, self.host, self.port), self.connect_timeout_s)
         except (TimeoutError, OSError) as exc:
             raise RpcError(f"{self.base_url}: cannot connect: {exc!r}") from None
-        return _Conn(reader, writer)
+        return _Conn(reader, asyncio.StreamWriter(transport, protocol, reader, loop))
 
     def _release(self, conn: _Conn) -> None:
         if len(self._idle) < self.max_idle and not conn.writer.is_closing() and not conn.reader.at_eof():

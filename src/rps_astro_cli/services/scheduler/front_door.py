@@ -101,7 +101,6 @@ from rps_astro_cli.services.scheduler.prompt_ids import PromptIds, Tokenize
 from rps_astro_cli.services.scheduler.relay import (
     ClientWatch,
     RelayResponse,
-    first_chunk,
     relay_headers,
     stream_response,
 )
@@ -615,15 +614,14 @@ class FrontDoor:
                                           "tokens, choices or logprobs", None, "response_too_large")
                 if resp.status == 200 and (stream or not length.isdigit() or int(length) > _BUFFERED_BYTES):
                     # relayed as it arrives (a stream; or a whole response too big to hold):
-                    # one await per socket read (a burst of events is one piece), not two per chunk
-                    it = resp.body_reads().__aiter__()
-                    first = await first_chunk(it)
+                    # its first read awaited here, the rest by the relay (`relay.RelayResponse`)
+                    first = await resp.read_some()
                     t1 = time.perf_counter()
                     if stream:
                         rec.observed_ttft_s = t1 - t_send
                     overhead += time.perf_counter() - t1
                     on_end = functools.partial(self._end_stream, endpoint, overhead)
-                    return stream_response(self.instances, st, resp, it, first, rec, t_send, on_end, entry,
+                    return stream_response(self.instances, st, resp, first, rec, t_send, on_end, entry,
                                            sse=stream, max_bytes=cap)
                 data = await resp.read(_BUFFERED_BYTES)
             except (TimeoutError, RpcError) as exc:

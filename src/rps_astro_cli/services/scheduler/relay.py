@@ -14,10 +14,11 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
+from rps_astro_cli.protocol.http_server import ClientBody, client_body
 from rps_astro_cli.services.http_common import error_body
 from rps_astro_cli.services.rpc import Response as RawResponse
 from rps_astro_cli.services.rpc import RpcError
@@ -36,14 +37,6 @@ def relay_headers(resp: RawResponse, instance: str) -> dict[str, str]:
     out.setdefault("content-type", "application/json")
     out["x-astro-instance"] = instance
     return out
-
-
-async def first_chunk(it: AsyncIterator[bytes]) -> bytes:
-    """The first body chunk (b"" for an empty body)."""
-    try:
-        return await it.__anext__()
-    except StopAsyncIteration:
-        return b""
 
 
 class ClientWatch:
@@ -82,33 +75,36 @@ class ClientWatch:
 
 
 class RelayResponse:
-    """The client's response (an ASGI app): the status and headers, then each piece of
-    `content` as it comes; the client's disconnect (`ClientWatch`) stops the relay there.
-    `cleanup` runs at the end whatever happened, even when the client left before the
-    first piece (the body iterator's own `finally` would then never run, and the
-    instance's outstanding count and connection would leak).
+    """The client's response (an ASGI app) relaying an engine's response: the status and
+    headers through ASGI, then the body as the engine sends it, whole SSE events (`sse`)
+    or bytes as they come, never more than a read's worth held.
 
-    Starlette's StreamingResponse does the same under uvicorn's ASGI 2.3 with an anyio
-    task group: measured ~0.2 ms more per response before the first byte is written."""
+    Under astro's HTTP server the body is written from the engine connection's own data
+    callback straight to the client's (`rpc.Response.tap` → `http_server.ClientBody`): no
+    task woken and no ASGI message per piece (round 8 of docs/experiments/peer-routers.md:
+    that layering was most of the relay's CPU per token). Elsewhere (another ASGI server)
+    each read is awaited and sent through ASGI. Either way the client's disconnect
+    (`ClientWatch`) stops the relay there, and `cleanup` runs at the end whatever
+    happened, even when the client left before the first piece."""
 
-    def __init__(self, content: AsyncIterator[bytes], cleanup: Callable[[], Awaitable[None]], status_code: int,
-                 headers: dict[str, str]):
-        self.body_iterator = content
+    def __init__(self, relay: _Relay, status_code: int, headers: dict[str, str]):
+        self.relay = relay
         self.status_code = status_code
         self.headers = headers
-        self._cleanup = cleanup
-
-    async def _send_all(self, send: Send) -> None:
-        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
-        await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
-        async for chunk in self.body_iterator:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         watch = ClientWatch(receive)
+        relay = self.relay
         try:
-            await self._send_all(send)
+            raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in self.headers.items()]
+            await send({"type": "http.response.start", "status": self.status_code, "headers": raw})
+            body = client_body(scope)
+            if body is not None:
+                await relay.tapped(body)
+            else:
+                await relay.awaited(send)
+            tail = relay.tail()
+            await send({"type": "http.response.body", "body": tail, "more_body": False})
         except asyncio.CancelledError:
             if not watch.stop():
                 raise
@@ -119,8 +115,7 @@ class RelayResponse:
             log.warning("a relayed response was cut mid-body")
         finally:
             watch.stop()
-            await _close(self.body_iterator)  # left mid-body: its `finally` runs now
-            await self._cleanup()
+            await relay.cleanup()
 
 
 async def _disconnected(receive: Receive) -> None:
@@ -129,93 +124,157 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-async def _close(it: AsyncIterator[bytes]) -> None:
-    """Close an async generator left unfinished (its `finally` runs now, not at garbage
-    collection)."""
-    aclose = getattr(it, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
 class ResponseCut(Exception):
     """A whole (non-SSE) response was cut mid-body (its engine failed, or it grew past the
     byte limit): the client's connection is dropped without the body's end, so no client
     can take a truncated body for a whole one."""
 
 
-def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, it: AsyncIterator[bytes],
-                    first: bytes, rec: DecisionRecord, t_send: float,
-                    on_end: Callable[[DecisionRecord, str], None], entry: Pending | None = None, *,
-                    sse: bool = True, max_bytes: int | None = None) -> RelayResponse:
-    """The client's response relaying `resp` as it arrives (whose first chunk `first` has
-    been read from `it`), never holding more than a read's worth of it: an SSE stream
-    (`sse`) as whole events, else the bytes as they come. At the end, once: the engine
-    connection is closed (or returned to its pool), `st` released with its pending
-    `entry` (the request has ended: no later `/status` shows it, so a Predictor must not
-    count it as on its way), `rec.observed_e2e_s` set and `on_end(rec, outcome)` called
-    with ok | midstream_error | response_too_large | client_disconnected.
+class _Relay:
+    """One relayed body: what of it goes to the client now (`_take`), how it ended
+    (`outcome`), and the end's bookkeeping (`cleanup`, once)."""
+
+    def __init__(self, instances: Instances, st: InstanceState, resp: RawResponse, first: bytes,
+                 rec: DecisionRecord, t_send: float, on_end: Callable[[DecisionRecord, str], None],
+                 entry: Pending | None, sse: bool, max_bytes: int | None):
+        self.instances, self.st, self.resp, self.rec, self.t_send = instances, st, resp, rec, t_send
+        self.on_end, self.entry, self.sse, self.max_bytes = on_end, entry, sse, max_bytes
+        self.first = first
+        self.pending = b""  # bytes of an SSE event not yet complete
+        self.sent = 0  # bytes handed to the client so far
+        self.outcome = "client_disconnected"  # until the body ends otherwise
+        self.failure: RpcError | None = None
+        self.closed = False
+
+    def _take(self, data: bytes) -> bytes | None:
+        """What of `data` (and what was held back) goes out now: whole SSE events or all of
+        it; None once the byte limit is passed (the outcome says so)."""
+        p = self.pending + data if self.pending else data
+        if self.sse:
+            end = p.rfind(b"\n\n") + 2
+            out, self.pending = (p[:end], p[end:]) if end > 1 else (b"", p)
+        else:
+            out = p
+            self.pending = b""
+        self.sent += len(out)
+        if self.max_bytes is not None and self.sent > self.max_bytes:
+            self.outcome = "response_too_large"
+            return None
+        return out
+
+    async def tapped(self, body: ClientBody) -> None:
+        """Relay from the engine connection's data callback to `body` until the engine's
+        body ends, breaks or passes the byte limit; pauses the engine while the client's
+        connection is full."""
+        loop = asyncio.get_running_loop()
+        wake: asyncio.Future[None] = loop.create_future()
+        resp = self.resp
+        ended = False
+
+        def data(more: bytes) -> None:
+            nonlocal wake
+            out = self._take(more)
+            if out is None:  # past the byte limit: the engine's request is dropped (it aborts)
+                resp.aclose_sync()
+                end(None)
+                return
+            if out and (not body.write(out) or body.paused):
+                resp.pause_reading()  # the client is full (or gone: then the watch ends this)
+                if not wake.done():
+                    wake.set_result(None)
+
+        def end(err: RpcError | None) -> None:
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.failure = err
+                if not wake.done():
+                    wake.set_result(None)
+
+        data(self.first)
+        if self.outcome != "response_too_large":
+            resp.tap(data, end)
+        while not ended:
+            await wake
+            wake = loop.create_future()
+            if not ended:
+                await body.drain()
+                resp.resume_reading()
+
+    async def awaited(self, send: Send) -> None:
+        """Relay by awaiting each read and sending it through ASGI (see `tapped`)."""
+        out = self._take(self.first)
+        try:
+            while out is not None:
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+                more = await self.resp.read_some()
+                if not more:
+                    return
+                out = self._take(more)
+        except RpcError as exc:
+            self.failure = exc
+
+    def tail(self) -> bytes:
+        """The body's last bytes once relaying stopped: what was held back of a body that
+        ended, or an SSE error event and `[DONE]` for a stream that broke or grew too large.
+
+        Raises:
+            ResponseCut: a whole response broke or grew too large (it must not end cleanly).
+        """
+        st = self.st
+        if self.failure is not None:
+            self.outcome = "midstream_error"
+            self.instances.mark_failed(st, f"mid-stream {type(self.failure).__name__}")
+            if not self.sse:
+                raise ResponseCut(f"engine {st.ep.name} failed mid-body ({type(self.failure).__name__})")
+            return _end_event(st, f"engine {st.ep.name} failed mid-stream ({type(self.failure).__name__}); "
+                              "the response is incomplete", "engine_failure")
+        if self.outcome != "response_too_large":
+            tail, self.pending = self.pending, b""
+            if self.max_bytes is None or self.sent + len(tail) <= self.max_bytes:
+                self.outcome = "ok"
+                return tail
+            self.outcome = "response_too_large"
+        why = (f"the response grew past this server's limit of {self.max_bytes} bytes "
+               "(ASTRO_MAX_RESPONSE_BYTES) and was cut; ask for fewer tokens, choices or logprobs")
+        if not self.sse:
+            raise ResponseCut(why)
+        return _end_event(st, why, "response_too_large")
+
+    async def cleanup(self) -> None:
+        """Once, however the relay ended: the engine connection closed (or returned to its
+        pool when the body was read to its end), the instance released with its pending
+        entry, the end recorded."""
+        if self.closed:
+            return
+        self.closed = True
+        await self.resp.aclose()  # an unfinished body drops the connection: the engine aborts
+        self.instances.release(self.st, self.entry)
+        self.rec.observed_e2e_s = time.perf_counter() - self.t_send
+        self.on_end(self.rec, self.outcome)
+
+
+def _end_event(st: InstanceState, message: str, type_: str) -> bytes:
+    err = error_body(message, None, type_, 502)
+    err["error"]["instance"] = st.ep.name
+    return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
+
+
+def stream_response(instances: Instances, st: InstanceState, resp: RawResponse, first: bytes,
+                    rec: DecisionRecord, t_send: float, on_end: Callable[[DecisionRecord, str], None],
+                    entry: Pending | None = None, *, sse: bool = True, max_bytes: int | None = None) -> RelayResponse:
+    """The client's response relaying `resp` as it arrives (its first bytes `first`
+    already read). At the end, once: the engine connection is closed (or returned to its
+    pool), `st` released with its pending `entry` (the request has ended: no later
+    `/status` shows it, so a Predictor must not count it as on its way),
+    `rec.observed_e2e_s` set and `on_end(rec, outcome)` called with ok | midstream_error |
+    response_too_large | client_disconnected.
 
     Past `max_bytes` relayed (None: no bound) the engine's request is dropped (it aborts):
     a stream ends with an SSE error event `response_too_large` and `[DONE]`; a whole
     response is cut (`ResponseCut`). An engine failing mid-body: the same, with
     `engine_failure`."""
-    state = {"outcome": "client_disconnected", "closed": False}
+    relay = _Relay(instances, st, resp, first, rec, t_send, on_end, entry, sse, max_bytes)
+    return RelayResponse(relay, resp.status, relay_headers(resp, st.ep.name))
 
-    async def cleanup() -> None:  # idempotent: from the relay's end or the response's
-        if state["closed"]:
-            return
-        state["closed"] = True
-        await resp.aclose()  # an unfinished body drops the connection: the engine aborts
-        instances.release(st, entry)
-        rec.observed_e2e_s = time.perf_counter() - t_send
-        on_end(rec, str(state["outcome"]))
-
-    def end_event(message: str, type_: str) -> bytes:
-        err = error_body(message, None, type_, 502)
-        err["error"]["instance"] = st.ep.name
-        return b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n"
-
-    async def relay() -> AsyncIterator[bytes]:
-        pending = first
-        sent = 0
-        try:
-            try:
-                while True:
-                    if sse:  # whole SSE events only
-                        end = pending.rfind(b"\n\n")
-                        cut = end + 2 if end >= 0 else 0
-                    else:
-                        cut = len(pending)
-                    if cut:
-                        sent += cut
-                        if max_bytes is not None and sent > max_bytes:
-                            state["outcome"] = "response_too_large"
-                            break
-                        yield pending[:cut]
-                        pending = pending[cut:]
-                    chunk = await it.__anext__()
-                    pending += chunk
-            except StopAsyncIteration:
-                state["outcome"] = "ok"
-                if pending:
-                    if max_bytes is None or sent + len(pending) <= max_bytes:
-                        yield pending
-                    else:
-                        state["outcome"] = "response_too_large"
-            except RpcError as exc:
-                state["outcome"] = "midstream_error"
-                instances.mark_failed(st, f"mid-stream {type(exc).__name__}")
-                if not sse:
-                    raise ResponseCut(f"engine {st.ep.name} failed mid-body ({type(exc).__name__})") from None
-                yield end_event(f"engine {st.ep.name} failed mid-stream ({type(exc).__name__}); "
-                                "the response is incomplete", "engine_failure")
-            if state["outcome"] == "response_too_large":
-                why = (f"the response grew past this server's limit of {max_bytes} bytes "
-                       "(ASTRO_MAX_RESPONSE_BYTES) and was cut; ask for fewer tokens, choices or logprobs")
-                if not sse:
-                    raise ResponseCut(why)
-                yield end_event(why, "response_too_large")
-        finally:
-            await cleanup()
-
-    return RelayResponse(relay(), cleanup, resp.status, relay_headers(resp, st.ep.name))
