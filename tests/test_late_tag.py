@@ -12,6 +12,8 @@ import httpx
 from fastapi import FastAPI
 
 from conftest import write_profile
+from rps_astro_cli.engine import sim_server
+from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
 from rps_astro_cli.services.scheduler.instances import with_late_lengths
 from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
@@ -199,27 +201,29 @@ def test_a_length_blind_policy_forwards_before_the_tag(tmp_path):
     """A policy that reads no predicted length (llumnix: engine status, no Predictor)
     forwards a text request before its tag lands, even with Predictor sidecars listed
     (it never asks them) and without in-process look-aheads; the tag's length still lands
-    on its record. round_robin polls no engine `/status`, so it cannot know the engines'
-    in-instance policy ignores lengths: its request waits for the tag. power_of_k with
-    objective e2e reads the candidate's own length: it waits too."""
+    on its record. round_robin polls no engine `/status`: it asks each engine's once, and
+    forwards early where every engine names fcfs; beside an engine whose in-instance
+    policy reads lengths (rps) it waits for the tag. power_of_k with objective e2e reads
+    the candidate's own length: it waits too."""
     with ExitStack() as stack:
         eng = start(stack, engine_app(0, time_scale=1.0))
+        rps = start(stack, sim_server.create_app(SimEngine(hand_profile(), policy="rps", time_scale=1.0,
+                                                           instance_id="engine-0")))
         tag = start(stack, slow_tagger())
-        cases = (("llumnix", {}, True), ("round_robin", {}, False),
-                 ("power_of_k", {"objective": "e2e"}, False))
-        for policy, params, late in cases:
+        cases = (("llumnix", {}, eng, True), ("round_robin", {}, eng, True), ("round_robin", {}, rps, False),
+                 ("power_of_k", {"objective": "e2e"}, eng, False))
+        for policy, params, engine, late in cases:
             with ExitStack() as inner:
                 app = create_app(SchedulerSettings(
-                    instances=(InstanceEndpoint("engine-0", eng.url, "http://127.0.0.1:9"),), policy=policy,
+                    instances=(InstanceEndpoint("engine-0", engine.url, "http://127.0.0.1:9"),), policy=policy,
                     policy_params=params, served_models=(MODEL,), tagger_url=tag.url, tag_deadline_s=2.0,
                     predict_deadline_s=0.05, status_interval_s=0.02))
                 s = start(inner, app)
                 sched = app.state.scheduler
                 with httpx.Client(base_url=s.url, timeout=10) as c:
                     deadline = time.monotonic() + 5
-                    while (policy != "round_robin" and sched.instances[0].status is None
-                           and time.monotonic() < deadline):
-                        time.sleep(0.01)
+                    while sched.instances[0].engine_policy is None and time.monotonic() < deadline:
+                        time.sleep(0.01)  # learned from a status poll, or asked once
                     t0 = time.monotonic()
                     r = c.post("/v1/chat/completions", json=chat(max_tokens=2))
                     took_s = time.monotonic() - t0
@@ -227,6 +231,6 @@ def test_a_length_blind_policy_forwards_before_the_tag(tmp_path):
                     assert (took_s < TAG_DELAY_S) is late, (policy, took_s)
                     time.sleep(TAG_DELAY_S + 0.2)  # a late tag lands
                     d = c.get("/decisions").json()[-1]
-                assert d.get("late_tag", False) is late, policy
+                assert d.get("late_tag", False) is late, (policy, engine.url)
                 assert (d["tag_wait_us"] == 0) is late, policy
                 assert d["predicted_output_tokens"] == 2  # the tag's 7, capped by max_tokens, late or not

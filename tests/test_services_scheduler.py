@@ -314,14 +314,17 @@ def test_external_tagger_and_its_deadline(length_model):
         slow_srv = start(st, slow)
         st.callback(release.set)
         body = chat(max_tokens=300)
-        # a deadline the live tagger meets on a loaded host too (it loads its model first)
-        s = scheduler(st, [eng.url], policy="round_robin", tagger_url=tagger.url, tag_deadline_s=10.0)
+        # a deadline the live tagger meets on a loaded host too (it loads its model first);
+        # the request waits for its tag (late_tag off: round_robin on fcfs engines would
+        # forward first, tests/test_late_tag.py)
+        s = scheduler(st, [eng.url], policy="round_robin", tagger_url=tagger.url, tag_deadline_s=10.0,
+                      late_tag=False)
         with httpx.Client(base_url=s.url, timeout=10) as c:
             assert c.post("/v1/chat/completions", json=body).status_code == 200
             assert c.get("/decisions").json()[-1]["predicted_output_tokens"] == 40  # the tagger's model
             assert metric(c.get("/metrics").text, "astro:tag_rpcs_total", outcome="ok") == 1
         s2 = scheduler(st, [eng.url], policy="round_robin", tagger_url=slow_srv.url, tag_deadline_s=0.05,
-                       default_output_tokens=256)
+                       default_output_tokens=256, late_tag=False)
         with httpx.Client(base_url=s2.url, timeout=30) as c:
             assert c.post("/v1/chat/completions", json=body).status_code == 200
             assert not release.is_set()  # answered while the tagger never did: not waited for

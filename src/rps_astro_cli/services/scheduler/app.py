@@ -55,7 +55,8 @@ class Scheduler:
         self.health = HealthMonitor(settings, self.instances, self.clients, self.dispatcher.needs_status,
                                     self.models, self.tags, needs_prefix=needs_prefix,
                                     probe_version=needs_prefix and self.prompt_ids.probes_version,
-                                    local=predict.local_predictor if settings.predict_in_process else None)
+                                    local=predict.local_predictor if settings.predict_in_process else None,
+                                    learn_policy=settings.late_tag)
         self.front_door = FrontDoor(settings, self.instances, self.clients, self.tags, self.dispatcher, self.m,
                                     self.models, self.prompt_ids)
         self.discovered: InstanceSet | None = None

@@ -442,13 +442,14 @@ class FrontDoor:
         """Whether nothing reads a request's predicted length before its tag lands
         (`SchedulerSettings.late_tag`): every look-ahead runs here (no sidecar reads an
         engine's `/status` itself), or the policy asks no Predictor at all, and every
-        instance's latest `/status` names fcfs, the in-instance policy that does not read
-        lengths (a policy that polls no `/status` never knows that: it waits for tags)."""
+        instance's engine names fcfs on its `/status`, the in-instance policy that does not
+        read lengths (`InstanceState.engine_policy`: from the status polls, or asked once
+        when the policy polls none; unknown → wait for tags)."""
         asks = self.dispatcher.asks_predictors
         if not (self.s.late_tag and (self.s.predict_in_process or not asks)):
             return False
         for st in self.instances:
-            if (asks and st.ep.predictor_url) or st.status is None or st.status.policy.get("name") != "fcfs":
+            if (asks and st.ep.predictor_url) or st.engine_policy != "fcfs":
                 return False
         return True
 

@@ -49,8 +49,12 @@ class HealthMonitor:
 
     def __init__(self, settings: SchedulerSettings, instances: Instances, clients: Clients,
                  needs_status: bool, models: set[str], tags: TagClient | None = None, needs_prefix: bool = False,
-                 probe_version: bool = False, local: Callable[[InstanceState], Predictor] | None = None):
+                 probe_version: bool = False, local: Callable[[InstanceState], Predictor] | None = None,
+                 learn_policy: bool = False):
         self.s = settings
+        # without status polls, ask each engine's /status once (again after a failure) for
+        # the in-instance policy it names (`InstanceState.engine_policy`: the late tag's)
+        self.learn_policy = learn_policy
         # `predict_in_process`: an instance's in-process Predictor, fed each status poll with
         # the engine's steps since its last one (its online calibration)
         self.local = local
@@ -87,6 +91,7 @@ class HealthMonitor:
                 st.load_row = status_fields_of(status)
                 st.status_s = asked_s
                 st.status = status
+                st.engine_policy = str(status.policy.get("name") or "")
                 st.block_size = status.limits.block_size
                 if local is not None:
                     await local.take(status, d.get("steps"), asked_s)
@@ -98,6 +103,8 @@ class HealthMonitor:
                 code, _ = await self.clients.get(st.ep.engine_url, "/health", self.s.health_timeout_s)
                 if code != 200:
                     raise ValueError(f"/health answered {code}")
+                if self.learn_policy and st.engine_policy is None:
+                    await self.probe_policy(st)
             if self.probe_version and st.engine_kind is None:
                 await self.probe_kind(st)
             if not self.models:
@@ -120,6 +127,26 @@ class HealthMonitor:
         except (TimeoutError, RpcError):
             return
         st.engine_kind = engine_kind_of_version(code, body)
+
+    async def probe_policy(self, st: InstanceState) -> None:
+        """`GET /status` of `st`'s engine → `st.engine_policy` (the name its `policy`
+        object gives; "" when it answers no such object, e.g. a 404 from an engine with no
+        /status); a failed call leaves it unknown, asked again at the next check."""
+        try:
+            code, body = await self.clients.get(st.ep.engine_url, "/status", self.s.health_timeout_s)
+        except (TimeoutError, RpcError):
+            return
+        name = ""
+        if code == 200:
+            try:
+                policy = json.loads(body).get("policy")
+            except (ValueError, AttributeError):
+                policy = None
+            if isinstance(policy, dict) and isinstance(policy.get("name"), str):
+                name = policy["name"]
+        elif code >= 500:
+            return
+        st.engine_policy = name
 
     async def check_predictor(self, st: InstanceState) -> None:
         """`GET /health` of `st`'s Predictor: a failure, or a body whose status is not

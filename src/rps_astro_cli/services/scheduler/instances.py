@@ -93,6 +93,7 @@ class InstanceState:
                  "status_s",
                  "dispatched", "predictor_failures", "predictor_skip_until", "engine_error", "predictor_error",
                  "pending", "engine_5xx", "predictor_error_at", "prefix", "block_size", "status", "engine_kind",
+                 "engine_policy",
                  "prefix_caching", "late_lengths")
 
     def __init__(self, index: int, ep: InstanceEndpoint, dispatchable: bool = True, phase: str = "static"):
@@ -122,6 +123,9 @@ class InstanceState:
         self.block_size: int | None = None  # its KV block size (tokens), from its latest /status
         # "astro-sim" | "other" (its /version, asked once under prefix_tokenizer auto; None: not known yet)
         self.engine_kind: str | None = None
+        # the in-instance policy its engine's latest /status names ("" when it has no
+        # /status; None: not known yet, or its engine failed since and may have restarted)
+        self.engine_policy: str | None = None
         # request id → the tag's predicted length (tokens) of requests forwarded before
         # their tag: put on its `/status` rows (`with_late_lengths`), oldest forgotten first
         self.late_lengths: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -235,6 +239,7 @@ class Instances:
     def mark_failed(self, st: InstanceState, why: str) -> None:
         """Open the circuit breaker of `st` (out of rotation until a health check passes)."""
         st.engine_error = why
+        st.engine_policy = None  # a restarted engine may run another policy: learn it again
         if st.healthy:
             st.healthy = False
             if not st.removed:
