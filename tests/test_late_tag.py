@@ -15,7 +15,7 @@ from conftest import write_profile
 from rps_astro_cli.engine import sim_server
 from rps_astro_cli.engine.sim_engine import SimEngine
 from rps_astro_cli.services.scheduler import InstanceEndpoint, SchedulerSettings, create_app
-from rps_astro_cli.services.scheduler.instances import with_late_lengths
+from rps_astro_cli.services.scheduler.instances import late_lengths_onto
 from rps_astro_cli.types import InstanceConfig, InstanceStatus, RequestStatus
 from test_services_scheduler import MODEL, chat, engine_app, hand_profile, start
 
@@ -27,16 +27,20 @@ def _row(rid: str, predicted: int | None) -> RequestStatus:
     return RequestStatus(rid, 0.0, 100, 100, 3, predicted)
 
 
-def test_with_late_lengths_fills_only_rows_without_a_length():
+def test_late_lengths_fill_only_rows_without_a_length():
     rid = "astro-0123456789abcdef"
     status = InstanceStatus("e0", 1.0, InstanceConfig(),
                             kv_blocks_free=10, running=(_row(f"chatcmpl-{rid}", None), _row("chatcmpl-x", None)),
                             waiting=(_row(f"cmpl-{rid}-1", 55),))
-    out = with_late_lengths(status, {rid: 9})
+    wire = status.to_dict()
+    late_lengths_onto(wire, {rid: 9})
+    out = InstanceStatus.from_dict(wire)
     assert out.running[0].predicted_output_tokens == 9  # the engine's id contains the header's
     assert out.running[1].predicted_output_tokens is None  # not one of ours
     assert out.waiting[0].predicted_output_tokens == 55  # the engine has a length: kept
-    assert with_late_lengths(status, {"astro-ffffffffffffffff": 3}) is status  # nothing to fill
+    wire = status.to_dict()
+    late_lengths_onto(wire, {"astro-ffffffffffffffff": 3})
+    assert InstanceStatus.from_dict(wire) == status  # nothing to fill
 
 
 def slow_tagger() -> FastAPI:

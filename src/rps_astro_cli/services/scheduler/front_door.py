@@ -46,7 +46,7 @@
    Predictor) and every engine's in-instance policy is fcfs — the decision is made at
    once (not as a task), the body goes as the client sent it, with an `x-request-id`, and
    the tag's length follows: onto the request's pending entry and, by that id, onto its
-   rows of the engine's later `/status` polls (`instances.with_late_lengths`), as if the
+   rows of the engine's later `/status` polls (`instances.late_lengths_onto`), as if the
    body had carried it; its tag RPC goes out right after the forward, not before parsing
    as others' do (a text body: one naming no image or video part), so nothing of the tag
    is on its path. A request whose instance fails before anything was sent to the client

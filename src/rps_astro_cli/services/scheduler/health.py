@@ -28,7 +28,7 @@ from rps_astro_cli.dispatch.loads import status_fields_of
 from rps_astro_cli.services.predictor import Predictor
 from rps_astro_cli.services.rpc import RpcError
 from rps_astro_cli.services.scheduler.clients import Clients
-from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, with_late_lengths
+from rps_astro_cli.services.scheduler.instances import Instances, InstanceState, late_lengths_onto
 from rps_astro_cli.services.scheduler.prompt_ids import engine_kind_of_version
 from rps_astro_cli.services.scheduler.settings import SchedulerSettings
 from rps_astro_cli.services.scheduler.tagging import TagClient
@@ -85,9 +85,9 @@ class HealthMonitor:
                 if resp.status != 200:
                     raise ValueError(f"/status answered {resp.status}")
                 d = json.loads(body)
+                if st.late_lengths and isinstance(d, dict):  # forwarded before their tag: the tag's lengths
+                    late_lengths_onto(d, st.late_lengths)
                 status = InstanceStatus.from_dict(d)
-                if st.late_lengths:  # requests forwarded before their tag: the tag's lengths
-                    status = with_late_lengths(status, st.late_lengths)
                 st.load_row = status_fields_of(status)
                 st.status_s = asked_s
                 st.status = status

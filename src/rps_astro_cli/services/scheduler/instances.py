@@ -21,14 +21,14 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import replace
+from typing import Any
 
 from rps_astro_cli.dispatch.loads import DispatchRequest, StatusRow
 from rps_astro_cli.protocol.service_wire import PendingRequest
 from rps_astro_cli.services.scheduler.metrics import SchedulerMetrics
 from rps_astro_cli.services.scheduler.settings import InstanceEndpoint
 from rps_astro_cli.sim.prefix_cache import PrefixMirror
-from rps_astro_cli.types import CandidateRequest, InstanceStatus, RequestStatus
+from rps_astro_cli.types import CandidateRequest, InstanceStatus
 
 log = logging.getLogger("astro.scheduler")
 
@@ -55,25 +55,22 @@ LATE_LENGTHS_KEPT = 4096
 LATE_ID = re.compile(r"astro-[0-9a-f]{16}")
 
 
-def with_late_lengths(status: InstanceStatus, lengths: Mapping[str, int]) -> InstanceStatus:
-    """`status` with the tag's predicted length on each request forwarded before its tag
-    (no `predicted_output_tokens` on the engine's side, an id in `lengths` — the length
-    model's answer, arrived after the forward); unchanged when there is none."""
-    def fix(rows: tuple[RequestStatus, ...]) -> tuple[RequestStatus, ...]:
-        out = None
-        for i, r in enumerate(rows):
-            if r.predicted_output_tokens is None and (m := LATE_ID.search(r.request_id)) is not None:
+def late_lengths_onto(status: dict[str, Any], lengths: Mapping[str, int]) -> None:
+    """Put the tag's predicted length onto each request row of an engine's `/status` body
+    (parsed JSON, before `InstanceStatus.from_dict`) that was forwarded before its tag: no
+    `predicted_output_tokens` on the engine's side, an id in `lengths` (the length model's
+    answer, arrived after the forward). On the wire dict, not the parsed rows: a poll
+    re-applies every such length (a frozen row copied per length cost ~4 µs each)."""
+    for key in ("running", "waiting", "arriving"):
+        rows = status.get(key)
+        if not isinstance(rows, list):
+            continue
+        for r in rows:
+            if (isinstance(r, dict) and r.get("predicted_output_tokens") is None
+                    and (m := LATE_ID.search(str(r.get("request_id", "")))) is not None):
                 n = lengths.get(m.group())
                 if n is not None:
-                    if out is None:
-                        out = list(rows)
-                    out[i] = replace(r, predicted_output_tokens=n)
-        return rows if out is None else tuple(out)
-
-    running, waiting, arriving = fix(status.running), fix(status.waiting), fix(status.arriving)
-    if running is status.running and waiting is status.waiting and arriving is status.arriving:
-        return status
-    return replace(status, running=running, waiting=waiting, arriving=arriving)
+                    r["predicted_output_tokens"] = n
 
 
 def pending_wire(pending: list[Pending], now_s: float, keep_s: float) -> tuple[PendingRequest, ...]:
@@ -127,7 +124,7 @@ class InstanceState:
         # /status; None: not known yet, or its engine failed since and may have restarted)
         self.engine_policy: str | None = None
         # request id → the tag's predicted length (tokens) of requests forwarded before
-        # their tag: put on its `/status` rows (`with_late_lengths`), oldest forgotten first
+        # their tag: put on its `/status` rows (`late_lengths_onto`), oldest forgotten first
         self.late_lengths: collections.OrderedDict[str, int] = collections.OrderedDict()
 
     def remember_length(self, request_id: str, tokens: int) -> None:

@@ -90,7 +90,7 @@ class SchedulerSettings:
         is fcfs (known from its `/status`: a policy that polls none waits for tags). The
         request goes with an `x-request-id` (`astro-` + 16 hex digits) and the tag's
         length, when it lands, is put on its pending entry and on its rows of the
-        engine's later `/status` polls (`instances.with_late_lengths`) — what the engine
+        engine's later `/status` polls (`instances.late_lengths_onto`) — what the engine
         would have shown had the length been in the body. Takes the tag's wait off the
         critical path.
     predict_in_process: an instance without a Predictor URL is predicted in the
