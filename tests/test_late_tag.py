@@ -235,6 +235,7 @@ def test_a_length_blind_policy_forwards_before_the_tag(tmp_path):
                     assert (took_s < TAG_DELAY_S) is late, (policy, took_s)
                     time.sleep(TAG_DELAY_S + 0.2)  # a late tag lands
                     d = c.get("/decisions").json()[-1]
+                    assert c.get("/instances").json()[0]["engine_policy"] == ("rps" if engine is rps else "fcfs")
                 assert d.get("late_tag", False) is late, (policy, engine.url)
                 assert (d["tag_wait_us"] == 0) is late, policy
                 assert d["predicted_output_tokens"] == 2  # the tag's 7, capped by max_tokens, late or not

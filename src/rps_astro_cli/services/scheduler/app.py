@@ -192,6 +192,8 @@ def create_app(settings: SchedulerSettings) -> FastRoutes:
                  "outstanding_requests": st.outstanding, "dispatched": st.dispatched,
                  "engine_error": st.engine_error, "predictor_error": st.predictor_error,
                  "prefix_cached_blocks": len(st.prefix.hashes),
+                 # the in-instance policy its engine names (fcfs: requests forwarded before their tag)
+                 "engine_policy": st.engine_policy,
                  # `dispatch.outcome`: its predictions' correction by what its requests took
                  "outcome_correction": None if outcomes is None else outcomes.state().get(st.ep.name),
                  # `predict_in_process`: its in-process Predictor's step calibration
