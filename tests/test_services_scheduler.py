@@ -263,6 +263,50 @@ def test_midstream_failure_ends_with_an_error_event(length_model):
             assert metric(c.get("/metrics").text, "astro:scheduler_requests_total", outcome="midstream_error") == 1
 
 
+def test_under_another_asgi_server_streams_are_relayed_read_by_read(length_model):
+    """Under an ASGI server other than astro's (here Starlette's TestClient: no
+    `ClientBody` in the scope) a stream is relayed by awaiting each engine read and
+    sending it through ASGI: every event arrives, then [DONE]; an engine that fails
+    mid-stream still ends it with the engine_failure event."""
+    from fastapi.testclient import TestClient
+
+    broken = FastAPI()
+
+    @broken.get("/health")
+    async def _health():
+        return {"status": "ok"}
+
+    @broken.post("/v1/chat/completions")
+    async def _chat():
+        async def gen():
+            yield b'data: {"choices": [{"index": 0, "delta": {"content": " a"}}]}\n\n'
+            await asyncio.sleep(0.05)
+            raise RuntimeError("engine died")
+
+        return StreamingResponse(gen(), media_type="text/event-stream")
+
+    def events(text: str) -> list[str]:
+        return [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+
+    with ExitStack() as st:
+        eng = start(st, engine_app(0))
+        bad = start(st, broken)
+        for url, failing in ((eng.url, False), (bad.url, True)):
+            app = create_app(SchedulerSettings(instances=(InstanceEndpoint("engine-0", url, None),),
+                                               policy="round_robin", served_models=(MODEL,)))
+            with TestClient(app) as c:
+                r = c.post("/v1/chat/completions", json=chat(max_tokens=5, stream=True))
+                ev = events(r.text)
+                assert r.status_code == 200 and ev[-1] == "[DONE]"
+                if failing:
+                    assert json.loads(ev[-2])["error"]["type"] == "engine_failure"
+                    assert json.loads(ev[0])["choices"][0]["delta"]["content"] == " a"
+                else:
+                    deltas = [json.loads(e)["choices"][0]["delta"] for e in ev[:-1] if json.loads(e)["choices"]]
+                    assert sum(1 for d in deltas if d.get("content")) == 5
+                    assert c.get("/decisions").json()[-1]["outcome"] == "ok"
+
+
 def test_engine_sees_predicted_length_and_llumnix_reads_status(length_model):
     with ExitStack() as st:
         engs = [start(st, engine_app(i, time_scale=1.0)) for i in range(2)]
