@@ -233,6 +233,47 @@ def test_sigterm_writes_the_partial_report_and_exits_130(url, tmp_path, sigint):
     assert len(rows) == 2 and all(r["success"] for r in rows)
 
 
+def test_sigterm_inside_a_connection_callback_ends_the_run_not_the_connection():
+    """With SIGINT ignored (a job a script started with `&`), a SIGTERM that lands while a
+    connection's data callback runs ends the event loop's run with KeyboardInterrupt (the
+    bench then writes its partial report). Before: KeyboardInterrupt was raised inside the
+    callback, where uvloop reports it as that connection's fatal error — a traceback on
+    stderr — and the run went on."""
+    import os
+
+    import uvloop
+
+    from rps_astro_cli.bench.runner import _sigterm_as_ctrl_c
+
+    got: dict[str, str] = {}
+    errors: list[dict] = []
+
+    class Peer(asyncio.Protocol):
+        def data_received(self, data: bytes) -> None:
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at this callback's next bytecodes
+            for _ in range(10_000):
+                pass
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, ctx: errors.append(ctx))
+        ours, theirs = socket.socketpair()
+        await loop.connect_accepted_socket(Peer, ours)
+        theirs.send(b"x")
+        await asyncio.sleep(3)
+        theirs.close()
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    restore = _sigterm_as_ctrl_c(got)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            uvloop.run(main())
+    finally:
+        restore()
+        signal.signal(signal.SIGINT, before)
+    assert got == {"signal": "SIGTERM"} and errors == []
+
+
 # -- finding 5: a bad --out fails before the first request ---------------------------------------
 
 @pytest.mark.parametrize("name", ["results", "README.md"])

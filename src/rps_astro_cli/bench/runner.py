@@ -29,6 +29,7 @@ warning naming both.
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import threading
@@ -256,6 +257,11 @@ def _arrivals(cfg: BenchConfig, wl: Workload, spec: ArrivalSpec, n: int) -> np.n
 
 # -- entry point ---------------------------------------------------------------------------
 
+def _interrupt() -> None:
+    """Raise KeyboardInterrupt (an event-loop callback: the loop's run ends with it)."""
+    raise KeyboardInterrupt
+
+
 def _sigterm_as_ctrl_c(got: dict[str, str]) -> Callable[[], None]:
     """Until the returned function is called (it restores the previous handler; calling it
     again does nothing): SIGTERM does what Ctrl-C does (`kill`, a batch scheduler's time
@@ -263,8 +269,11 @@ def _sigterm_as_ctrl_c(got: dict[str, str]) -> Callable[[], None]:
     `got["signal"]` becomes "SIGTERM". The SIGINT handler in force is called: inside a
     live run that is asyncio's, which cancels the run's task cleanly and then raises
     KeyboardInterrupt; elsewhere (or when SIGINT is ignored, as in a job a script started
-    with `&`) KeyboardInterrupt is raised at once. Main thread only (Python delivers
-    signals there); elsewhere nothing changes."""
+    with `&`) KeyboardInterrupt is raised: at the running event loop's next callback, or at
+    once when none runs. Not inside whatever the signal interrupted: within a connection's
+    data callback, uvloop reports an exception as that connection's fatal error (a
+    traceback on stderr) and goes on. Main thread only (Python delivers signals there);
+    elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
 
@@ -273,8 +282,12 @@ def _sigterm_as_ctrl_c(got: dict[str, str]) -> Callable[[], None]:
         handler = signal.getsignal(signal.SIGINT)
         if callable(handler) and handler is not signal.default_int_handler:
             handler(signal.SIGINT, frame)
-        else:
-            raise KeyboardInterrupt
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            raise KeyboardInterrupt from None
+        loop.call_soon_threadsafe(_interrupt)
 
     try:
         before = signal.signal(signal.SIGTERM, on_term)
