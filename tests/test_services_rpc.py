@@ -206,3 +206,41 @@ def test_tap_hands_the_body_to_callbacks_split_anywhere_then_reuses_the_connecti
     assert b1 == b2 == b"hello world again" and e1 == e2 == [None]
     assert b3 == b"hello world" and len(e3) == 1 and isinstance(e3[0], RpcError)
     assert len(conns) == 1  # one keep-alive connection served all three
+
+
+def test_tap_reads_a_body_that_ends_with_the_connection():
+    """A response with neither Content-Length nor chunked framing ends when the server
+    closes: the tap hands on every byte, then one `on_end(None)` (the body is whole),
+    and the connection is not pooled."""
+    data = b"x" * 200_000
+
+    async def handle(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n")
+        for i in range(0, len(data), 50_000):
+            writer.write(data[i:i + 50_000])
+            await writer.drain()
+            await asyncio.sleep(0.01)
+        writer.close()
+
+    async def main():
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        pool = HostPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
+        resp = await pool.request("GET", "/x")
+        got, ends = [await resp.read_some()], []
+        done = asyncio.get_running_loop().create_future()
+
+        def end(err):
+            ends.append(err)
+            done.set_result(None)
+
+        resp.tap(got.append, end)
+        await asyncio.wait_for(done, 5)
+        resp.aclose_sync()
+        idle = len(pool._idle)
+        pool.close()
+        srv.close()
+        return b"".join(got), ends, idle
+
+    body, ends, idle = asyncio.run(asyncio.wait_for(main(), 20))
+    assert body == data and ends == [None] and idle == 0
