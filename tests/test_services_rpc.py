@@ -156,6 +156,24 @@ def test_body_reads_decodes_chunked_bodies_split_anywhere_and_keeps_the_connecti
     assert len(conns) == 1  # one keep-alive connection served both
 
 
+async def tap_all(resp) -> tuple[bytes, list]:
+    """The body of `resp`: its first read awaited, the rest through `Response.tap`; and
+    every `on_end` argument seen (a second one would show after the short wait)."""
+    got, ends = [await resp.read_some()], []
+    done = asyncio.get_running_loop().create_future()
+
+    def end(err):
+        ends.append(err)
+        if not done.done():
+            done.set_result(None)
+
+    resp.tap(got.append, end)
+    await asyncio.wait_for(done, 5)
+    await asyncio.sleep(0.05)
+    resp.aclose_sync()
+    return b"".join(got), ends
+
+
 def test_tap_hands_the_body_to_callbacks_split_anywhere_then_reuses_the_connection():
     """`Response.tap` (the front door's relay): the same split chunked body as above,
     tapped after its first read, gives exactly the chunks' data through `on_data`, then
@@ -180,24 +198,10 @@ def test_tap_hands_the_body_to_callbacks_split_anywhere_then_reuses_the_connecti
         await writer.drain()
         writer.close()
 
-    async def tapped(resp):
-        got, ends = [await resp.read_some()], []
-        done = asyncio.get_running_loop().create_future()
-
-        def end(err):
-            ends.append(err)
-            done.set_result(None)
-
-        resp.tap(got.append, end)
-        await asyncio.wait_for(done, 5)
-        await asyncio.sleep(0.05)  # no second end
-        resp.aclose_sync()
-        return b"".join(got), ends
-
     async def main():
         srv = await asyncio.start_server(handle, "127.0.0.1", 0)
         pool = HostPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
-        out = [await tapped(await pool.request("GET", "/x")) for _ in range(3)]
+        out = [await tap_all(await pool.request("GET", "/x")) for _ in range(3)]
         pool.close()
         srv.close()
         return out
@@ -226,21 +230,11 @@ def test_tap_reads_a_body_that_ends_with_the_connection():
     async def main():
         srv = await asyncio.start_server(handle, "127.0.0.1", 0)
         pool = HostPool(f"http://127.0.0.1:{srv.sockets[0].getsockname()[1]}")
-        resp = await pool.request("GET", "/x")
-        got, ends = [await resp.read_some()], []
-        done = asyncio.get_running_loop().create_future()
-
-        def end(err):
-            ends.append(err)
-            done.set_result(None)
-
-        resp.tap(got.append, end)
-        await asyncio.wait_for(done, 5)
-        resp.aclose_sync()
+        body, ends = await tap_all(await pool.request("GET", "/x"))
         idle = len(pool._idle)
         pool.close()
         srv.close()
-        return b"".join(got), ends, idle
+        return body, ends, idle
 
     body, ends, idle = asyncio.run(asyncio.wait_for(main(), 20))
     assert body == data and ends == [None] and idle == 0

@@ -233,25 +233,31 @@ def test_all_engines_down_is_a_clear_503(length_model):
         assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unavailable"
 
 
-def test_midstream_failure_ends_with_an_error_event(length_model):
-    broken = FastAPI()
+def dying_engine(contents: tuple[str, ...]) -> FastAPI:
+    """A fake engine whose stream sends one delta event per item of `contents`, then fails
+    (its connection is cut without the body's end)."""
+    app = FastAPI()
 
-    @broken.get("/health")
+    @app.get("/health")
     async def _health():
         return {"status": "ok"}
 
-    @broken.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions")
     async def _chat():
         async def gen():
-            yield b'data: {"choices": [{"index": 0, "delta": {"content": " a"}}]}\n\n'
-            yield b'data: {"choices": [{"index": 0, "delta": {"content": " b"}}]}\n\n'
+            for c in contents:
+                yield b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": c}}]}).encode() + b"\n\n"
             await asyncio.sleep(0.05)
             raise RuntimeError("engine died")
 
         return StreamingResponse(gen(), media_type="text/event-stream")
 
+    return app
+
+
+def test_midstream_failure_ends_with_an_error_event(length_model):
     with ExitStack() as st:
-        b = start(st, broken)
+        b = start(st, dying_engine((" a", " b")))
         s = scheduler(st, [b.url], policy="round_robin", length_model=length_model, served_models=(MODEL,))
         with httpx.Client(base_url=s.url, timeout=10) as c:
             with c.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as r:
@@ -270,27 +276,12 @@ def test_under_another_asgi_server_streams_are_relayed_read_by_read(length_model
     mid-stream still ends it with the engine_failure event."""
     from fastapi.testclient import TestClient
 
-    broken = FastAPI()
-
-    @broken.get("/health")
-    async def _health():
-        return {"status": "ok"}
-
-    @broken.post("/v1/chat/completions")
-    async def _chat():
-        async def gen():
-            yield b'data: {"choices": [{"index": 0, "delta": {"content": " a"}}]}\n\n'
-            await asyncio.sleep(0.05)
-            raise RuntimeError("engine died")
-
-        return StreamingResponse(gen(), media_type="text/event-stream")
-
     def events(text: str) -> list[str]:
         return [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
 
     with ExitStack() as st:
         eng = start(st, engine_app(0))
-        bad = start(st, broken)
+        bad = start(st, dying_engine((" a",)))
         for url, failing in ((eng.url, False), (bad.url, True)):
             app = create_app(SchedulerSettings(instances=(InstanceEndpoint("engine-0", url, None),),
                                                policy="round_robin", served_models=(MODEL,)))
